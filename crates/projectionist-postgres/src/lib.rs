@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+
+mod apply;
+mod error;
+pub mod gate;
+mod ident;
+
+pub use apply::{apply_batch, create_schema, reset, validate, PgProjection, SharedProjection};
+pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};
+pub use gate::{watermark, Table, Transition, Upsert};
+pub use ident::Ident;
+pub use sqlx::{PgConnection, PgPool};
+
+/// The engine's migrations (checkpoints, watermarks), embedded from `migrations/`.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// Runs the engine migrations, then creates each projection's tables.
+pub async fn migrate(pool: &PgPool, projections: &[&dyn PgProjection]) -> Result<()> {
+    MIGRATOR.run(pool).await?;
+    for projection in projections {
+        validate(*projection)?;
+        create_schema(pool, *projection).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+#![doc = include_str!("../README.md")]
+
+mod anomaly;
+mod given;
+
+pub use anomaly::{assert_anomaly_equivalence, AnomalyReport, Variant};
+pub use given::ProjectionTest;
+
+use chrono::{DateTime, Utc};
+use projectionist_core::RawEnvelope;
+use projectionist_postgres::PgPool;
+use serde::Serialize;
+use serde_json::Value;
+
+/// Builds a wire envelope for `event` (a serde enum tagged `type`, content `data`) with a
+/// fresh id and an `occurred_at` derived from the version, so runs are reproducible.
+pub fn envelope<E: Serialize>(aggregate_type: &str, aggregate_id: &str, version: i64, event: &E) -> RawEnvelope {
+    let occurred_at = DateTime::<Utc>::from_timestamp(1_790_000_000 + version, 0).expect("valid timestamp");
+    RawEnvelope::new(aggregate_type, aggregate_id, version, occurred_at, event)
+}
+
+/// Dumps the full contents of `tables` (as JSON rows in a stable order), plus the
+/// projection's fan-in watermarks, for exact comparison between runs.
+pub async fn dump_tables(pool: &PgPool, projection: &str, tables: &[&str]) -> Value {
+    let mut dump = serde_json::Map::new();
+    for table in tables {
+        let ident = projectionist_postgres::Ident::new(table).expect("valid table name");
+        let sql = format!("SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY to_jsonb(t)::text), '[]') FROM {ident} t");
+        let rows: Value = sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("dumping {table}: {e}"));
+        dump.insert((*table).to_owned(), rows);
+    }
+    let marks: Value = sqlx::query_scalar(
+        "SELECT coalesce(jsonb_agg(jsonb_build_array(aggregate_type, aggregate_id, version) \
+         ORDER BY aggregate_type, aggregate_id), '[]') FROM projectionist_watermarks WHERE projection = $1",
+    )
+    .bind(projection)
+    .fetch_one(pool)
+    .await
+    .unwrap_or_else(|e| panic!("dumping watermarks: {e}"));
+    dump.insert("projectionist_watermarks".into(), marks);
+    Value::Object(dump)
+}

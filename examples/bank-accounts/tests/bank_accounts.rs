@@ -1,0 +1,85 @@
+//! The bank-accounts projection against a real PostgreSQL.
+
+use bank_accounts::generate::{envelope, expected, stream};
+use bank_accounts::{AccountEvent, BankAccounts};
+use projectionist_core::{Outcome, RawEnvelope};
+use projectionist_postgres::{apply_batch, migrate, MIGRATOR};
+use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
+use serde_json::json;
+use sqlx::PgPool;
+
+fn opened(id: &str) -> RawEnvelope {
+    envelope(id, 1, &AccountEvent::AccountOpened { owner: "ann".into() })
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_redelivered_deposit_is_counted_once(pool: PgPool) {
+    let deposit = envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 500 });
+    // Re-sent by the producer with a fresh event id: the gate keys on the version, not the id.
+    let resent = RawEnvelope { id: uuid::Uuid::new_v4(), ..deposit.clone() };
+    ProjectionTest::new(pool, BankAccounts)
+        .given([opened("acc-1")])
+        .when([deposit.clone(), deposit, resent])
+        .then_outcomes([Outcome::Applied, Outcome::Duplicate, Outcome::Duplicate])
+        .then_rows("SELECT account_id, owner, balance, status, version FROM bank_accounts", json!([
+            {"account_id": "acc-1", "owner": "ann", "balance": 500, "status": "open", "version": 2}
+        ]))
+        .run()
+        .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn every_outcome_is_reported(pool: PgPool) {
+    let mut unknown = envelope("acc-1", 3, &AccountEvent::AccountClosed {});
+    unknown.event_type = "AccountRenamed".into();
+    ProjectionTest::new(pool, BankAccounts)
+        .given([opened("acc-1"), envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 70 })])
+        .when([
+            envelope("acc-1", 3, &AccountEvent::MoneyWithdrawn { amount: 20 }),
+            envelope("acc-1", 3, &AccountEvent::MoneyWithdrawn { amount: 20 }),
+            envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 70 }),
+            envelope("acc-1", 5, &AccountEvent::AccountClosed {}),
+            unknown,
+        ])
+        .then_outcomes([Outcome::Applied, Outcome::Duplicate, Outcome::Stale, Outcome::Gap { expected: 4, found: 5 }, Outcome::Ignored])
+        .then_rows("SELECT balance, status, version FROM bank_accounts", json!([{"balance": 50, "status": "open", "version": 3}]))
+        .run()
+        .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_poison_event_fails_the_batch_naming_it_and_applies_nothing(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let mut poison = envelope("acc-2", 2, &AccountEvent::MoneyDeposited { amount: 1 });
+    poison.data = json!({"amount": "a lot"});
+    let err = apply_batch(&pool, &BankAccounts, &[opened("acc-2"), poison]).await.unwrap_err();
+    assert!(err.is_poison() && !err.is_retryable(), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("event #1") && msg.contains("acc-2 v2") && msg.contains("MoneyDeposited"), "{msg}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bank_accounts").fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, 0, "the whole batch is rolled back");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
+    let events = stream(300, 15, 42);
+    assert!(events.len() > 2_000, "{} events", events.len());
+    let report = assert_anomaly_equivalence(&pool, &BankAccounts, &events, 7).await;
+    assert_eq!(report.clean.applied, events.len() as u64);
+    for (variant, counts) in &report.variants {
+        assert!(counts.total() >= events.len() as u64, "{variant}: {counts:?}");
+    }
+
+    // And the read model equals the one folded independently in memory.
+    let want = expected(&events);
+    let rows: Vec<(String, String, i64, String, i64)> =
+        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), want.len());
+    for (id, owner, balance, status, version) in rows {
+        let w = &want[&id];
+        assert_eq!((owner, balance, status, version), (w.owner.clone(), w.balance, w.status.clone(), w.version), "{id}");
+    }
+}

@@ -1,0 +1,75 @@
+//! The order-status projection (state machine + fan-in watermark) against a real PostgreSQL.
+
+use order_status::generate::{envelope, expected_customer_stats, stream};
+use order_status::{OrderEvent, OrderStatus};
+use projectionist_core::Outcome;
+use projectionist_postgres::MIGRATOR;
+use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
+use serde_json::json;
+use sqlx::PgPool;
+
+fn placed(order: &str, customer: &str, total: i64) -> projectionist_core::RawEnvelope {
+    envelope(order, 1, &OrderEvent::OrderPlaced { customer_id: customer.into(), total_cents: total })
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn fan_in_totals_count_each_order_once(pool: PgPool) {
+    ProjectionTest::new(pool, OrderStatus)
+        .given([placed("o-1", "c-1", 1000)])
+        .when([
+            placed("o-1", "c-1", 1000),
+            placed("o-2", "c-1", 250),
+            placed("o-2", "c-1", 250),
+            envelope("o-1", 2, &OrderEvent::OrderPaid { amount_cents: 1000 }),
+            envelope("o-1", 3, &OrderEvent::OrderShipped {}),
+            envelope("o-2", 2, &OrderEvent::OrderCancelled { reason: "no".into() }),
+            envelope("o-1", 2, &OrderEvent::OrderPaid { amount_cents: 1000 }),
+        ])
+        .then_outcomes([
+            Outcome::Duplicate,
+            Outcome::Applied,
+            Outcome::Duplicate,
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Stale,
+        ])
+        .then_rows("SELECT customer_id, orders_placed, total_cents FROM customer_order_stats", json!([
+            {"customer_id": "c-1", "orders_placed": 2, "total_cents": 1250}
+        ]))
+        .then_rows("SELECT order_id, status, paid_cents, version FROM orders ORDER BY order_id", json!([
+            {"order_id": "o-1", "status": "shipped", "paid_cents": 1000, "version": 3},
+            {"order_id": "o-2", "status": "cancelled", "paid_cents": 0, "version": 2}
+        ]))
+        .run()
+        .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_gap_changes_neither_table(pool: PgPool) {
+    ProjectionTest::new(pool, OrderStatus)
+        .given([placed("o-1", "c-1", 1000)])
+        .when([envelope("o-1", 3, &OrderEvent::OrderShipped {})])
+        .then_outcomes([Outcome::Gap { expected: 2, found: 3 }])
+        .then_rows("SELECT status, version FROM orders", json!([{"status": "placed", "version": 1}]))
+        .then_rows("SELECT orders_placed FROM customer_order_stats", json!([{"orders_placed": 1}]))
+        .run()
+        .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
+    let events = stream(1_000, 40, 11);
+    assert!(events.len() > 3_000, "{} events", events.len());
+    let report = assert_anomaly_equivalence(&pool, &OrderStatus, &events, 5).await;
+    assert_eq!(report.clean.applied, events.len() as u64);
+
+    let want = expected_customer_stats(&events);
+    let rows: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT customer_id, orders_placed, total_cents FROM customer_order_stats ORDER BY customer_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let got: std::collections::BTreeMap<_, _> = rows.into_iter().map(|(c, n, t)| (c, (n, t))).collect();
+    assert_eq!(got, want);
+}
