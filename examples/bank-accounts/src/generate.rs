@@ -99,3 +99,23 @@ pub fn expected(events: &[RawEnvelope]) -> BTreeMap<String, ExpectedAccount> {
         })
         .collect()
 }
+
+/// Mixes redeliveries into `events`: about `duplicates` of them delivered again as they
+/// are, and `resent` of them re-sent by the producer with a fresh event id, each somewhere
+/// after its original (a redelivery never precedes the first delivery).
+pub fn with_redeliveries(events: &[RawEnvelope], duplicates: f64, resent: f64, seed: u64) -> Vec<RawEnvelope> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let n = events.len() as f64;
+    let mut timed: Vec<(f64, RawEnvelope)> = events.iter().enumerate().map(|(i, e)| (i as f64, e.clone())).collect();
+    for (i, e) in events.iter().enumerate() {
+        if rng.gen_bool(duplicates.clamp(0.0, 1.0)) {
+            timed.push((rng.gen_range(i as f64 + 0.1..n + 1.0), e.clone()));
+        }
+        if rng.gen_bool(resent.clamp(0.0, 1.0)) {
+            let again = RawEnvelope { id: uuid::Uuid::new_v4(), ..e.clone() };
+            timed.push((rng.gen_range(i as f64 + 0.1..n + 1.0), again));
+        }
+    }
+    timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    timed.into_iter().map(|(_, e)| e).collect()
+}

@@ -1,0 +1,277 @@
+//! The command line every projectionist projection binary gets: register your
+//! projections, hand over `main`, and get `migrate`, `create-topics`, `run`, `publish` and
+//! `status`, configured by flags or the `DATABASE_URL` and `KAFKA_BROKERS` variables.
+//!
+//! ```no_run
+//! # struct BankAccounts;
+//! # #[projectionist_core::async_trait]
+//! # impl projectionist_core::Projection<sqlx::PgConnection> for BankAccounts {
+//! #     type Event = serde_json::Value;
+//! #     fn name(&self) -> &str { "bank_accounts" }
+//! #     async fn apply(&self, _: &mut sqlx::PgConnection, _: &projectionist_core::Envelope<serde_json::Value>) -> Result<projectionist_core::Outcome, projectionist_core::ApplyError> { todo!() }
+//! # }
+//! #[tokio::main]
+//! async fn main() -> std::process::ExitCode {
+//!     projectionist_cli::App::new("bank-accounts").projection(BankAccounts, ["bank.accounts"]).main().await
+//! }
+//! ```
+
+mod publish;
+mod status;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use projectionist_kafka::{Engine, EngineConfig, Registration};
+use projectionist_postgres::{PgPool, PgProjection};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// A projection binary's command line.
+pub struct App {
+    name: &'static str,
+    registrations: Vec<Registration>,
+}
+
+#[derive(Parser)]
+#[command(version, about = "Project versioned events from Kafka into PostgreSQL read models.")]
+struct Cli {
+    /// PostgreSQL connection URL (never printed).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    database_url: Option<String>,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "localhost:9092", global = true)]
+    brokers: String,
+    /// Log format on stderr (level from RUST_LOG, default info).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the engine tables and the registered projections' tables.
+    Migrate,
+    /// Create the registered projections' topics through the admin API (existing ones are kept).
+    CreateTopics {
+        /// Partitions per new topic.
+        #[arg(long, env = "PROJECTIONIST_PARTITIONS", default_value_t = 4)]
+        partitions: i32,
+        /// Replication factor of new topics.
+        #[arg(long, default_value_t = 1)]
+        replication: i32,
+    },
+    /// Consume and project until stopped (SIGINT/SIGTERM).
+    Run(RunArgs),
+    /// Publish envelopes from NDJSON (a file, or - for stdin) keyed by aggregate_id, with a
+    /// transactional producer, one transaction per chunk.
+    Publish(publish::PublishArgs),
+    /// Per projection and partition: stored checkpoint, broker high watermark, lag.
+    Status,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Replay from offset zero, ignoring stored checkpoints (tables are kept).
+    #[arg(long)]
+    from_beginning: bool,
+    /// Truncate the projections' tables and forget their checkpoints first (rebuild).
+    #[arg(long)]
+    reset: bool,
+    /// Run only these projections (default: all registered).
+    #[arg(long = "projection", value_name = "NAME")]
+    projections: Vec<String>,
+    /// Consumer group id (default: projectionist.<projection>).
+    #[arg(long)]
+    group_id: Option<String>,
+    /// Most events per batch (one transaction).
+    #[arg(long, default_value_t = 500)]
+    batch_size: usize,
+    /// Longest wait before a partition's partial batch is applied, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    batch_wait_ms: u64,
+    /// Retries of a batch after a retryable database error.
+    #[arg(long, default_value_t = 5)]
+    max_retries: u32,
+    /// Stop once every assigned partition has reached its high watermark.
+    #[arg(long)]
+    exit_when_caught_up: bool,
+    /// Extra librdkafka consumer property, `key=value` (repeatable; values never logged).
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property)]
+    kafka_properties: Vec<(String, String)>,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.to_owned())).filter(|(k, _)| !k.is_empty()).ok_or_else(|| "expected KEY=VALUE".to_owned())
+}
+
+impl App {
+    /// A binary called `name`.
+    pub fn new(name: &'static str) -> Self {
+        Self { name, registrations: Vec::new() }
+    }
+
+    /// Registers a projection consuming `topics`.
+    pub fn projection<P, I, S>(mut self, projection: P, topics: I) -> Self
+    where
+        P: PgProjection,
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.registrations.push(Registration { projection: Arc::new(projection), topics: topics.into_iter().map(Into::into).collect() });
+        self
+    }
+
+    /// Parses the process arguments, runs the command, prints any error and returns the
+    /// exit code: 0 on success, 1 on error, 2 when a partition was halted.
+    pub async fn main(self) -> ExitCode {
+        self.main_from(std::env::args_os()).await
+    }
+
+    /// As [`App::main`], with the given arguments (the first is the binary name).
+    pub async fn main_from(self, args: impl IntoIterator<Item = OsString>) -> ExitCode {
+        let cli = Cli::parse_from(args);
+        init_tracing(cli.log_format);
+        match self.execute(cli).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
+        match cli.command {
+            Command::Migrate => {
+                let pool = pool(&cli.database_url).await?;
+                let projections: Vec<&dyn PgProjection> = self.registrations.iter().map(|r| r.projection.as_ref()).collect();
+                projectionist_postgres::migrate(&pool, &projections).await?;
+                println!("Migrated engine tables and {} projection(s).", projections.len());
+            }
+            Command::CreateTopics { partitions, replication } => {
+                let topics = self.topics();
+                let created = projectionist_kafka::topics::create_topics(&cli.brokers, &topics, partitions, replication).await?;
+                println!("Topics: {} created ({}), {} already present.", created.len(), created.join(", "), topics.len() - created.len());
+            }
+            Command::Run(args) => return self.run(&cli.database_url, &cli.brokers, args).await,
+            Command::Publish(args) => return publish::publish(&cli.brokers, args).await,
+            Command::Status => {
+                let pool = pool(&cli.database_url).await?;
+                status::print(&pool, &cli.brokers, &self.registrations).await?;
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    fn topics(&self) -> Vec<&str> {
+        let mut topics: Vec<&str> = self.registrations.iter().flat_map(|r| r.topics.iter().map(String::as_str)).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        topics
+    }
+
+    async fn run(self, database_url: &Option<String>, brokers: &str, args: RunArgs) -> anyhow::Result<ExitCode> {
+        let pool = pool(database_url).await?;
+        let selected: Vec<Registration> = if args.projections.is_empty() {
+            self.registrations
+        } else {
+            for name in &args.projections {
+                if !self.registrations.iter().any(|r| r.projection.name() == name) {
+                    let known: Vec<&str> = self.registrations.iter().map(|r| r.projection.name()).collect();
+                    bail!("no projection named {name:?} in {}; registered: {}", self.name, known.join(", "));
+                }
+            }
+            self.registrations.into_iter().filter(|r| args.projections.iter().any(|n| n == r.projection.name())).collect()
+        };
+        if args.reset {
+            for r in &selected {
+                projectionist_postgres::reset(&pool, r.projection.as_ref()).await?;
+                tracing::info!(projection = %r.projection.name(), "Projection reset: tables truncated, checkpoints and watermarks forgotten.");
+            }
+        }
+        let mut config = EngineConfig::new(brokers)
+            .with_batch(args.batch_size, Duration::from_millis(args.batch_wait_ms))
+            .with_from_beginning(args.from_beginning)
+            .with_exit_when_caught_up(args.exit_when_caught_up);
+        config.max_retries = args.max_retries;
+        config.group_id = args.group_id;
+        config.kafka.extend(args.kafka_properties);
+        let mut engine = Engine::new(pool, config);
+        for r in selected {
+            engine = engine.register(r.projection, r.topics);
+        }
+        let started = Instant::now();
+        let report = engine.run(shutdown_signal()).await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        for (name, stats) in &report.projections {
+            let c = stats.outcomes();
+            let read = stats.read.load(std::sync::atomic::Ordering::Relaxed);
+            println!(
+                "{name}: read {read} events in {elapsed:.2}s ({:.0}/s): applied {}, duplicates skipped {}, stale skipped {}, ignored {}",
+                read as f64 / elapsed.max(1e-9),
+                c.applied,
+                c.duplicate,
+                c.stale,
+                c.ignored
+            );
+        }
+        let halts = report.halts();
+        if halts.is_empty() {
+            Ok(ExitCode::SUCCESS)
+        } else {
+            for h in &halts {
+                eprintln!("error: {h}");
+            }
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
+    let Some(url) = url else { bail!("no database: set DATABASE_URL or pass --database-url") };
+    // The URL may hold a password: errors below never repeat it.
+    let options = PgConnectOptions::from_str(url).map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
+    let where_ = format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or("?"));
+    PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {where_}"))
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}

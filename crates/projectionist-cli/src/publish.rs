@@ -1,0 +1,109 @@
+//! `publish`: NDJSON envelopes onto a topic through an idempotent, transactional producer.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use projectionist_core::RawEnvelope;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[derive(clap::Args)]
+pub(crate) struct PublishArgs {
+    /// Topic to publish to (created through the admin API if missing).
+    #[arg(long)]
+    topic: String,
+    /// NDJSON file of envelopes, or - for stdin.
+    file: String,
+    /// Events per producer transaction.
+    #[arg(long, default_value_t = 1000)]
+    chunk_size: usize,
+    /// Partitions if the topic must be created.
+    #[arg(long, env = "PROJECTIONIST_PARTITIONS", default_value_t = 4)]
+    partitions: i32,
+    /// Transactional id (default: projectionist-publish-<topic>).
+    #[arg(long)]
+    transactional_id: Option<String>,
+}
+
+pub(crate) async fn publish(brokers: &str, args: PublishArgs) -> anyhow::Result<ExitCode> {
+    projectionist_kafka::topics::create_topics(brokers, &[&args.topic], args.partitions, 1).await?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("transactional.id", args.transactional_id.clone().unwrap_or_else(|| format!("projectionist-publish-{}", args.topic)))
+        .set("linger.ms", "5")
+        .create()?;
+    let init = producer.clone();
+    tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30))).await??;
+
+    let reader: Box<dyn tokio::io::AsyncRead + Unpin + Send> = if args.file == "-" {
+        Box::new(tokio::io::stdin())
+    } else {
+        Box::new(tokio::fs::File::open(&args.file).await.with_context(|| format!("cannot open {}", args.file))?)
+    };
+    let mut lines = BufReader::new(reader).lines();
+    let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) = (0_usize, 0_usize, 0_usize, 0_usize, 0_usize);
+    let chunk_size = args.chunk_size.max(1);
+    let mut done = false;
+    let progress = std::time::Instant::now();
+    while !done {
+        let mut chunk: Vec<RawEnvelope> = Vec::with_capacity(chunk_size);
+        let mut errors = Vec::new();
+        while chunk.len() + errors.len() < chunk_size {
+            let Some(line) = lines.next_line().await.with_context(|| format!("reading {}", args.file))? else {
+                done = true;
+                break;
+            };
+            line_no += 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match RawEnvelope::from_slice(line.as_bytes()) {
+                Ok(e) => chunk.push(e),
+                Err(e) => errors.push(format!("line {line_no}: {e}")),
+            }
+        }
+        if !errors.is_empty() {
+            for e in &errors {
+                eprintln!("malformed: {e}");
+            }
+            bad_lines += errors.len();
+            skipped_chunks += 1;
+            eprintln!("Chunk ending at line {line_no} not published: {} malformed line(s).", errors.len());
+            continue;
+        }
+        if chunk.is_empty() {
+            continue;
+        }
+        send_chunk(&producer, &args.topic, &chunk).await?;
+        published += chunk.len();
+        transactions += 1;
+        if transactions % 10 == 0 {
+            eprintln!("Published {published} events in {transactions} transactions ({:.0}/s).", published as f64 / progress.elapsed().as_secs_f64());
+        }
+    }
+    println!(
+        "Published {published} events to {} in {transactions} transaction(s); {bad_lines} malformed line(s), {skipped_chunks} chunk(s) not published.",
+        args.topic
+    );
+    Ok(if bad_lines > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope]) -> anyhow::Result<()> {
+    producer.begin_transaction()?;
+    let payloads: Vec<Vec<u8>> = chunk.iter().map(RawEnvelope::to_json).collect();
+    let sends = chunk.iter().zip(&payloads).map(|(e, p)| {
+        producer.send(FutureRecord::to(topic).key(e.aggregate_id.as_str()).payload(p.as_slice()), Duration::from_secs(30))
+    });
+    let results = futures_util::future::join_all(sends).await;
+    if let Some(Err((e, _))) = results.into_iter().find(|r| r.is_err()) {
+        let p = producer.clone();
+        let _ = tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30))).await;
+        anyhow::bail!("publishing a chunk failed, transaction aborted: {e}");
+    }
+    let p = producer.clone();
+    tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await??;
+    Ok(())
+}

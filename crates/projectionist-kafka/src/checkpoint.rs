@@ -1,0 +1,96 @@
+//! Checkpoints: the next offset per (projection, topic, partition), kept in PostgreSQL in
+//! the same transaction as the batch they cover. Postgres is the source of truth for
+//! position; Kafka's committed offset follows it for lag tools.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// One stored checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Projection name.
+    pub projection: String,
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Next offset to consume.
+    pub next_offset: i64,
+}
+
+/// Records the next offset in the caller's transaction.
+pub async fn store(conn: &mut PgConnection, projection: &str, topic: &str, partition: i32, next_offset: i64) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
+         VALUES ($1, $2, $3, $4, now()) \
+         ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
+    )
+    .bind(projection)
+    .bind(topic)
+    .bind(partition)
+    .bind(next_offset)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Every stored checkpoint, ordered.
+pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<Checkpoint>> {
+    let rows: Vec<(String, String, i32, i64)> = sqlx::query_as(
+        "SELECT projection, topic, partition, next_offset FROM projectionist_checkpoints ORDER BY projection, topic, partition",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(projection, topic, partition, next_offset)| Checkpoint { projection, topic, partition, next_offset }).collect())
+}
+
+type Reply = mpsc::SyncSender<Result<HashMap<(String, i32), i64>, String>>;
+
+/// Reads checkpoints synchronously, for librdkafka's rebalance callback, which must decide
+/// the start offsets before it returns. A dedicated thread with its own runtime does the
+/// query, so the callback works whatever runtime (or none) polls the consumer.
+pub(crate) struct BlockingReader {
+    requests: mpsc::Sender<(Vec<(String, i32)>, Reply)>,
+}
+
+impl BlockingReader {
+    pub(crate) fn spawn(options: PgConnectOptions, projection: String) -> std::io::Result<Self> {
+        let (requests, rx) = mpsc::channel::<(Vec<(String, i32)>, Reply)>();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name(format!("checkpoints-{projection}")).spawn(move || {
+            while let Ok((partitions, reply)) = rx.recv() {
+                let result = runtime.block_on(read(&options, &projection, &partitions));
+                let _ = reply.send(result.map_err(|e| e.to_string()));
+            }
+        })?;
+        Ok(Self { requests })
+    }
+
+    /// The stored next offsets for `partitions` (absent: never checkpointed).
+    pub(crate) fn read(&self, partitions: Vec<(String, i32)>) -> Result<HashMap<(String, i32), i64>, String> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.requests.send((partitions, reply)).map_err(|_| "checkpoint reader stopped".to_owned())?;
+        answer.recv_timeout(Duration::from_secs(30)).map_err(|_| "checkpoint read timed out".to_owned())?
+    }
+}
+
+async fn read(options: &PgConnectOptions, projection: &str, partitions: &[(String, i32)]) -> sqlx::Result<HashMap<(String, i32), i64>> {
+    let mut conn = PgConnection::connect_with(options).await?;
+    let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
+    let parts: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
+    let rows: Vec<(String, i32, i64)> = sqlx::query_as(
+        "SELECT c.topic, c.partition, c.next_offset FROM projectionist_checkpoints c \
+         JOIN unnest($2::text[], $3::int[]) AS a(topic, partition) USING (topic, partition) WHERE c.projection = $1",
+    )
+    .bind(projection)
+    .bind(&topics)
+    .bind(&parts)
+    .fetch_all(&mut conn)
+    .await?;
+    let _ = conn.close().await;
+    Ok(rows.into_iter().map(|(t, p, o)| ((t, p), o)).collect())
+}

@@ -1,0 +1,164 @@
+//! Engine configuration.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// How the engine consumes and batches. Build with [`EngineConfig::new`] and the `with_*`
+/// methods, or deserialise it (unknown fields are rejected).
+#[derive(Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Kafka bootstrap servers, `host:port[,host:port…]`.
+    pub brokers: String,
+    /// Consumer group id; default `projectionist.<projection name>`.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// Most events in one batch (one Postgres transaction).
+    #[serde(default = "default_batch_max_events")]
+    pub batch_max_events: usize,
+    /// Longest a partition's first buffered event waits before its batch is applied.
+    #[serde(default = "default_batch_max_wait_ms")]
+    pub batch_max_wait_ms: u64,
+    /// Tries of a batch that fails with a retryable database error, after the first.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// First retry delay, doubled on each further retry.
+    #[serde(default = "default_retry_backoff_ms")]
+    pub retry_backoff_ms: u64,
+    /// Ignore stored checkpoints and read every assigned partition from its earliest
+    /// offset, once per process; tables are kept (the version gate makes it a no-op on rows
+    /// already current).
+    #[serde(default)]
+    pub from_beginning: bool,
+    /// Stop once every assigned partition has reached the high watermark it had when it
+    /// was assigned (for demos, tests and one-shot rebuilds).
+    #[serde(default)]
+    pub exit_when_caught_up: bool,
+    /// Extra librdkafka properties (e.g. `security.protocol`, `sasl.*`). Values are never
+    /// logged or printed.
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+}
+
+fn default_batch_max_events() -> usize {
+    500
+}
+fn default_batch_max_wait_ms() -> u64 {
+    100
+}
+fn default_max_retries() -> u32 {
+    5
+}
+fn default_retry_backoff_ms() -> u64 {
+    100
+}
+
+impl EngineConfig {
+    /// Defaults for the given brokers.
+    pub fn new(brokers: impl Into<String>) -> Self {
+        Self {
+            brokers: brokers.into(),
+            group_id: None,
+            batch_max_events: default_batch_max_events(),
+            batch_max_wait_ms: default_batch_max_wait_ms(),
+            max_retries: default_max_retries(),
+            retry_backoff_ms: default_retry_backoff_ms(),
+            from_beginning: false,
+            exit_when_caught_up: false,
+            kafka: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the consumer group id (shared by every registered projection: prefer one
+    /// process per group, or leave unset so each projection has its own).
+    pub fn with_group_id(mut self, group_id: impl Into<String>) -> Self {
+        self.group_id = Some(group_id.into());
+        self
+    }
+
+    /// Sets the batch bounds.
+    pub fn with_batch(mut self, max_events: usize, max_wait: Duration) -> Self {
+        self.batch_max_events = max_events.max(1);
+        self.batch_max_wait_ms = max_wait.as_millis() as u64;
+        self
+    }
+
+    /// Replays from offset zero (see the field).
+    pub fn with_from_beginning(mut self, yes: bool) -> Self {
+        self.from_beginning = yes;
+        self
+    }
+
+    /// Stops once caught up (see the field).
+    pub fn with_exit_when_caught_up(mut self, yes: bool) -> Self {
+        self.exit_when_caught_up = yes;
+        self
+    }
+
+    /// Sets an extra librdkafka property.
+    pub fn with_kafka_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.kafka.insert(key.into(), value.into());
+        self
+    }
+
+    /// The group id for a projection.
+    pub fn group_for(&self, projection: &str) -> String {
+        self.group_id.clone().unwrap_or_else(|| format!("projectionist.{projection}"))
+    }
+
+    pub(crate) fn batch_max_wait(&self) -> Duration {
+        Duration::from_millis(self.batch_max_wait_ms)
+    }
+}
+
+impl fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kafka: BTreeMap<&str, &str> = self.kafka.keys().map(|k| (k.as_str(), "<redacted>")).collect();
+        f.debug_struct("EngineConfig")
+            .field("brokers", &redact_userinfo(&self.brokers))
+            .field("group_id", &self.group_id)
+            .field("batch_max_events", &self.batch_max_events)
+            .field("batch_max_wait_ms", &self.batch_max_wait_ms)
+            .field("max_retries", &self.max_retries)
+            .field("retry_backoff_ms", &self.retry_backoff_ms)
+            .field("from_beginning", &self.from_beginning)
+            .field("exit_when_caught_up", &self.exit_when_caught_up)
+            .field("kafka", &kafka)
+            .finish()
+    }
+}
+
+/// Replaces any `user:password@` in a URL-ish string with `<redacted>@`.
+pub fn redact_userinfo(s: &str) -> String {
+    s.split(',')
+        .map(|part| match (part.find("://"), part.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => format!("{}<redacted>{}", &part[..scheme + 3], &part[at..]),
+            (None, Some(at)) => format!("<redacted>{}", &part[at..]),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_secrets() {
+        let cfg = EngineConfig::new("sasl://bob:hunter2@broker:9092").with_kafka_property("sasl.password", "hunter2");
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("sasl.password") && shown.contains("broker:9092"), "{shown}");
+    }
+
+    #[test]
+    fn deserialises_with_defaults_and_rejects_unknown_fields() {
+        let cfg: EngineConfig = serde_json::from_str(r#"{"brokers": "localhost:9092"}"#).unwrap();
+        assert_eq!((cfg.batch_max_events, cfg.batch_max_wait_ms, cfg.max_retries), (500, 100, 5));
+        assert_eq!(cfg.group_for("bank_accounts"), "projectionist.bank_accounts");
+        let err = serde_json::from_str::<EngineConfig>(r#"{"brokers": "x", "batch_size": 3}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `batch_size`"), "{err}");
+    }
+}

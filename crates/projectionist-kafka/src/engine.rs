@@ -1,0 +1,140 @@
+//! The engine: one group consumer per registered projection, run side by side.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use projectionist_postgres::{validate, PgPool, SharedProjection};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use tokio::sync::watch;
+
+use crate::checkpoint::BlockingReader;
+use crate::context::EngineContext;
+use crate::runner::{Runner, Stats};
+use crate::{EngineConfig, Error, Result};
+
+/// A projection and the topics it consumes.
+#[derive(Clone)]
+pub struct Registration {
+    /// The projection.
+    pub projection: SharedProjection,
+    /// Its topics.
+    pub topics: Vec<String>,
+}
+
+/// Drives registered projections from Kafka into PostgreSQL.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, projection: projectionist_postgres::SharedProjection) -> projectionist_kafka::Result<()> {
+/// use projectionist_kafka::{Engine, EngineConfig};
+///
+/// let engine = Engine::new(pool, EngineConfig::new("localhost:9092")).register(projection, ["bank.accounts"]);
+/// let report = engine.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// # Ok(()) }
+/// ```
+pub struct Engine {
+    pool: PgPool,
+    config: EngineConfig,
+    registrations: Vec<Registration>,
+    stats: Vec<Arc<Stats>>,
+}
+
+/// What a run did, per projection.
+#[derive(Debug)]
+pub struct RunReport {
+    /// Projection name and its counters.
+    pub projections: Vec<(String, Arc<Stats>)>,
+}
+
+impl RunReport {
+    /// Every partition halt, as messages naming topic, partition, offset and reason.
+    pub fn halts(&self) -> Vec<String> {
+        self.projections.iter().flat_map(|(_, s)| s.halts.lock().expect("halts lock").clone()).collect()
+    }
+}
+
+impl Engine {
+    /// An engine writing to `pool`.
+    pub fn new(pool: PgPool, config: EngineConfig) -> Self {
+        Self { pool, config, registrations: Vec::new(), stats: Vec::new() }
+    }
+
+    /// Adds a projection consuming `topics`.
+    pub fn register<I, S>(mut self, projection: SharedProjection, topics: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.registrations.push(Registration { projection, topics: topics.into_iter().map(Into::into).collect() });
+        self.stats.push(Arc::default());
+        self
+    }
+
+    /// Live counters, in registration order, to watch a run from another task.
+    pub fn stats(&self) -> Vec<Arc<Stats>> {
+        self.stats.clone()
+    }
+
+    /// Runs until `shutdown` completes (or, with `exit_when_caught_up`, until every
+    /// projection has caught up), then finishes in-flight batches, commits and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<RunReport> {
+        if self.registrations.is_empty() {
+            return Err(Error::Config("no projection registered".into()));
+        }
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut report = RunReport { projections: Vec::new() };
+        for (reg, stats) in self.registrations.iter().zip(&self.stats) {
+            validate(reg.projection.as_ref())?;
+            let name = reg.projection.name().to_owned();
+            let consumer = self.consumer(reg)?;
+            let runner = Runner::new(reg.projection.clone(), self.pool.clone(), self.config.clone(), consumer, stats.clone());
+            tracing::info!(projection = %name, topics = ?reg.topics, group = %self.config.group_for(&name), "Projection starting.");
+            tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
+            report.projections.push((name, stats.clone()));
+        }
+        let all = futures_util::future::join_all(tasks);
+        tokio::pin!(all);
+        tokio::pin!(shutdown);
+        let results = tokio::select! {
+            results = &mut all => results,
+            () = &mut shutdown => {
+                tracing::info!("Shutdown requested; finishing in-flight batches.");
+                let _ = stop_tx.send(true);
+                all.await
+            }
+        };
+        for r in results {
+            r.map_err(|e| Error::Config(format!("projection task failed: {e}")))??;
+        }
+        Ok(report)
+    }
+
+    fn consumer(&self, reg: &Registration) -> Result<StreamConsumer<EngineContext>> {
+        let name = reg.projection.name().to_owned();
+        let reader = BlockingReader::spawn((*self.pool.connect_options()).clone(), name.clone())
+            .map_err(|e| Error::Config(format!("cannot start checkpoint reader: {e}")))?;
+        let context = EngineContext::new(name.clone(), reader, self.config.from_beginning);
+        let mut cfg = ClientConfig::new();
+        // Defaults a user may override: a short session keeps group joins quick (some
+        // brokers delay the first join by a share of it).
+        cfg.set("session.timeout.ms", "10000").set("max.poll.interval.ms", "60000");
+        for (k, v) in &self.config.kafka {
+            cfg.set(k, v);
+        }
+        // What the engine's guarantees rest on: not overridable.
+        cfg.set("bootstrap.servers", &self.config.brokers)
+            .set("group.id", self.config.group_for(&name))
+            .set("client.id", format!("projectionist-{name}"))
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false")
+            .set("partition.assignment.strategy", "range");
+        let consumer: StreamConsumer<EngineContext> = cfg.create_with_context(context)?;
+        let topics: Vec<&str> = reg.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        Ok(consumer)
+    }
+}
