@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# The test command: brings up the services, then runs every test of the workspace.
+# The test command: brings up the services (PostgreSQL, the broker), then runs every test
+# of the workspace. Tests that need a broker feature the broker lacks are listed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/services.sh)"
-export DATABASE_URL
-# Postgres tests each create a database; two test threads keep the 2-core machines responsive.
+export DATABASE_URL KAFKA_BROKERS
+export PROJECTIONIST_SKIP_LOG="$PWD/target/skipped-tests.log"
+mkdir -p target && : >"$PROJECTIONIST_SKIP_LOG"
+# Each Postgres test makes its own database and each Kafka test its own topics and group,
+# so test binaries run their tests in parallel; 4 threads suit the 2-core machines.
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}" "$@"
+if [ -s "$PROJECTIONIST_SKIP_LOG" ]; then
+    echo
+    echo "Skipped at run time ($(wc -l <"$PROJECTIONIST_SKIP_LOG") test(s)), with the reason:"
+    sed 's/^/  SKIPPED /' "$PROJECTIONIST_SKIP_LOG"
+fi

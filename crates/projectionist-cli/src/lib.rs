@@ -213,7 +213,10 @@ impl App {
             engine = engine.register(r.projection, r.topics);
         }
         let started = Instant::now();
-        let report = engine.run(shutdown_signal()).await?;
+        let progress = tokio::spawn(report_progress(engine.stats(), started));
+        let report = engine.run(shutdown_signal()).await;
+        progress.abort();
+        let report = report?;
         let elapsed = started.elapsed().as_secs_f64();
         for (name, stats) in &report.projections {
             let c = stats.outcomes();
@@ -239,6 +242,23 @@ impl App {
     }
 }
 
+/// Prints read/applied counts every few seconds while a run works.
+async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, started: Instant) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut last = u64::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let read: u64 = stats.iter().map(|s| s.read.load(Relaxed)).sum();
+        if read == last {
+            continue;
+        }
+        last = read;
+        let applied: u64 = stats.iter().map(|s| s.applied.load(Relaxed)).sum();
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!("Progress: read {read} events, applied {applied}, {:.0} events/s.", read as f64 / secs.max(1e-9));
+    }
+}
+
 async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
     let Some(url) = url else { bail!("no database: set DATABASE_URL or pass --database-url") };
     // The URL may hold a password: errors below never repeat it.
@@ -254,7 +274,7 @@ async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
 
 fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -24,11 +24,13 @@ pub struct ExpectedAccount {
 
 /// Generates `accounts` account streams (ids `acc-00001`…) of 1 to `max_events` events
 /// each, interleaved across accounts in a random order that keeps each account's own
-/// order. Deterministic for a seed, except the producer-minted event ids.
+/// order. Deterministic for a seed, except the producer-minted event ids; an account's
+/// events depend only on the seed and its number, so streams of different sizes agree.
 pub fn stream(accounts: usize, max_events: i64, seed: u64) -> Vec<RawEnvelope> {
     let mut rng = StdRng::seed_from_u64(seed);
     let per_account: Vec<Vec<RawEnvelope>> = (1..=accounts)
         .map(|n| {
+            let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(n as u64));
             let id = format!("acc-{n:05}");
             let count = rng.gen_range(1..=max_events.max(1));
             let mut balance = 0_i64;
