@@ -1,0 +1,165 @@
+//! The Kafka runtime as a library, against the broker (KAFKA_BROKERS, default
+//! localhost:9092) and a fresh database per test.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bank_accounts::{AccountEvent, BankAccounts};
+use order_status::{OrderEvent, OrderStatus};
+use projectionist::kafka::{topics, Engine, EngineConfig};
+use projectionist::postgres::{migrate, PgConnection, MIGRATOR};
+use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use sqlx::PgPool;
+
+fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into())
+}
+
+fn rand_test_topic(name: &str) -> String {
+    format!("test.{name}.{}", uuid::Uuid::new_v4().simple())
+}
+
+fn config() -> EngineConfig {
+    EngineConfig::new(brokers())
+        .with_group_id(format!("engine-{}", uuid::Uuid::new_v4().simple()))
+        .with_exit_when_caught_up(true)
+        .with_kafka_property("session.timeout.ms", "6000")
+}
+
+async fn produce(topic: &str, events: &[RawEnvelope]) {
+    topics::create_topics(&brokers(), &[topic], 2, 1).await.unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    for e in events {
+        let payload = e.to_json();
+        producer.send(BaseRecord::to(topic).key(&e.aggregate_id).payload(&payload)).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+async fn run(engine: Engine) -> projectionist::kafka::RunReport {
+    tokio::time::timeout(Duration::from_secs(120), engine.run(std::future::pending())).await.expect("engine caught up in time").unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn two_projections_run_in_one_process_with_their_own_checkpoints(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts, &OrderStatus]).await.unwrap();
+    let (accounts_topic, orders_topic) = (rand_test_topic("accounts"), rand_test_topic("orders"));
+    let accounts = bank_accounts::generate::stream(40, 10, 8);
+    let orders = order_status::generate::stream(60, 10, 8);
+    produce(&accounts_topic, &accounts).await;
+    produce(&orders_topic, &orders).await;
+
+    let engine = Engine::new(pool.clone(), config().with_group_id(format!("multi-{}", uuid::Uuid::new_v4().simple())))
+        .register(Arc::new(BankAccounts), [accounts_topic.clone()])
+        .register(Arc::new(OrderStatus), [orders_topic.clone()]);
+    let report = run(engine).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let counts: Vec<u64> = report.projections.iter().map(|(_, s)| s.outcomes().applied).collect();
+    assert_eq!(counts, vec![accounts.len() as u64, orders.len() as u64]);
+
+    let placed: i64 = sqlx::query_scalar("SELECT coalesce(sum(orders_placed), 0)::bigint FROM customer_order_stats").fetch_one(&pool).await.unwrap();
+    assert_eq!(placed, 60);
+    let versions: i64 = sqlx::query_scalar("SELECT sum(version)::bigint FROM bank_accounts").fetch_one(&pool).await.unwrap();
+    assert_eq!(versions, accounts.len() as i64);
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT projection, topic, sum(next_offset)::bigint FROM projectionist_checkpoints GROUP BY 1, 2 ORDER BY 1").fetch_all(&pool).await.unwrap();
+    assert_eq!(
+        rows,
+        vec![("bank_accounts".into(), accounts_topic, accounts.len() as i64), ("order_status".into(), orders_topic, orders.len() as i64)],
+        "each projection checkpoints its own topic, up to the last event"
+    );
+}
+
+/// Fails its first `failures` applies with a real SQLSTATE, then applies like BankAccounts.
+struct Flaky {
+    failures: u32,
+    sqlstate: &'static str,
+    calls: AtomicU32,
+}
+
+#[async_trait]
+impl Projection<PgConnection> for Flaky {
+    type Event = AccountEvent;
+    fn name(&self) -> &str {
+        "bank_accounts"
+    }
+    async fn apply(&self, tx: &mut PgConnection, env: &Envelope<AccountEvent>) -> Result<Outcome, ApplyError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+            sqlx::query("SELECT inject_failure($1)").bind(self.sqlstate).execute(&mut *tx).await?;
+        }
+        BankAccounts.apply(tx, env).await
+    }
+}
+
+async fn create_injector(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION inject_failure(code text) RETURNS void LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'injected failure' USING ERRCODE = code; END $$",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+fn account_events() -> Vec<RawEnvelope> {
+    let e = bank_accounts::generate::envelope;
+    vec![e("acc-r", 1, &AccountEvent::AccountOpened { owner: "r".into() }), e("acc-r", 2, &AccountEvent::MoneyDeposited { amount: 9 })]
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn retryable_database_errors_are_retried_with_backoff(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    create_injector(&pool).await;
+    let topic = rand_test_topic("retry");
+    produce(&topic, &account_events()).await;
+    let flaky = Arc::new(Flaky { failures: 3, sqlstate: "40001", calls: AtomicU32::new(0) });
+    let mut cfg = config();
+    cfg.retry_backoff_ms = 10;
+    let report = run(Engine::new(pool.clone(), cfg).register(flaky.clone(), [topic])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let balance: i64 = sqlx::query_scalar("SELECT balance FROM bank_accounts WHERE account_id = 'acc-r'").fetch_one(&pool).await.unwrap();
+    assert_eq!(balance, 9, "applied once after the serialization failures");
+    assert!(flaky.calls.load(Ordering::SeqCst) >= 5, "three failed tries, then the two events");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    create_injector(&pool).await;
+    let topic = rand_test_topic("fatal");
+    produce(&topic, &account_events()).await;
+    let flaky = Arc::new(Flaky { failures: 1, sqlstate: "23514", calls: AtomicU32::new(0) });
+    let report = run(Engine::new(pool.clone(), config()).register(flaky.clone(), [topic.clone()])).await;
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(halts[0].contains(&format!("partition halted: {topic}/")) && halts[0].contains("injected"), "{}", halts[0]);
+    assert_eq!(flaky.calls.load(Ordering::SeqCst), 1, "no retry of a check violation");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bank_accounts").fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, 0);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_gap_halts_after_applying_what_precedes_it(pool: PgPool) {
+    migrate(&pool, &[&OrderStatus]).await.unwrap();
+    let topic = rand_test_topic("gap");
+    let e = order_status::generate::envelope;
+    let events = vec![
+        e("ord-g", 1, &OrderEvent::OrderPlaced { customer_id: "c".into(), total_cents: 10 }),
+        e("ord-g", 3, &OrderEvent::OrderShipped {}),
+        e("ord-g", 2, &OrderEvent::OrderPaid { amount_cents: 10 }),
+    ];
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    produce(&topic, &events).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(OrderStatus), [topic.clone()])).await;
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    let want = format!("partition halted: {topic}/0@1 in projection order_status, aggregate ord-g: gap: expected version 2, found 3");
+    assert!(halts[0].starts_with(&want), "{}", halts[0]);
+    let status: String = sqlx::query_scalar("SELECT status FROM orders").fetch_one(&pool).await.unwrap();
+    assert_eq!(status, "placed", "the event before the gap is applied, nothing after it");
+    let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints").fetch_one(&pool).await.unwrap();
+    assert_eq!(next, 1);
+}
