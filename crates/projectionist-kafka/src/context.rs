@@ -2,7 +2,8 @@
 //! checkpoint, or the earliest offset) inside librdkafka's rebalance callback.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -36,11 +37,13 @@ pub(crate) struct EngineContext {
     from_beginning: bool,
     replayed: Mutex<HashSet<Tp>>,
     pub(crate) assignment: Mutex<Assignment>,
+    /// Set while the consumer holds an assignment from its group (read by readiness).
+    joined: Arc<AtomicBool>,
 }
 
 impl EngineContext {
-    pub(crate) fn new(projection: String, reader: BlockingReader, from_beginning: bool) -> Self {
-        Self { projection, reader, from_beginning, replayed: Mutex::default(), assignment: Mutex::default() }
+    pub(crate) fn new(projection: String, reader: BlockingReader, from_beginning: bool, joined: Arc<AtomicBool>) -> Self {
+        Self { projection, reader, from_beginning, replayed: Mutex::default(), assignment: Mutex::default(), joined }
     }
 
     fn read_with_retries(&self, parts: &[Tp]) -> Result<HashMap<Tp, i64>, String> {
@@ -90,6 +93,8 @@ impl EngineContext {
         for (tp, start) in &starts {
             tracing::info!(projection = %self.projection, topic = %tp.0, partition = tp.1, start = ?start, "Partition assigned.");
         }
+        metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "assign").increment(1);
+        self.joined.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut a = self.assignment.lock().expect("assignment lock");
         a.owned.extend(parts);
         a.starts.extend(starts);
@@ -108,13 +113,30 @@ impl EngineContext {
             a.generation += 1;
             a.rebalances += 1;
         }
+        metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "revoke").increment(1);
+        self.joined.store(false, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = consumer.unassign() {
             tracing::error!(projection = %self.projection, error = %e, "Unassigning partitions failed.");
         }
     }
 }
 
-impl ClientContext for EngineContext {}
+impl ClientContext for EngineContext {
+    /// librdkafka's periodic statistics (`statistics.interval.ms`): the lag per owned
+    /// partition, from the broker's high (or, read_committed, last stable) offset.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let owned = self.assignment.lock().expect("assignment lock").owned.clone();
+        for (topic, t) in &statistics.topics {
+            for (partition, p) in &t.partitions {
+                if *partition < 0 || !owned.contains(&(topic.clone(), *partition)) || p.consumer_lag < 0 {
+                    continue;
+                }
+                metrics::gauge!(crate::metrics::CONSUMER_LAG_MESSAGES, "projection" => self.projection.clone(), "topic" => topic.clone(), "partition" => partition.to_string())
+                    .set(p.consumer_lag as f64);
+            }
+        }
+    }
+}
 
 impl ConsumerContext for EngineContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {

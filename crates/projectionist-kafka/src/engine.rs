@@ -1,6 +1,7 @@
 //! The engine: one group consumer per registered projection, run side by side.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use projectionist_postgres::{validate, PgPool, SharedProjection};
@@ -37,6 +38,38 @@ pub struct Engine {
     config: EngineConfig,
     registrations: Vec<Registration>,
     stats: Vec<Arc<Stats>>,
+    joined: Vec<Arc<AtomicBool>>,
+}
+
+/// Whether the engine is ready: every projection's consumer holds an assignment from its
+/// group (so the broker answered), and PostgreSQL answers.
+#[derive(Clone)]
+pub struct Readiness {
+    pool: PgPool,
+    joined: Vec<Arc<AtomicBool>>,
+}
+
+impl Readiness {
+    /// Every projection's consumer holds a partition assignment.
+    pub fn partitions_assigned(&self) -> bool {
+        !self.joined.is_empty() && self.joined.iter().all(|j| j.load(Ordering::SeqCst))
+    }
+
+    /// PostgreSQL answers `SELECT 1` within a second.
+    pub async fn postgres_answers(&self) -> bool {
+        let ping = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&self.pool);
+        matches!(tokio::time::timeout(std::time::Duration::from_secs(1), ping).await, Ok(Ok(1)))
+    }
+
+    /// Both of the above.
+    pub async fn is_ready(&self) -> bool {
+        self.partitions_assigned() && self.postgres_answers().await
+    }
+
+    /// The engine's pool (for pool gauges).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
 }
 
 /// What a run did, per projection.
@@ -56,7 +89,7 @@ impl RunReport {
 impl Engine {
     /// An engine writing to `pool`.
     pub fn new(pool: PgPool, config: EngineConfig) -> Self {
-        Self { pool, config, registrations: Vec::new(), stats: Vec::new() }
+        Self { pool, config, registrations: Vec::new(), stats: Vec::new(), joined: Vec::new() }
     }
 
     /// Adds a projection consuming `topics`.
@@ -67,7 +100,13 @@ impl Engine {
     {
         self.registrations.push(Registration { projection, topics: topics.into_iter().map(Into::into).collect() });
         self.stats.push(Arc::default());
+        self.joined.push(Arc::default());
         self
+    }
+
+    /// A readiness probe for this engine's projections, to hand to a health endpoint.
+    pub fn readiness(&self) -> Readiness {
+        Readiness { pool: self.pool.clone(), joined: self.joined.clone() }
     }
 
     /// Live counters, in registration order, to watch a run from another task.
@@ -84,10 +123,10 @@ impl Engine {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let mut report = RunReport { projections: Vec::new() };
-        for (reg, stats) in self.registrations.iter().zip(&self.stats) {
+        for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
             validate(reg.projection.as_ref())?;
             let name = reg.projection.name().to_owned();
-            let consumer = self.consumer(reg)?;
+            let consumer = self.consumer(reg, joined.clone())?;
             let runner = Runner::new(reg.projection.clone(), self.pool.clone(), self.config.clone(), consumer, stats.clone());
             tracing::info!(projection = %name, topics = ?reg.topics, group = %self.config.group_for(&name), "Projection starting.");
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
@@ -110,15 +149,15 @@ impl Engine {
         Ok(report)
     }
 
-    fn consumer(&self, reg: &Registration) -> Result<StreamConsumer<EngineContext>> {
+    fn consumer(&self, reg: &Registration, joined: Arc<AtomicBool>) -> Result<StreamConsumer<EngineContext>> {
         let name = reg.projection.name().to_owned();
         let reader = BlockingReader::spawn((*self.pool.connect_options()).clone(), name.clone())
             .map_err(|e| Error::Config(format!("cannot start checkpoint reader: {e}")))?;
-        let context = EngineContext::new(name.clone(), reader, self.config.from_beginning);
+        let context = EngineContext::new(name.clone(), reader, self.config.from_beginning, joined);
         let mut cfg = ClientConfig::new();
         // Defaults a user may override: a short session keeps group joins quick (some
         // brokers delay the first join by a share of it).
-        cfg.set("session.timeout.ms", "10000").set("max.poll.interval.ms", "60000");
+        cfg.set("session.timeout.ms", "10000").set("max.poll.interval.ms", "60000").set("statistics.interval.ms", "5000");
         for (k, v) in &self.config.kafka {
             cfg.set(k, v);
         }

@@ -5,10 +5,11 @@ mod config;
 mod context;
 mod engine;
 mod error;
+pub mod metrics;
 mod runner;
 pub mod topics;
 
 pub use config::{redact_userinfo, EngineConfig};
-pub use engine::{Engine, Registration, RunReport};
+pub use engine::{Engine, Readiness, Registration, RunReport};
 pub use error::{Error, Result};
 pub use runner::Stats;

@@ -14,6 +14,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use crate::checkpoint;
+use crate::metrics as m;
 use crate::context::{EngineContext, Tp};
 use crate::{EngineConfig, Error, Result};
 
@@ -86,7 +87,7 @@ enum Applied {
     /// Every event applied.
     All,
     /// Applied up to (excluding) the event at `offset`, which stops the partition.
-    Halt { offset: i64, aggregate: String, reason: String },
+    Halt { offset: i64, aggregate: String, reason: String, kind: &'static str },
 }
 
 impl Runner {
@@ -165,7 +166,7 @@ impl Runner {
         };
         self.buffers.retain(|_, b| b.generation == generation);
         for (tp, reason) in unreadable {
-            self.halt(&tp, -1, "?", &format!("cannot read its checkpoint from PostgreSQL: {reason}"));
+            self.halt(&tp, -1, "?", &format!("cannot read its checkpoint from PostgreSQL: {reason}"), "error");
         }
     }
 
@@ -203,6 +204,10 @@ impl Runner {
             first_offset = buffer.messages[0].offset,
             last_offset = buffer.messages[buffer.messages.len() - 1].offset,
             size = buffer.messages.len(),
+            applied = tracing::field::Empty,
+            duplicate = tracing::field::Empty,
+            stale = tracing::field::Empty,
+            ignored = tracing::field::Empty,
         );
         let _entered = span.enter();
 
@@ -221,10 +226,10 @@ impl Runner {
         let offsets: Vec<i64> = buffer.messages.iter().map(|m| m.offset).collect();
         let mut outcome = self.apply(tp, &envelopes, &offsets).await?;
         if let (Applied::All, Some((offset, aggregate, reason))) = (&outcome, poison) {
-            outcome = Applied::Halt { offset, aggregate, reason };
+            outcome = Applied::Halt { offset, aggregate, reason, kind: "poison" };
         }
-        if let Applied::Halt { offset, aggregate, reason } = outcome {
-            self.halt(tp, offset, &aggregate, &reason);
+        if let Applied::Halt { offset, aggregate, reason, kind } = outcome {
+            self.halt(tp, offset, &aggregate, &reason, kind);
         }
         Ok(())
     }
@@ -237,31 +242,33 @@ impl Runner {
         let mut attempt = 0;
         while end > 0 {
             let batch = &envelopes[..end];
+            let started = Instant::now();
             match self.try_apply(tp, batch, offsets[end - 1] + 1).await {
                 Ok(Ok(counts)) => {
                     self.stats.add(&counts);
                     self.commit_kafka(tp, offsets[end - 1] + 1);
-                    tracing::debug!(applied = counts.applied, duplicate = counts.duplicate, stale = counts.stale, ignored = counts.ignored, "Batch committed.");
+                    self.record_batch(tp, batch, &counts, started.elapsed());
                     break;
                 }
                 Ok(Err((index, reason))) => {
-                    halt = Some(Applied::Halt { offset: offsets[index], aggregate: envelopes[index].aggregate_id.clone(), reason });
+                    halt = Some(Applied::Halt { offset: offsets[index], aggregate: envelopes[index].aggregate_id.clone(), reason, kind: "gap" });
                     end = index;
                     attempt = 0;
                 }
                 Err(e) if e.is_retryable() && attempt < self.config.max_retries => {
                     let delay = Duration::from_millis(self.config.retry_backoff_ms << attempt.min(10));
                     tracing::warn!(error = %e, attempt = attempt + 1, delay_ms = delay.as_millis() as u64, "Retryable failure; trying the batch again.");
+                    metrics::counter!(m::BATCH_RETRIES, "projection" => self.name().to_owned()).increment(1);
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
                 Err(e) => {
-                    let (index, reason) = match &e {
-                        projectionist_postgres::Error::Decode { index, source, .. } => (*index, source.to_string()),
-                        other if other.is_retryable() => (0, format!("{other} (gave up after {} retries)", self.config.max_retries)),
-                        other => (0, other.to_string()),
+                    let (index, reason, kind) = match &e {
+                        projectionist_postgres::Error::Decode { index, source, .. } => (*index, source.to_string(), "poison"),
+                        other if other.is_retryable() => (0, format!("{other} (gave up after {} retries)", self.config.max_retries), "error"),
+                        other => (0, other.to_string(), "error"),
                     };
-                    halt = Some(Applied::Halt { offset: offsets[index], aggregate: envelopes[index].aggregate_id.clone(), reason });
+                    halt = Some(Applied::Halt { offset: offsets[index], aggregate: envelopes[index].aggregate_id.clone(), reason, kind });
                     end = index;
                     attempt = 0;
                 }
@@ -283,6 +290,28 @@ impl Runner {
         Ok(Ok(outcomes.iter().collect()))
     }
 
+    /// Per-batch telemetry: counters, histograms, event age, pool use, span fields.
+    fn record_batch(&self, tp: &Tp, batch: &[RawEnvelope], counts: &OutcomeCounts, took: Duration) {
+        let projection = self.name().to_owned();
+        let span = tracing::Span::current();
+        span.record("applied", counts.applied).record("duplicate", counts.duplicate).record("stale", counts.stale).record("ignored", counts.ignored);
+        tracing::debug!(took_ms = took.as_millis() as u64, "Batch committed.");
+        metrics::counter!(m::EVENTS_APPLIED, "projection" => projection.clone()).increment(counts.applied);
+        for (reason, n) in [("duplicate", counts.duplicate), ("stale", counts.stale), ("ignored", counts.ignored)] {
+            metrics::counter!(m::EVENTS_SKIPPED, "projection" => projection.clone(), "reason" => reason).increment(n);
+        }
+        metrics::histogram!(m::BATCH_SIZE, "projection" => projection.clone()).record(batch.len() as f64);
+        metrics::histogram!(m::BATCH_DURATION, "projection" => projection.clone()).record(took.as_secs_f64());
+        metrics::counter!(m::CHECKPOINT_COMMITS, "projection" => projection.clone()).increment(1);
+        if let Some(last) = batch.last() {
+            let age = (chrono_now_ms() - last.occurred_at.timestamp_millis()).max(0) as f64 / 1000.0;
+            metrics::gauge!(m::CONSUMER_LAG_SECONDS, "projection" => projection, "topic" => tp.0.clone(), "partition" => tp.1.to_string()).set(age);
+        }
+        let (size, idle) = (self.pool.size(), self.pool.num_idle() as u32);
+        metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "in_use").set(size.saturating_sub(idle) as f64);
+        metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+    }
+
     fn commit_kafka(&self, tp: &Tp, next_offset: i64) {
         let mut tpl = TopicPartitionList::new();
         if tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(next_offset)).is_ok() {
@@ -293,7 +322,7 @@ impl Runner {
         }
     }
 
-    fn halt(&mut self, tp: &Tp, offset: i64, aggregate: &str, reason: &str) {
+    fn halt(&mut self, tp: &Tp, offset: i64, aggregate: &str, reason: &str, kind: &'static str) {
         let err = Error::Halted {
             projection: self.name().to_owned(),
             topic: tp.0.clone(),
@@ -308,6 +337,8 @@ impl Runner {
         let _ = self.consumer.pause(&tpl);
         self.buffers.remove(tp);
         self.halted.insert(tp.clone(), offset);
+        metrics::counter!(m::EVENTS_FAILED, "projection" => self.name().to_owned(), "reason" => kind).increment(1);
+        metrics::gauge!(m::PARTITIONS_HALTED, "projection" => self.name().to_owned()).set(self.halted.len() as f64);
         self.stats.halts.lock().expect("halts lock").push(err.to_string());
     }
 
@@ -357,6 +388,10 @@ fn decode(m: &Msg) -> std::result::Result<RawEnvelope, String> {
         }
     }
     Ok(envelope)
+}
+
+fn chrono_now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

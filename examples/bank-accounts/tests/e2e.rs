@@ -69,7 +69,13 @@ impl Env {
             "session.timeout.ms=6000",
             "--kafka-property",
             "heartbeat.interval.ms=500",
+            "--kafka-property",
+            "statistics.interval.ms=500",
         ];
+        // Off unless a test asks for it (the last --metrics-addr wins): runners share the machine.
+        if !extra.contains(&"--metrics-addr") {
+            args.extend_from_slice(&["--metrics-addr", "off"]);
+        }
         args.extend_from_slice(extra);
         args
     }
@@ -382,4 +388,133 @@ async fn publish_reports_malformed_lines_and_commits_nothing_of_their_chunk(pool
     assert!(status.success(), "{stderr}");
     let ids: Vec<String> = sqlx::query_scalar("SELECT account_id FROM bank_accounts ORDER BY 1").fetch_all(&pool).await.unwrap();
     assert_eq!(ids, ["acc-a", "acc-b", "acc-d", "acc-e"], "nothing of the malformed line's chunk was committed");
+}
+
+/// One GET over plain HTTP/1.1; returns status code and body.
+async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+/// The value of one sample line `name{labels} value` whose labels include all of `labels`.
+fn sample(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Outcome counts the gate must report for `delivered` in order: per aggregate, a version
+/// above the highest seen applies, an equal one is a duplicate, a lower one is stale.
+fn expected_outcomes(delivered: &[RawEnvelope]) -> (u64, u64, u64) {
+    let mut highest: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    let (mut applied, mut duplicate, mut stale) = (0, 0, 0);
+    for e in delivered {
+        let h = highest.entry(e.aggregate_id.as_str()).or_insert(0);
+        match e.version.cmp(h) {
+            std::cmp::Ordering::Greater => (applied, *h) = (applied + 1, e.version),
+            std::cmp::Ordering::Equal => duplicate += 1,
+            std::cmp::Ordering::Less => stale += 1,
+        }
+    }
+    (applied, duplicate, stale)
+}
+
+#[sqlx::test(migrations = false)]
+async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
+    let env = Env::new(&pool, "metrics").await;
+    env.publish(&[]).await;
+    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+    let started = Instant::now();
+    let addr = loop {
+        let found = log.lock().unwrap().lines().find(|l| l.contains("Serving /metrics")).and_then(|l| l.split("address=").nth(1)).map(|a| a.split_whitespace().next().unwrap().to_owned());
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(http_get(&addr, "/health").await.0, 200);
+    let (status, body) = http_get(&addr, "/ready").await;
+    assert_eq!(status, 503, "not ready before the group assigns partitions: {body}");
+    assert!(body.contains("partitions assigned: false"), "{body}");
+    while http_get(&addr, "/ready").await.0 != 200 {
+        assert!(started.elapsed() < Duration::from_secs(60), "never ready:\n{}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let events = generate::stream(100, 20, 9);
+    let delivered = generate::with_redeliveries(&events, 0.2, 0.1, 9);
+    let (applied, duplicate, stale) = expected_outcomes(&delivered);
+    assert_eq!(applied, events.len() as u64);
+    env.publish(&delivered).await;
+    let want = generate::expected(&events);
+    while read_model(&pool).await != want {
+        assert!(started.elapsed() < Duration::from_secs(90), "read model incomplete");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await; // one statistics interval for lag gauges
+
+    let (status, metrics) = http_get(&addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let p = "projection=\"bank_accounts\"";
+    assert_eq!(sample(&metrics, "projectionist_events_applied_total", &[p]), Some(applied as f64), "{metrics}");
+    assert_eq!(sample(&metrics, "projectionist_events_skipped_total", &[p, "reason=\"duplicate\""]), Some(duplicate as f64), "{metrics}");
+    assert_eq!(sample(&metrics, "projectionist_events_skipped_total", &[p, "reason=\"stale\""]), Some(stale as f64), "{metrics}");
+    let batches = sample(&metrics, "projectionist_checkpoint_commits_total", &[p]).expect("checkpoint commits");
+    assert!(batches >= 4.0, "at least one batch per partition: {batches}");
+    assert_eq!(sample(&metrics, "projectionist_batch_duration_seconds_count", &[p]), Some(batches), "one duration per batch");
+    assert_eq!(sample(&metrics, "projectionist_batch_size_events_sum", &[p]), Some(delivered.len() as f64), "batch sizes add up to the events read");
+    assert!(sample(&metrics, "projectionist_rebalances_total", &[p, "kind=\"assign\""]).unwrap_or(0.0) >= 1.0);
+    let topic = format!("topic=\"{}\"", env.topic);
+    for partition in 0..4 {
+        let part = format!("partition=\"{partition}\"");
+        let age = sample(&metrics, "projectionist_consumer_lag_seconds", &[p, &topic, &part]).expect("lag in seconds per partition");
+        assert!(age > 0.0, "events occurred in the past");
+        let lag = sample(&metrics, "projectionist_consumer_lag_messages", &[p, &topic, &part]).unwrap_or_else(|| panic!("lag in messages for {part}:\n{metrics}"));
+        assert!(lag <= 1.0, "caught up, but for a trailing transaction marker: {lag}");
+    }
+    assert!(sample(&metrics, "projectionist_pg_pool_connections", &["state=\"idle\""]).is_some());
+    assert!(!metrics.contains("acc-0"), "no aggregate id in any label");
+
+    std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
+    assert!(child.wait().await.unwrap().success());
+}
+
+#[sqlx::test(migrations = false)]
+async fn passwords_never_reach_the_logs(pool: PgPool) {
+    const SECRET: &str = "Sw0rdf1sh-never-logged";
+    let env = Env::new(&pool, "redaction").await;
+    let role = format!("r_{}", uuid::Uuid::new_v4().simple());
+    let db = pool.connect_options().get_database().unwrap().to_owned();
+    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN PASSWORD '{SECRET}'; GRANT ALL ON DATABASE \"{db}\" TO {role}; GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; GRANT ALL ON SCHEMA public TO {role};"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let url = env.database_url.replacen("projectionist:projectionist@", &format!("{role}:{SECRET}@"), 1);
+    assert!(url.contains(SECRET) && url.contains(":5432/"));
+    env.publish(&generate::stream(5, 3, 1)).await;
+
+    let sasl = format!("sasl.password={SECRET}");
+    let mut logs = String::new();
+    for (database_url, format) in [(url.clone(), "text"), (url.clone(), "json"), (url.replacen(":5432/", ":1/", 1), "text")] {
+        let mut args = env.run_args(&["--exit-when-caught-up", "--kafka-property", &sasl, "--kafka-property", "sasl.username=bob", "--kafka-property", "debug=all"]);
+        args.retain(|a| *a != "run");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run").args(&args).env("DATABASE_URL", &database_url).env("KAFKA_BROKERS", brokers()).env("BANK_ACCOUNTS_TOPIC", &env.topic)
+            .env("RUST_LOG", "trace").env("LOG_FORMAT", format).stdin(Stdio::null()).kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(90), cmd.output()).await.expect("runner timed out").unwrap();
+        logs.push_str(&String::from_utf8_lossy(&out.stdout));
+        logs.push_str(&String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(logs.contains("TRACE") || logs.contains("\"level\":\"TRACE\""), "trace logging was on");
+    assert!(logs.contains("cannot connect to PostgreSQL"), "the run against a closed port failed as expected:\n{logs}");
+    assert!(!logs.contains(SECRET), "a password reached the logs:\n{}", logs.lines().filter(|l| l.contains(SECRET)).collect::<Vec<_>>().join("\n"));
 }

@@ -1,0 +1,50 @@
+//! Every metric projectionist emits, named in one place. Labels come from bounded sets
+//! only (projection, topic, partition, reason) — never an event or aggregate id. Emitted
+//! per batch, not per event.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// Events that changed a read model. Labels: `projection`.
+pub const EVENTS_APPLIED: &str = "projectionist_events_applied_total";
+/// Events skipped by the version gate or the event filter. Labels: `projection`,
+/// `reason` (`duplicate`, `stale`, `ignored`).
+pub const EVENTS_SKIPPED: &str = "projectionist_events_skipped_total";
+/// Events that halted their partition. Labels: `projection`, `reason` (`poison`, `gap`,
+/// `error`).
+pub const EVENTS_FAILED: &str = "projectionist_events_failed_total";
+/// Events per applied batch (histogram). Labels: `projection`.
+pub const BATCH_SIZE: &str = "projectionist_batch_size_events";
+/// Time to apply and commit one batch (histogram). Labels: `projection`.
+pub const BATCH_DURATION: &str = "projectionist_batch_duration_seconds";
+/// Batch attempts retried after a retryable database error. Labels: `projection`.
+pub const BATCH_RETRIES: &str = "projectionist_batch_retries_total";
+/// Messages between the broker's high (or last stable) offset and the committed
+/// position. Labels: `projection`, `topic`, `partition`.
+pub const CONSUMER_LAG_MESSAGES: &str = "projectionist_consumer_lag_messages";
+/// Age of the last applied event (now − `occurred_at`). Labels: `projection`, `topic`,
+/// `partition`.
+pub const CONSUMER_LAG_SECONDS: &str = "projectionist_consumer_lag_seconds";
+/// Checkpoints committed to PostgreSQL (one per batch). Labels: `projection`.
+pub const CHECKPOINT_COMMITS: &str = "projectionist_checkpoint_commits_total";
+/// Partition assignments and revocations. Labels: `projection`, `kind` (`assign`, `revoke`).
+pub const REBALANCES: &str = "projectionist_rebalances_total";
+/// Partitions halted and waiting for a fix. Labels: `projection`.
+pub const PARTITIONS_HALTED: &str = "projectionist_partitions_halted";
+/// PostgreSQL pool connections. Labels: `state` (`in_use`, `idle`).
+pub const PG_POOL_CONNECTIONS: &str = "projectionist_pg_pool_connections";
+
+/// Registers descriptions and units with the installed recorder.
+pub fn describe() {
+    describe_counter!(EVENTS_APPLIED, Unit::Count, "Events that changed a read model.");
+    describe_counter!(EVENTS_SKIPPED, Unit::Count, "Events skipped: duplicate or stale version, or unhandled type.");
+    describe_counter!(EVENTS_FAILED, Unit::Count, "Events that halted their partition.");
+    describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
+    describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
+    describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a retryable database error.");
+    describe_gauge!(CONSUMER_LAG_MESSAGES, Unit::Count, "Messages not yet committed, per partition.");
+    describe_gauge!(CONSUMER_LAG_SECONDS, Unit::Seconds, "Age of the last applied event, per partition.");
+    describe_counter!(CHECKPOINT_COMMITS, Unit::Count, "Checkpoints committed to PostgreSQL.");
+    describe_counter!(REBALANCES, Unit::Count, "Partition assignments and revocations.");
+    describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");
+    describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
+}
