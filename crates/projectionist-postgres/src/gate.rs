@@ -129,20 +129,29 @@ impl<'q> Write<'q> {
         format!("INSERT INTO {} AS t ({}) VALUES ({})", t.name, cols.join(", "), vals.join(", "))
     }
 
-    async fn run(self, conn: &mut PgConnection, sql: String, classify: fn(Option<i64>, i64) -> Option<Outcome>) -> Result<Outcome> {
+    /// Runs `write` and reads the stored version in one round trip; a second read, with a
+    /// fresh snapshot, only when the first cannot classify (another transaction moved the
+    /// row while this one waited on its lock).
+    async fn run(self, conn: &mut PgConnection, write: String, classify: fn(Option<i64>, i64) -> Option<Outcome>) -> Result<Outcome> {
         if let Some(e) = self.error {
             return Err(e);
         }
-        let done = sqlx::query_with(&sql, self.args).execute(&mut *conn).await?;
-        if done.rows_affected() > 0 {
+        let t = self.table;
+        let sql = format!(
+            "WITH w AS ({write} RETURNING 1) SELECT (SELECT count(*) FROM w), (SELECT {v} FROM {n} WHERE {k} = $1)",
+            v = t.version,
+            n = t.name,
+            k = t.key
+        );
+        let (changed, before): (i64, Option<i64>) = sqlx::query_as_with(&sql, self.args).fetch_one(&mut *conn).await?;
+        if changed > 0 {
             return Ok(Outcome::Applied);
         }
-        let stored = self.table.stored_version(conn, &self.key).await?;
-        classify(stored, self.version).ok_or_else(|| Error::Race {
-            table: self.table.name.as_str().into(),
-            key: self.key,
-            version: self.version,
-        })
+        if let Some(outcome) = classify(before, self.version) {
+            return Ok(outcome);
+        }
+        let stored = t.stored_version(conn, &self.key).await?;
+        classify(stored, self.version).ok_or_else(|| Error::Race { table: t.name.as_str().into(), key: self.key, version: self.version })
     }
 }
 
@@ -229,39 +238,31 @@ impl<'q> Transition<'q> {
 /// transition, in the caller's transaction. Perform the event's writes only when this
 /// returns [`Outcome::Applied`]; any other outcome means the event must change nothing.
 pub async fn watermark<E>(conn: &mut PgConnection, projection: &str, event: &Envelope<E>) -> Result<Outcome> {
-    let changed = if event.version == 1 {
-        sqlx::query(
-            "INSERT INTO projectionist_watermarks (projection, aggregate_type, aggregate_id, version) \
-             VALUES ($1, $2, $3, 1) ON CONFLICT DO NOTHING",
-        )
-        .bind(projection)
-        .bind(&event.aggregate_type)
-        .bind(&event.aggregate_id)
-        .execute(&mut *conn)
-        .await?
+    const STORED: &str = "SELECT version FROM projectionist_watermarks WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3";
+    let write = if event.version == 1 {
+        "INSERT INTO projectionist_watermarks (projection, aggregate_type, aggregate_id, version) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
     } else {
-        sqlx::query(
-            "UPDATE projectionist_watermarks SET version = $4 \
-             WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version = $4 - 1",
-        )
+        "UPDATE projectionist_watermarks SET version = $4 \
+         WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version = $4 - 1"
+    };
+    // One round trip: the write and the version it found (see `Write::run`).
+    let sql = format!("WITH w AS ({write} RETURNING 1) SELECT (SELECT count(*) FROM w), ({STORED})");
+    let (changed, before): (i64, Option<i64>) = sqlx::query_as(&sql)
         .bind(projection)
         .bind(&event.aggregate_type)
         .bind(&event.aggregate_id)
         .bind(event.version)
-        .execute(&mut *conn)
-        .await?
-    };
-    if changed.rows_affected() > 0 {
+        .fetch_one(&mut *conn)
+        .await?;
+    if changed > 0 {
         return Ok(Outcome::Applied);
     }
-    let stored: Option<i64> = sqlx::query_scalar(
-        "SELECT version FROM projectionist_watermarks WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3",
-    )
-    .bind(projection)
-    .bind(&event.aggregate_type)
-    .bind(&event.aggregate_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    if let Some(outcome) = Outcome::of_failed_transition(before, event.version) {
+        return Ok(outcome);
+    }
+    let stored: Option<i64> =
+        sqlx::query_scalar(STORED).bind(projection).bind(&event.aggregate_type).bind(&event.aggregate_id).fetch_optional(&mut *conn).await?;
     Outcome::of_failed_transition(stored, event.version).ok_or_else(|| Error::Race {
         table: "projectionist_watermarks".into(),
         key: event.aggregate_id.clone(),
