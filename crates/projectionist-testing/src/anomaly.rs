@@ -1,7 +1,7 @@
 //! Anomaly equivalence: a stream delivered badly must build the same read model as the
 //! stream delivered cleanly.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 
 use projectionist_core::{OutcomeCounts, RawEnvelope};
@@ -116,40 +116,20 @@ fn fresh_id(event: &RawEnvelope) -> RawEnvelope {
 }
 
 fn duplicated(events: &[RawEnvelope], rng: &mut StdRng) -> Vec<RawEnvelope> {
-    // Each delivery gets a time; a redelivery's time falls after its first delivery's.
-    let n = events.len() as f64;
-    let mut timed: Vec<(f64, &RawEnvelope)> = events.iter().enumerate().map(|(i, e)| (i as f64, e)).collect();
-    for (i, event) in events.iter().enumerate() {
-        if rng.gen_bool(0.33) {
-            let at = if rng.gen_bool(0.5) { i as f64 + 0.5 } else { rng.gen_range(i as f64 + 0.1..n + 1.0) };
-            timed.push((at, event));
-        }
-    }
-    timed.sort_by(|a, b| a.0.total_cmp(&b.0));
-    timed.into_iter().map(|(_, e)| e.clone()).collect()
+    crate::streams::with_redeliveries(events, 0.33, 0.0, rng.gen())
 }
 
 fn shuffled(events: &[RawEnvelope], rng: &mut StdRng) -> Vec<RawEnvelope> {
-    let mut queues: HashMap<(&str, &str), VecDeque<&RawEnvelope>> = HashMap::new();
-    let mut keys = Vec::new();
+    let mut per_aggregate: Vec<Vec<RawEnvelope>> = Vec::new();
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
     for e in events {
-        let key = (e.aggregate_type.as_str(), e.aggregate_id.as_str());
-        queues.entry(key).or_insert_with(|| {
-            keys.push(key);
-            VecDeque::new()
+        let at = *index.entry((e.aggregate_type.as_str(), e.aggregate_id.as_str())).or_insert_with(|| {
+            per_aggregate.push(Vec::new());
+            per_aggregate.len() - 1
         });
-        queues.get_mut(&key).expect("just inserted").push_back(e);
+        per_aggregate[at].push(e.clone());
     }
-    let mut out = Vec::with_capacity(events.len());
-    while !keys.is_empty() {
-        let k = rng.gen_range(0..keys.len());
-        let queue = queues.get_mut(&keys[k]).expect("key has a queue");
-        out.push(queue.pop_front().expect("queues in keys are non-empty").clone());
-        if queue.is_empty() {
-            keys.swap_remove(k);
-        }
-    }
-    out
+    crate::streams::interleave(per_aggregate, rng.gen())
 }
 
 fn first_difference(expected: &Value, actual: &Value) -> String {

@@ -2,9 +2,11 @@
 
 mod anomaly;
 mod given;
+mod streams;
 
 pub use anomaly::{assert_anomaly_equivalence, AnomalyReport, Variant};
 pub use given::ProjectionTest;
+pub use streams::{interleave, with_redeliveries};
 
 use chrono::{DateTime, Utc};
 use projectionist_core::RawEnvelope;

@@ -27,7 +27,6 @@ pub struct ExpectedAccount {
 /// order. Deterministic for a seed, except the producer-minted event ids; an account's
 /// events depend only on the seed and its number, so streams of different sizes agree.
 pub fn stream(accounts: usize, max_events: i64, seed: u64) -> Vec<RawEnvelope> {
-    let mut rng = StdRng::seed_from_u64(seed);
     let per_account: Vec<Vec<RawEnvelope>> = (1..=accounts)
         .map(|n| {
             let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(n as u64));
@@ -54,19 +53,7 @@ pub fn stream(accounts: usize, max_events: i64, seed: u64) -> Vec<RawEnvelope> {
                 .collect()
         })
         .collect();
-    let mut out = Vec::new();
-    let mut live: Vec<usize> = (0..per_account.len()).collect();
-    let mut cursor = vec![0_usize; per_account.len()];
-    while !live.is_empty() {
-        let k = rng.gen_range(0..live.len());
-        let a = live[k];
-        out.push(per_account[a][cursor[a]].clone());
-        cursor[a] += 1;
-        if cursor[a] == per_account[a].len() {
-            live.swap_remove(k);
-        }
-    }
-    out
+    projectionist_testing::interleave(per_account, seed)
 }
 
 /// A wire envelope for one account event (fresh id, `occurred_at` derived from version).
@@ -102,22 +89,5 @@ pub fn expected(events: &[RawEnvelope]) -> BTreeMap<String, ExpectedAccount> {
         .collect()
 }
 
-/// Mixes redeliveries into `events`: about `duplicates` of them delivered again as they
-/// are, and `resent` of them re-sent by the producer with a fresh event id, each somewhere
-/// after its original (a redelivery never precedes the first delivery).
-pub fn with_redeliveries(events: &[RawEnvelope], duplicates: f64, resent: f64, seed: u64) -> Vec<RawEnvelope> {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
-    let n = events.len() as f64;
-    let mut timed: Vec<(f64, RawEnvelope)> = events.iter().enumerate().map(|(i, e)| (i as f64, e.clone())).collect();
-    for (i, e) in events.iter().enumerate() {
-        if rng.gen_bool(duplicates.clamp(0.0, 1.0)) {
-            timed.push((rng.gen_range(i as f64 + 0.1..n + 1.0), e.clone()));
-        }
-        if rng.gen_bool(resent.clamp(0.0, 1.0)) {
-            let again = RawEnvelope { id: uuid::Uuid::new_v4(), ..e.clone() };
-            timed.push((rng.gen_range(i as f64 + 0.1..n + 1.0), again));
-        }
-    }
-    timed.sort_by(|a, b| a.0.total_cmp(&b.0));
-    timed.into_iter().map(|(_, e)| e).collect()
-}
+
+pub use projectionist_testing::with_redeliveries;

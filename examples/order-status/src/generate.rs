@@ -34,19 +34,7 @@ pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
             events.iter().zip(1..).map(|(e, v)| envelope(&id, v, e)).collect()
         })
         .collect();
-    let mut out = Vec::new();
-    let mut live: Vec<usize> = (0..per_order.len()).collect();
-    let mut cursor = vec![0_usize; per_order.len()];
-    while !live.is_empty() {
-        let k = rng.gen_range(0..live.len());
-        let o = live[k];
-        out.push(per_order[o][cursor[o]].clone());
-        cursor[o] += 1;
-        if cursor[o] == per_order[o].len() {
-            live.swap_remove(k);
-        }
-    }
-    out
+    projectionist_testing::interleave(per_order, seed)
 }
 
 /// A wire envelope for one order event (fresh id, `occurred_at` derived from version).
