@@ -2,7 +2,7 @@
 //! checkpoint, or the earliest offset) inside librdkafka's rebalance callback.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,11 +39,13 @@ pub(crate) struct EngineContext {
     pub(crate) assignment: Mutex<Assignment>,
     /// Set while the consumer holds an assignment from its group (read by readiness).
     joined: Arc<AtomicBool>,
+    /// Mirrors `Assignment::generation`, so the loop can notice a rebalance without a lock.
+    pub(crate) generation: AtomicU64,
 }
 
 impl EngineContext {
     pub(crate) fn new(projection: String, reader: BlockingReader, from_beginning: bool, joined: Arc<AtomicBool>) -> Self {
-        Self { projection, reader, from_beginning, replayed: Mutex::default(), assignment: Mutex::default(), joined }
+        Self { projection, reader, from_beginning, replayed: Mutex::default(), assignment: Mutex::default(), joined, generation: AtomicU64::new(0) }
     }
 
     fn read_with_retries(&self, parts: &[Tp]) -> Result<HashMap<Tp, i64>, String> {
@@ -94,13 +96,14 @@ impl EngineContext {
             tracing::info!(projection = %self.projection, topic = %tp.0, partition = tp.1, start = ?start, "Partition assigned.");
         }
         metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "assign").increment(1);
-        self.joined.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.joined.store(true, Ordering::SeqCst);
         let mut a = self.assignment.lock().expect("assignment lock");
         a.owned.extend(parts);
         a.starts.extend(starts);
         a.unreadable.extend(unreadable);
         a.generation += 1;
         a.rebalances += 1;
+        self.generation.store(a.generation, Ordering::SeqCst);
     }
 
     fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
@@ -112,9 +115,10 @@ impl EngineContext {
             }
             a.generation += 1;
             a.rebalances += 1;
+            self.generation.store(a.generation, Ordering::SeqCst);
         }
         metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "revoke").increment(1);
-        self.joined.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.joined.store(false, Ordering::SeqCst);
         if let Err(e) = consumer.unassign() {
             tracing::error!(projection = %self.projection, error = %e, "Unassigning partitions failed.");
         }

@@ -1,7 +1,7 @@
 //! One projection's consuming loop: per-partition batches, each applied in one Postgres
 //! transaction together with its checkpoint, the Kafka offset committed afterwards.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -78,6 +78,11 @@ pub(crate) struct Runner {
     pub(crate) consumer: StreamConsumer<EngineContext>,
     pub(crate) stats: Arc<Stats>,
     buffers: BTreeMap<Tp, Buffer>,
+    /// The assignment as of `generation`, refreshed only when a rebalance bumps it.
+    owned: HashSet<Tp>,
+    generation: u64,
+    /// Next offset last committed per partition, re-committed synchronously at shutdown.
+    committed: BTreeMap<Tp, i64>,
     halted: HashMap<Tp, i64>,
     targets: HashMap<Tp, i64>,
     target_generation: u64,
@@ -99,6 +104,9 @@ impl Runner {
             consumer,
             stats,
             buffers: BTreeMap::new(),
+            owned: HashSet::new(),
+            generation: 0,
+            committed: BTreeMap::new(),
             halted: HashMap::new(),
             targets: HashMap::new(),
             target_generation: u64::MAX,
@@ -148,9 +156,17 @@ impl Runner {
         for tp in pending {
             self.flush(&tp).await?;
         }
-        if let Ok(tpl) = self.consumer.assignment() {
-            if tpl.count() > 0 {
-                let _ = self.consumer.commit_consumer_state(CommitMode::Sync);
+        // Make sure Kafka holds what Postgres holds for the partitions still owned: the exact
+        // next offsets of committed batches, never the consumer's current position.
+        let mut tpl = TopicPartitionList::new();
+        for (tp, next) in &self.committed {
+            if self.owned.contains(tp) {
+                let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(*next));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+                tracing::warn!(error = %e, "Final Kafka offset commit failed; Postgres holds the position.");
             }
         }
         self.consumer.unsubscribe();
@@ -160,10 +176,15 @@ impl Runner {
     /// Drops buffers made under an older assignment: nothing of them was committed and the
     /// partitions restart from their checkpoints.
     fn sync_assignment(&mut self) {
-        let (generation, unreadable) = {
-            let mut a = self.projection_assignment();
-            (a.generation, std::mem::take(&mut a.unreadable))
+        if self.consumer.context().generation.load(Ordering::SeqCst) == self.generation {
+            return;
+        }
+        let (generation, owned, unreadable) = {
+            let mut a = self.consumer.context().assignment.lock().expect("assignment lock");
+            (a.generation, a.owned.clone(), std::mem::take(&mut a.unreadable))
         };
+        self.generation = generation;
+        self.owned = owned;
         self.buffers.retain(|_, b| b.generation == generation);
         for (tp, reason) in unreadable {
             self.halt(&tp, -1, "?", &format!("cannot read its checkpoint from PostgreSQL: {reason}"), "error");
@@ -176,13 +197,10 @@ impl Runner {
 
     async fn accept(&mut self, tp: Tp, msg: Msg) -> Result<()> {
         self.sync_assignment();
-        let (generation, owned) = {
-            let a = self.projection_assignment();
-            (a.generation, a.owned.contains(&tp))
-        };
-        if !owned || self.halted.contains_key(&tp) {
+        if !self.owned.contains(&tp) || self.halted.contains_key(&tp) {
             return Ok(());
         }
+        let generation = self.generation;
         let buffer = self.buffers.entry(tp.clone()).or_insert_with(|| Buffer { generation, since: Instant::now(), messages: Vec::new() });
         buffer.messages.push(msg);
         if buffer.messages.len() >= self.config.batch_max_events {
@@ -312,7 +330,8 @@ impl Runner {
         metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
     }
 
-    fn commit_kafka(&self, tp: &Tp, next_offset: i64) {
+    fn commit_kafka(&mut self, tp: &Tp, next_offset: i64) {
+        self.committed.insert(tp.clone(), next_offset);
         let mut tpl = TopicPartitionList::new();
         if tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(next_offset)).is_ok() {
             if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
