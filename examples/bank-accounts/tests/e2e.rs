@@ -460,10 +460,21 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
         assert!(started.elapsed() < Duration::from_secs(90), "read model incomplete");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(1200)).await; // one statistics interval for lag gauges
-
-    let (status, metrics) = http_get(&addr, "/metrics").await;
-    assert_eq!(status, 200);
+    // Lag in messages comes from librdkafka's statistics (every 500 ms here): wait until every
+    // partition reports, after the last batch's offset commit.
+    let topic = format!("topic=\"{}\"", env.topic);
+    let lag_of = |metrics: &str, partition: i32| {
+        sample(metrics, "projectionist_consumer_lag_messages", &["projection=\"bank_accounts\"", &topic, &format!("partition=\"{partition}\"")])
+    };
+    let metrics = loop {
+        let (status, metrics) = http_get(&addr, "/metrics").await;
+        assert_eq!(status, 200);
+        if (0..4).all(|p| lag_of(&metrics, p).is_some_and(|lag| lag <= 1.0)) {
+            break metrics;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "lag gauges never settled:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let p = "projection=\"bank_accounts\"";
     assert_eq!(sample(&metrics, "projectionist_events_applied_total", &[p]), Some(applied as f64), "{metrics}");
     assert_eq!(sample(&metrics, "projectionist_events_skipped_total", &[p, "reason=\"duplicate\""]), Some(duplicate as f64), "{metrics}");
@@ -473,13 +484,10 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
     assert_eq!(sample(&metrics, "projectionist_batch_duration_seconds_count", &[p]), Some(batches), "one duration per batch");
     assert_eq!(sample(&metrics, "projectionist_batch_size_events_sum", &[p]), Some(delivered.len() as f64), "batch sizes add up to the events read");
     assert!(sample(&metrics, "projectionist_rebalances_total", &[p, "kind=\"assign\""]).unwrap_or(0.0) >= 1.0);
-    let topic = format!("topic=\"{}\"", env.topic);
     for partition in 0..4 {
         let part = format!("partition=\"{partition}\"");
         let age = sample(&metrics, "projectionist_consumer_lag_seconds", &[p, &topic, &part]).expect("lag in seconds per partition");
         assert!(age > 0.0, "events occurred in the past");
-        let lag = sample(&metrics, "projectionist_consumer_lag_messages", &[p, &topic, &part]).unwrap_or_else(|| panic!("lag in messages for {part}:\n{metrics}"));
-        assert!(lag <= 1.0, "caught up, but for a trailing transaction marker: {lag}");
     }
     assert!(sample(&metrics, "projectionist_pg_pool_connections", &["state=\"idle\""]).is_some());
     assert!(!metrics.contains("acc-0"), "no aggregate id in any label");
