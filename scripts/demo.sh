@@ -31,11 +31,11 @@ step "Publishing with a transactional producer"
 $BIN publish --topic bank.accounts "$events"
 
 step "Projecting (rebuilding bank_accounts from offset zero)"
-RUST_LOG=${RUST_LOG:-warn} $BIN run --reset --exit-when-caught-up --kafka-property session.timeout.ms=6000
+RUST_LOG=${RUST_LOG:-info} $BIN run --reset --exit-when-caught-up --kafka-property session.timeout.ms=6000
 
 step "Where the projection stands"
 $BIN status
 
-step "A few rows of the read model"
+step "A few rows of the read model (compare the totals with the expectation printed at generation)"
 psql "$DATABASE_URL" -P pager=off -c "SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY version DESC, account_id LIMIT 8"
 psql "$DATABASE_URL" -P pager=off -c "SELECT count(*) AS accounts, sum(balance) AS total_balance_cents, sum(version) AS events_applied FROM bank_accounts"
