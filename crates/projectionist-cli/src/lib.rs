@@ -1,6 +1,4 @@
-//! The command line every projectionist projection binary gets: register your
-//! projections, hand over `main`, and get `migrate`, `create-topics`, `run`, `publish` and
-//! `status`, configured by flags or the `DATABASE_URL` and `KAFKA_BROKERS` variables.
+#![doc = include_str!("../README.md")]
 //!
 //! ```no_run
 //! # struct BankAccounts;

@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 /// Found by asking `E` to deserialise an impossible tag and reading the list of expected
 /// variants out of serde's own `unknown_variant` error. Cached per type.
 pub fn event_types<E: DeserializeOwned + 'static>() -> Option<&'static [&'static str]> {
-    static CACHE: OnceLock<Mutex<HashMap<TypeId, Option<&'static [&'static str]>>>> = OnceLock::new();
+    type Variants = Option<&'static [&'static str]>;
+    static CACHE: OnceLock<Mutex<HashMap<TypeId, Variants>>> = OnceLock::new();
     let id = TypeId::of::<E>();
     let cache = CACHE.get_or_init(Default::default);
     if let Some(found) = cache.lock().expect("event type cache poisoned").get(&id) {
