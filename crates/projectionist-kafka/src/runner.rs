@@ -125,7 +125,16 @@ impl Runner {
                 biased;
                 _ = shutdown.changed() => break,
                 received = self.consumer.recv() => {
-                    let message = received?;
+                    let message = match received {
+                        Ok(message) => message,
+                        Err(e @ rdkafka::error::KafkaError::MessageConsumptionFatal(_)) => return Err(e.into()),
+                        Err(e) => {
+                            // Broker hiccups surface here too; librdkafka reconnects by itself.
+                            tracing::warn!(projection = %self.name(), error = %e, "Kafka consumer error; continuing.");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
                     let tp = (message.topic().to_owned(), message.partition());
                     let msg = Msg {
                         offset: message.offset(),
