@@ -27,8 +27,6 @@ pub(crate) struct Assignment {
     pub starts: HashMap<Tp, Option<i64>>,
     /// Partitions whose checkpoints could not be read: assigned but paused.
     pub unreadable: Vec<(Tp, String)>,
-    /// Rebalances seen.
-    pub rebalances: u64,
 }
 
 pub(crate) struct EngineContext {
@@ -102,7 +100,6 @@ impl EngineContext {
         a.starts.extend(starts);
         a.unreadable.extend(unreadable);
         a.generation += 1;
-        a.rebalances += 1;
         self.generation.store(a.generation, Ordering::SeqCst);
     }
 
@@ -114,8 +111,7 @@ impl EngineContext {
                 tracing::info!(projection = %self.projection, topic = e.topic(), partition = e.partition(), "Partition revoked.");
             }
             a.generation += 1;
-            a.rebalances += 1;
-            self.generation.store(a.generation, Ordering::SeqCst);
+                self.generation.store(a.generation, Ordering::SeqCst);
         }
         metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "revoke").increment(1);
         self.joined.store(false, Ordering::SeqCst);

@@ -144,7 +144,7 @@ impl Engine {
             }
         };
         for r in results {
-            r.map_err(|e| Error::Config(format!("projection task failed: {e}")))??;
+            r.map_err(|e| Error::Task(e.to_string()))??;
         }
         Ok(report)
     }

@@ -33,6 +33,9 @@ pub enum Error {
     /// A configuration problem.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A projection's task ended abnormally (a panic in projection code).
+    #[error("projection task failed: {0}")]
+    Task(String),
 }
 
 impl From<sqlx::Error> for Error {
