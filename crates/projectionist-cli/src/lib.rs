@@ -268,20 +268,9 @@ async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progre
 /// Messages between each partition's start (checkpoint, or low watermark when replaying)
 /// and its high watermark now: the run's target. `None` when the broker cannot say.
 async fn progress_target(pool: &PgPool, brokers: &str, registrations: &[Registration], replay: bool) -> Option<u64> {
-    let stored = projectionist_kafka::checkpoint::all(pool).await.ok()?;
-    let mut total = 0_u64;
-    for r in registrations {
-        for topic in &r.topics {
-            let (b, t) = (brokers.to_owned(), topic.clone());
-            let marks = tokio::task::spawn_blocking(move || projectionist_kafka::topics::watermarks(&b, &t)).await.ok()?.ok()?;
-            for (partition, low, high) in marks {
-                let at = stored.iter().find(|c| c.projection == r.projection.name() && c.topic == *topic && c.partition == partition);
-                let start = if replay { low } else { at.map_or(low, |c| c.next_offset) };
-                total += (high - start).max(0) as u64;
-            }
-        }
-    }
-    Some(total)
+    let positions = status::positions(pool, brokers, registrations).await.ok()?;
+    let start = |p: &status::Position| if replay { p.low } else { p.checkpoint.unwrap_or(p.low) };
+    Some(positions.iter().map(|p| (p.high - start(p)).max(0) as u64).sum())
 }
 
 async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {

@@ -3,22 +3,41 @@
 use projectionist_kafka::{checkpoint, topics, Registration};
 use projectionist_postgres::PgPool;
 
-pub(crate) async fn print(pool: &PgPool, brokers: &str, registrations: &[Registration]) -> anyhow::Result<()> {
+/// One partition of a registered projection's topic: its stored checkpoint and the
+/// broker's watermarks.
+pub(crate) struct Position {
+    pub projection: String,
+    pub topic: String,
+    pub partition: i32,
+    pub checkpoint: Option<i64>,
+    pub low: i64,
+    pub high: i64,
+}
+
+/// Every partition of every registered topic, with checkpoints read once.
+pub(crate) async fn positions(pool: &PgPool, brokers: &str, registrations: &[Registration]) -> anyhow::Result<Vec<Position>> {
     let stored = checkpoint::all(pool).await?;
-    println!("{:<24} {:<24} {:>9} {:>12} {:>12} {:>10}", "projection", "topic", "partition", "checkpoint", "high", "lag");
+    let mut out = Vec::new();
     for r in registrations {
         let name = r.projection.name();
         for topic in &r.topics {
-            let brokers = brokers.to_owned();
-            let t = topic.clone();
-            let marks = tokio::task::spawn_blocking(move || topics::watermarks(&brokers, &t)).await??;
+            let (b, t) = (brokers.to_owned(), topic.clone());
+            let marks = tokio::task::spawn_blocking(move || topics::watermarks(&b, &t)).await??;
             for (partition, low, high) in marks {
-                let at = stored.iter().find(|c| c.projection == name && c.topic == *topic && c.partition == partition).map(|c| c.next_offset);
-                let lag = high - at.unwrap_or(low);
-                let shown = at.map_or("-".to_owned(), |o| o.to_string());
-                println!("{name:<24} {topic:<24} {partition:>9} {shown:>12} {high:>12} {lag:>10}");
+                let checkpoint = stored.iter().find(|c| c.projection == name && c.topic == *topic && c.partition == partition).map(|c| c.next_offset);
+                out.push(Position { projection: name.to_owned(), topic: topic.clone(), partition, checkpoint, low, high });
             }
         }
+    }
+    Ok(out)
+}
+
+pub(crate) async fn print(pool: &PgPool, brokers: &str, registrations: &[Registration]) -> anyhow::Result<()> {
+    println!("{:<24} {:<24} {:>9} {:>12} {:>12} {:>10}", "projection", "topic", "partition", "checkpoint", "high", "lag");
+    for p in positions(pool, brokers, registrations).await? {
+        let lag = p.high - p.checkpoint.unwrap_or(p.low);
+        let shown = p.checkpoint.map_or("-".to_owned(), |o| o.to_string());
+        println!("{:<24} {:<24} {:>9} {shown:>12} {:>12} {lag:>10}", p.projection, p.topic, p.partition, p.high);
     }
     Ok(())
 }

@@ -58,8 +58,7 @@ pub fn stream(accounts: usize, max_events: i64, seed: u64) -> Vec<RawEnvelope> {
 
 /// A wire envelope for one account event (fresh id, `occurred_at` derived from version).
 pub fn envelope(account_id: &str, version: i64, event: &AccountEvent) -> RawEnvelope {
-    let occurred_at = chrono::DateTime::from_timestamp(1_790_000_000 + version, 0).expect("valid timestamp");
-    RawEnvelope::new(AGGREGATE_TYPE, account_id, version, occurred_at, event)
+    projectionist_testing::envelope(AGGREGATE_TYPE, account_id, version, event)
 }
 
 /// The read model `events` must produce, folded in memory: the latest version of each

@@ -283,9 +283,11 @@ async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
 
 /// Records a skipped test where `scripts/test.sh` reports it, and says so in the output.
 fn skip(test: &str, reason: &str) {
-    eprintln!("SKIPPED {test}: {reason}");
+    use std::io::Write;
+    // Straight to the process's stderr, past libtest's capture, so the line shows in the
+    // test run's output even though libtest counts the test as passed.
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {reason}");
     if let Ok(path) = std::env::var("PROJECTIONIST_SKIP_LOG") {
-        use std::io::Write;
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
         writeln!(f, "{test}: {reason}").unwrap();
     }

@@ -39,8 +39,7 @@ pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
 
 /// A wire envelope for one order event (fresh id, `occurred_at` derived from version).
 pub fn envelope(order_id: &str, version: i64, event: &OrderEvent) -> RawEnvelope {
-    let occurred_at = chrono::DateTime::from_timestamp(1_790_000_000 + version, 0).expect("valid timestamp");
-    RawEnvelope::new(AGGREGATE_TYPE, order_id, version, occurred_at, event)
+    projectionist_testing::envelope(AGGREGATE_TYPE, order_id, version, event)
 }
 
 /// Expected `customer_order_stats`: customer → (orders placed, total cents), folded in memory
