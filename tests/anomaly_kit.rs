@@ -2,7 +2,7 @@
 //! fails the anomaly-equivalence check.
 
 use projectionist::postgres::{PgConnection, MIGRATOR};
-use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection};
+use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, Table};
 use projectionist_testing::{assert_anomaly_equivalence, envelope};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -22,11 +22,9 @@ impl Projection<PgConnection> for Unguarded {
     fn name(&self) -> &str {
         "unguarded"
     }
-    fn schema(&self) -> &[&str] {
-        &["CREATE TABLE IF NOT EXISTS sums (id text PRIMARY KEY, total bigint NOT NULL)"]
-    }
-    fn tables(&self) -> &[&str] {
-        &["sums"]
+    fn tables(&self) -> &[Table] {
+        const SUMS: Table = Table::custom("sums", "CREATE TABLE IF NOT EXISTS sums (id text PRIMARY KEY, total bigint NOT NULL)");
+        &[SUMS]
     }
     async fn apply(&self, tx: &mut PgConnection, env: &Envelope<Ev>) -> Result<Outcome, ApplyError> {
         let Ev::Added { n } = env.event;

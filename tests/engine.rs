@@ -1,15 +1,14 @@
 //! The Kafka runtime as a library, against the broker (KAFKA_BROKERS, default
 //! localhost:9092) and a fresh database per test.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bank_accounts::{AccountEvent, BankAccounts};
 use order_status::{OrderEvent, OrderStatus};
 use projectionist::kafka::{topics, Engine, EngineConfig};
-use projectionist::postgres::{migrate, PgConnection, MIGRATOR};
-use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope};
+use projectionist::postgres::{migrate, MIGRATOR};
+use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sqlx::PgPool;
@@ -73,35 +72,22 @@ async fn two_projections_run_in_one_process_with_their_own_checkpoints(pool: PgP
     );
 }
 
-/// Fails its first `failures` applies with a real SQLSTATE, then applies like BankAccounts.
-struct Flaky {
-    failures: u32,
-    sqlstate: &'static str,
-    calls: AtomicU32,
-}
-
-#[async_trait]
-impl Projection<PgConnection> for Flaky {
-    type Event = AccountEvent;
-    fn name(&self) -> &str {
-        "bank_accounts"
-    }
-    async fn apply(&self, tx: &mut PgConnection, env: &Envelope<AccountEvent>) -> Result<Outcome, ApplyError> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
-            sqlx::query("SELECT inject_failure($1)").bind(self.sqlstate).execute(&mut *tx).await?;
-        }
-        BankAccounts.apply(tx, env).await
-    }
-}
-
-async fn create_injector(pool: &PgPool) {
-    sqlx::raw_sql(
-        "CREATE FUNCTION inject_failure(code text) RETURNS void LANGUAGE plpgsql AS \
-         $$ BEGIN RAISE EXCEPTION 'injected failure' USING ERRCODE = code; END $$",
-    )
+/// Makes the first `failures` writes to `bank_accounts` fail with a real SQLSTATE (a
+/// statement trigger counting in a sequence, which a rollback does not reset).
+async fn inject_failures(pool: &PgPool, failures: i64, sqlstate: &str) {
+    sqlx::raw_sql(&format!(
+        "CREATE SEQUENCE inject_calls; \
+         CREATE FUNCTION inject_failure() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN IF nextval('inject_calls') <= {failures} THEN RAISE EXCEPTION 'injected failure' USING ERRCODE = '{sqlstate}'; END IF; RETURN NULL; END $$; \
+         CREATE TRIGGER inject BEFORE INSERT OR UPDATE ON bank_accounts FOR EACH STATEMENT EXECUTE FUNCTION inject_failure();"
+    ))
     .execute(pool)
     .await
     .unwrap();
+}
+
+async fn injector_calls(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT last_value FROM inject_calls").fetch_one(pool).await.unwrap()
 }
 
 fn account_events() -> Vec<RawEnvelope> {
@@ -112,31 +98,29 @@ fn account_events() -> Vec<RawEnvelope> {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn retryable_database_errors_are_retried_with_backoff(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
-    create_injector(&pool).await;
+    inject_failures(&pool, 3, "40001").await;
     let topic = rand_test_topic("retry");
     produce(&topic, &account_events()).await;
-    let flaky = Arc::new(Flaky { failures: 3, sqlstate: "40001", calls: AtomicU32::new(0) });
     let mut cfg = config();
     cfg.retry_backoff_ms = 10;
-    let report = run(Engine::new(pool.clone(), cfg).register(flaky.clone(), [topic])).await;
+    let report = run(Engine::new(pool.clone(), cfg).register(Arc::new(BankAccounts), [topic])).await;
     assert!(report.halts().is_empty(), "{:?}", report.halts());
     let balance: i64 = sqlx::query_scalar("SELECT balance FROM bank_accounts WHERE account_id = 'acc-r'").fetch_one(&pool).await.unwrap();
     assert_eq!(balance, 9, "applied once after the serialization failures");
-    assert!(flaky.calls.load(Ordering::SeqCst) >= 5, "three failed tries, then the two events");
+    assert!(injector_calls(&pool).await >= 4, "three failed tries, then the write");
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
-    create_injector(&pool).await;
+    inject_failures(&pool, 1, "23514").await;
     let topic = rand_test_topic("fatal");
     produce(&topic, &account_events()).await;
-    let flaky = Arc::new(Flaky { failures: 1, sqlstate: "23514", calls: AtomicU32::new(0) });
-    let report = run(Engine::new(pool.clone(), config()).register(flaky.clone(), [topic.clone()])).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
     assert!(halts[0].contains(&format!("partition halted: {topic}/")) && halts[0].contains("injected"), "{}", halts[0]);
-    assert_eq!(flaky.calls.load(Ordering::SeqCst), 1, "no retry of a check violation");
+    assert_eq!(injector_calls(&pool).await, 1, "no retry of a check violation");
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bank_accounts").fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 0);
 }

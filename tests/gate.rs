@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use projectionist::postgres::{self, Error, Table};
+use projectionist::postgres::gate::Table;
+use projectionist::postgres::{self, Error};
 use projectionist::{Envelope, Outcome};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;

@@ -4,7 +4,10 @@ mod envelope;
 mod error;
 mod event_types;
 mod outcome;
+pub mod plan;
 mod projection;
+mod table;
+mod write;
 
 pub use async_trait::async_trait;
 pub use envelope::{Decoded, Envelope, RawEnvelope};
@@ -12,3 +15,5 @@ pub use error::{ApplyError, DecodeError};
 pub use event_types::event_types;
 pub use outcome::{Outcome, OutcomeCounts};
 pub use projection::{validate_projection_name, Projection};
+pub use table::{quote, Gate, Table};
+pub use write::{Change, Op, Target, Write, Writes};

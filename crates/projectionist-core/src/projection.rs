@@ -3,23 +3,25 @@
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
-use crate::{ApplyError, Envelope, Outcome};
+use crate::{ApplyError, Envelope, Outcome, Table, Writes};
 
 /// A read model built from one stream of versioned events.
 ///
-/// `Tx` is the transaction the engine hands in: with `projectionist-postgres` it is
-/// `sqlx::PgConnection` (an open transaction). The engine opens it, calls
-/// [`apply_batch`](Projection::apply_batch), records its checkpoint in the same
-/// transaction and commits — so one batch is all-or-nothing.
+/// The fast path is [`project`](Projection::project): say what an event writes, as values
+/// ([`Writes`]), to tables declared once ([`tables`](Projection::tables)). The engine reads
+/// the stored versions of a whole batch at once, classifies every event exactly as a
+/// per-event gate would (applied, duplicate, stale, gap, ignored), coalesces each row's
+/// chain of events into one write and applies the batch with a few set-based statements,
+/// in one transaction together with the checkpoint. No transaction, no `async`, no SQL.
 ///
-/// Every write must be gated by aggregate ID + version (use the helpers in
-/// `projectionist_postgres::gate`), so redeliveries and replays are no-ops.
+/// [`apply`](Projection::apply) is the escape hatch for custom SQL: return
+/// [`Writes::custom`] from `project` for the events it handles. It runs one event at a
+/// time in the batch's transaction (`Tx`: `sqlx::PgConnection` with
+/// `projectionist-postgres`), so it is the slow path, and gating its writes is its job.
 ///
 /// ```
-/// use async_trait::async_trait;
-/// use projectionist_core::{ApplyError, Envelope, Outcome, Projection};
+/// use projectionist_core::{Envelope, Projection, Table, Writes};
 /// use serde::Deserialize;
-/// use std::collections::HashMap;
 ///
 /// #[derive(Deserialize)]
 /// #[serde(tag = "type", content = "data")]
@@ -27,71 +29,66 @@ use crate::{ApplyError, Envelope, Outcome};
 ///     Incremented { by: i64 },
 /// }
 ///
-/// /// Counts per aggregate, in a map standing in for a database transaction.
-/// struct Counter;
+/// const COUNTERS: Table = Table::transition("counters", "counter_id").columns(&[("count", "bigint NOT NULL")]);
 ///
-/// #[async_trait]
-/// impl Projection<HashMap<String, (i64, i64)>> for Counter {
+/// struct Counters;
+///
+/// impl Projection<()> for Counters {
 ///     type Event = CounterEvent;
 ///
 ///     fn name(&self) -> &str {
-///         "counter"
+///         "counters"
 ///     }
 ///
-///     async fn apply(
-///         &self,
-///         tx: &mut HashMap<String, (i64, i64)>,
-///         env: &Envelope<CounterEvent>,
-///     ) -> Result<Outcome, ApplyError> {
-///         let CounterEvent::Incremented { by } = env.event;
-///         let (count, version) = tx.entry(env.aggregate_id.clone()).or_default();
-///         if *version != env.version - 1 {
-///             return Ok(Outcome::of_failed_transition(Some(*version), env.version).unwrap());
-///         }
-///         *count += by;
-///         *version = env.version;
-///         Ok(Outcome::Applied)
+///     fn tables(&self) -> &[Table] {
+///         &[COUNTERS]
+///     }
+///
+///     fn project(&self, event: &Envelope<CounterEvent>) -> Writes {
+///         let CounterEvent::Incremented { by } = event.event;
+///         COUNTERS.write(event).add("count", by).into()
 ///     }
 /// }
 /// ```
 #[async_trait]
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a projection over `{Tx}`",
-    note = "implement `Projection<sqlx::PgConnection>` for `{Self}` with #[async_trait] to project into PostgreSQL"
+    note = "implement `Projection<sqlx::PgConnection>` for `{Self}` to project into PostgreSQL"
 )]
 pub trait Projection<Tx: ?Sized + Send>: Send + Sync + 'static {
     /// The projection's events: a serde enum tagged by the envelope's `type`, e.g.
     /// `#[serde(tag = "type", content = "data")]`. Event types with no variant are
-    /// reported as [`Outcome::Ignored`] without calling the projection.
+    /// reported as [`Outcome::Ignored`] and still move the aggregate's version gate.
     type Event: DeserializeOwned + Send + Sync + 'static;
 
     /// Stable name: keys checkpoints, watermarks, the consumer group and metric labels.
     /// Changing it makes the engine treat the projection as new.
     fn name(&self) -> &str;
 
-    /// Idempotent DDL creating the projection's tables (`CREATE TABLE IF NOT EXISTS …`),
-    /// run in order by `migrate`.
+    /// The tables this projection owns, each declared once: `migrate` creates them, a reset
+    /// empties them, the test kit compares them, and their gates guard every write.
+    fn tables(&self) -> &[Table] {
+        &[]
+    }
+
+    /// Extra idempotent DDL run by `migrate` after the tables are created (indexes, views).
     fn schema(&self) -> &[&str] {
         &[]
     }
 
-    /// The tables this projection owns: dumped by the test kit, truncated on reset.
-    fn tables(&self) -> &[&str] {
-        &[]
+    /// What `event` writes. The default hands every event to [`apply`](Projection::apply).
+    fn project(&self, event: &Envelope<Self::Event>) -> Writes {
+        let _ = event;
+        Writes::custom()
     }
 
-    /// Applies one event. Return the gate's outcome; return an error only for failures
-    /// (database errors are retried by the engine when retryable).
-    async fn apply(&self, tx: &mut Tx, event: &Envelope<Self::Event>) -> Result<Outcome, ApplyError>;
-
-    /// Applies a batch of events in offset order inside one transaction, one outcome per
-    /// event. Override for set-based speed; the result must equal applying one by one.
-    async fn apply_batch(&self, tx: &mut Tx, events: &[Envelope<Self::Event>]) -> Result<Vec<Outcome>, ApplyError> {
-        let mut outcomes = Vec::with_capacity(events.len());
-        for event in events {
-            outcomes.push(self.apply(tx, event).await?);
-        }
-        Ok(outcomes)
+    /// The slow path, for events [`project`](Projection::project) marks
+    /// [`Writes::custom`]: applies one event with custom SQL in the batch's transaction and
+    /// returns the gate's outcome. Return an error only for failures (database errors are
+    /// retried by the engine when retryable).
+    async fn apply(&self, tx: &mut Tx, event: &Envelope<Self::Event>) -> Result<Outcome, ApplyError> {
+        let _ = (tx, event);
+        Err(ApplyError::msg(format!("projection {} returned Writes::custom() but does not implement apply", self.name())))
     }
 }
 

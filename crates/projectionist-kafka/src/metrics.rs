@@ -18,6 +18,9 @@ pub const BATCH_SIZE: &str = "projectionist_batch_size_events";
 pub const BATCH_DURATION: &str = "projectionist_batch_duration_seconds";
 /// Batch attempts retried after a retryable database error. Labels: `projection`.
 pub const BATCH_RETRIES: &str = "projectionist_batch_retries_total";
+/// Batches applied event by event because a concurrent writer moved their rows (another
+/// process applying an overlapping batch). Labels: `projection`.
+pub const BATCH_FALLBACKS: &str = "projectionist_batch_fallbacks_total";
 /// Messages between the broker's high (or last stable) offset and the committed
 /// position. Labels: `projection`, `topic`, `partition`.
 pub const CONSUMER_LAG_MESSAGES: &str = "projectionist_consumer_lag_messages";
@@ -41,6 +44,7 @@ pub fn describe() {
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
     describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
     describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a retryable database error.");
+    describe_counter!(BATCH_FALLBACKS, Unit::Count, "Batches applied event by event after a concurrent writer moved their rows.");
     describe_gauge!(CONSUMER_LAG_MESSAGES, Unit::Count, "Messages not yet committed, per partition.");
     describe_gauge!(CONSUMER_LAG_SECONDS, Unit::Seconds, "Age of the last applied event, per partition.");
     describe_counter!(CHECKPOINT_COMMITS, Unit::Count, "Checkpoints committed to PostgreSQL.");

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use projectionist_core::{Outcome, OutcomeCounts, RawEnvelope};
-use projectionist_postgres::{PgPool, SharedProjection};
+use projectionist_postgres::{Mode, PgPool, SharedProjection};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -292,6 +292,7 @@ impl Runner {
                 Err(e) => {
                     let (index, reason, kind) = match &e {
                         projectionist_postgres::Error::Decode { index, source, .. } => (*index, source.to_string(), "poison"),
+                        projectionist_postgres::Error::Invalid { index, problem, .. } => (*index, problem.clone(), "error"),
                         other if other.is_retryable() => (0, format!("{other} (gave up after {} retries)", self.config.max_retries), "error"),
                         other => (0, other.to_string(), "error"),
                     };
@@ -304,11 +305,23 @@ impl Runner {
         Ok(halt.unwrap_or(Applied::All))
     }
 
-    /// One transaction: the batch and its checkpoint. `Ok(Err(..))` names the first event
-    /// that must not be applied (a gap), after rolling back.
+    /// One transaction: the batch and its checkpoint, set-based; per event when a
+    /// concurrent writer moved the batch's rows. `Ok(Err(..))` names the first event that
+    /// must not be applied (a gap), after rolling back.
     async fn try_apply(&self, tp: &Tp, batch: &[RawEnvelope], next_offset: i64) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
+        match self.try_apply_in(tp, batch, next_offset, Mode::Batch).await {
+            Err(e @ projectionist_postgres::Error::Conflict { .. }) => {
+                tracing::info!(reason = %e, "Rows moved under the batch; applying it event by event.");
+                metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
+                self.try_apply_in(tp, batch, next_offset, Mode::PerEvent).await
+            }
+            other => other,
+        }
+    }
+
+    async fn try_apply_in(&self, tp: &Tp, batch: &[RawEnvelope], next_offset: i64, mode: Mode) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
         let mut tx = self.pool.begin().await?;
-        let outcomes = self.projection.apply_raw(&mut tx, batch).await?;
+        let outcomes = self.projection.apply_raw(&mut tx, batch, mode).await?;
         if let Some((index, gap)) = outcomes.iter().enumerate().find(|(_, o)| matches!(o, Outcome::Gap { .. })) {
             return Ok(Err((index, format!("{gap}: the event's predecessor was never applied"))));
         }

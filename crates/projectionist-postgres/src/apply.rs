@@ -4,10 +4,21 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use projectionist_core::{event_types, validate_projection_name, Decoded, Outcome, Projection, RawEnvelope};
+use projectionist_core::plan::{Effect, EventRef};
+use projectionist_core::{event_types, validate_projection_name, Decoded, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use sqlx::{PgConnection, PgPool};
 
-use crate::{Error, Ident, Result};
+use crate::{batch, Error, Ident, Result};
+
+/// How a batch is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Set-based: the batch planned in memory, a few statements per table. The default.
+    Batch,
+    /// One event at a time, each under a savepoint, waiting on concurrent writers' row
+    /// locks: what a batch falls back to when a concurrent writer moved its rows.
+    PerEvent,
+}
 
 /// A projection over PostgreSQL with its event type erased, so the engine can hold many
 /// side by side. Every `Projection<PgConnection>` is one.
@@ -15,16 +26,24 @@ use crate::{Error, Ident, Result};
 pub trait PgProjection: Send + Sync + 'static {
     /// See [`Projection::name`].
     fn name(&self) -> &str;
+    /// See [`Projection::tables`].
+    fn tables(&self) -> &[Table];
     /// See [`Projection::schema`].
     fn schema(&self) -> &[&str];
-    /// See [`Projection::tables`].
-    fn tables(&self) -> &[&str];
     /// Whether the projection has a variant for `event_type`.
     fn handles(&self, event_type: &str) -> bool;
     /// Decodes `batch` and applies it in offset order in the caller's transaction, one
-    /// outcome per envelope (unhandled types are [`Outcome::Ignored`]). A decode failure
-    /// is an [`Error::Decode`] naming the event; nothing is applied then.
-    async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope]) -> Result<Vec<Outcome>>;
+    /// outcome per envelope. A decode failure is an [`Error::Decode`] naming the event;
+    /// nothing is applied then. [`Error::Conflict`] in [`Mode::Batch`]: roll back and
+    /// apply the batch again in [`Mode::PerEvent`].
+    async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>>;
+}
+
+/// One decoded event and what it does.
+enum Item<E> {
+    Unhandled,
+    Writes(Writes),
+    Custom(Envelope<E>),
 }
 
 #[async_trait]
@@ -33,22 +52,20 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         Projection::name(self)
     }
 
-    fn schema(&self) -> &[&str] {
-        Projection::schema(self)
+    fn tables(&self) -> &[Table] {
+        Projection::tables(self)
     }
 
-    fn tables(&self) -> &[&str] {
-        Projection::tables(self)
+    fn schema(&self) -> &[&str] {
+        Projection::schema(self)
     }
 
     fn handles(&self, event_type: &str) -> bool {
         event_types::<P::Event>().is_none_or(|types| types.contains(&event_type))
     }
 
-    async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope]) -> Result<Vec<Outcome>> {
-        let mut outcomes = vec![Outcome::Ignored; batch.len()];
-        let mut handled = Vec::with_capacity(batch.len());
-        let mut positions = Vec::with_capacity(batch.len());
+    async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>> {
+        let mut items = Vec::with_capacity(batch.len());
         for (index, raw) in batch.iter().enumerate() {
             let decoded = raw.clone().decode::<P::Event>().map_err(|source| Error::Decode {
                 index,
@@ -56,25 +73,47 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 version: raw.version,
                 source,
             })?;
-            if let Decoded::Event(env) = decoded {
-                handled.push(env);
-                positions.push(index);
-            }
-        }
-        if handled.is_empty() {
-            return Ok(outcomes);
-        }
-        let applied = Projection::apply_batch(self, conn, &handled)
-            .await
-            .map_err(|error| Error::Apply { projection: Projection::name(self).into(), error })?;
-        if applied.len() != handled.len() {
-            return Err(Error::Contract {
-                projection: Projection::name(self).into(),
-                problem: format!("apply_batch returned {} outcomes for {} events", applied.len(), handled.len()),
+            items.push(match decoded {
+                Decoded::Unhandled(_) => Item::Unhandled,
+                Decoded::Event(env) => match self.project(&env) {
+                    writes if writes.is_custom() => Item::Custom(env),
+                    writes => Item::Writes(writes),
+                },
             });
         }
-        for (pos, outcome) in positions.into_iter().zip(applied) {
-            outcomes[pos] = outcome;
+        let name = Projection::name(self);
+        let tables = Projection::tables(self);
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut start = 0;
+        // Runs of planned events go set-based; a custom event goes to `apply` between them.
+        while start < items.len() {
+            let end = items[start..].iter().position(|i| matches!(i, Item::Custom(_))).map_or(items.len(), |p| start + p);
+            if end > start {
+                let run: Vec<(EventRef<'_>, Effect<'_>)> = (start..end)
+                    .map(|i| {
+                        let raw = &batch[i];
+                        let event = EventRef { aggregate_type: &raw.aggregate_type, aggregate_id: &raw.aggregate_id, version: raw.version };
+                        let effect = match &items[i] {
+                            Item::Writes(w) => Effect::Writes(w.writes()),
+                            _ => Effect::Unhandled,
+                        };
+                        (event, effect)
+                    })
+                    .collect();
+                let applied = match mode {
+                    Mode::Batch => batch::apply(conn, name, tables, &run).await,
+                    Mode::PerEvent => batch::apply_per_event(conn, name, tables, &run).await,
+                };
+                outcomes.extend(applied.map_err(|e| match e {
+                    Error::Invalid { index, aggregate_id, version, problem } => Error::Invalid { index: start + index, aggregate_id, version, problem },
+                    other => other,
+                })?);
+            }
+            if let Some(Item::Custom(env)) = items.get(end) {
+                let outcome = self.apply(conn, env).await.map_err(|error| Error::Apply { projection: name.into(), error })?;
+                outcomes.push(outcome);
+            }
+            start = end + 1;
         }
         Ok(outcomes)
     }
@@ -83,28 +122,45 @@ impl<P: Projection<PgConnection>> PgProjection for P {
 /// A shared, type-erased projection.
 pub type SharedProjection = Arc<dyn PgProjection>;
 
-/// Checks a projection before the engine runs it: its name and its table names.
+/// Checks a projection before the engine runs it: its name, and every identifier of its
+/// table declarations.
 pub fn validate(projection: &dyn PgProjection) -> Result<()> {
     validate_projection_name(projection.name())
         .map_err(|_| Error::Identifier { ident: projection.name().into(), reason: "not a valid projection name" })?;
     for table in projection.tables() {
-        Ident::new(table)?;
+        for ident in table.identifiers() {
+            Ident::new(ident)?;
+        }
     }
     Ok(())
 }
 
-/// Applies `batch` in one transaction of its own and commits it (no checkpoint: the
-/// Kafka engine adds its own in the same transaction). Used by tests and tools.
+/// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka
+/// engine adds its own in the same transaction): set-based, or per event when a concurrent
+/// writer moved the batch's rows. Used by tests and tools.
 pub async fn apply_batch(pool: &PgPool, projection: &dyn PgProjection, batch: &[RawEnvelope]) -> Result<Vec<Outcome>> {
+    match apply_batch_in(pool, projection, batch, Mode::Batch).await {
+        Err(Error::Conflict { .. }) => apply_batch_in(pool, projection, batch, Mode::PerEvent).await,
+        other => other,
+    }
+}
+
+/// As [`apply_batch`], always in the given mode.
+pub async fn apply_batch_in(pool: &PgPool, projection: &dyn PgProjection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>> {
     let mut tx = pool.begin().await?;
-    let outcomes = projection.apply_raw(&mut tx, batch).await?;
+    let outcomes = projection.apply_raw(&mut tx, batch, mode).await?;
     tx.commit().await?;
     Ok(outcomes)
 }
 
-/// Creates the projection's tables by running its idempotent [`Projection::schema`].
+/// Creates the projection's tables from their declarations, then runs its extra
+/// [`Projection::schema`] statements.
 pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
+    validate(projection)?;
     let mut tx = pool.begin().await?;
+    for table in projection.tables() {
+        sqlx::raw_sql(&table.ddl()).execute(&mut *tx).await?;
+    }
     for statement in projection.schema() {
         sqlx::raw_sql(statement).execute(&mut *tx).await?;
     }
@@ -118,7 +174,7 @@ pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
     validate(projection)?;
     let mut tx = pool.begin().await?;
     if !projection.tables().is_empty() {
-        let tables = projection.tables().iter().map(|t| Ident::new(t).map(|i| i.to_string())).collect::<Result<Vec<_>>>()?;
+        let tables = projection.tables().iter().map(|t| Ident::new(t.name()).map(|i| i.to_string())).collect::<Result<Vec<_>>>()?;
         sqlx::raw_sql(&format!("TRUNCATE {}", tables.join(", "))).execute(&mut *tx).await?;
     }
     for table in ["projectionist_watermarks", "projectionist_checkpoints"] {

@@ -53,6 +53,31 @@ pub enum Error {
         /// Why.
         source: DecodeError,
     },
+    /// An event's writes break the projection's table declarations (an undeclared table or
+    /// column, `add` on an upsert table, …): a bug in the projection, not in the event.
+    #[error("event #{index} of the batch ({aggregate_id} v{version}): {problem}")]
+    Invalid {
+        /// Position in the batch.
+        index: usize,
+        /// Aggregate of the event.
+        aggregate_id: String,
+        /// Version of the event.
+        version: i64,
+        /// What is wrong, naming table and column.
+        problem: String,
+    },
+    /// A set-based statement changed another number of rows than planned: a concurrent
+    /// writer moved (or inserted) a row between the read and the write. The batch is rolled
+    /// back and applied on the per-event path.
+    #[error("{table}: planned {planned} row(s), changed {changed}: a concurrent writer moved them")]
+    Conflict {
+        /// Table of the statement.
+        table: String,
+        /// Rows the plan expected to change.
+        planned: usize,
+        /// Rows changed.
+        changed: u64,
+    },
     /// The projection's own code failed.
     #[error("projection {projection} failed: {error}")]
     Apply {
@@ -78,7 +103,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Database(e) => is_retryable_sqlx(e),
-            Self::Race { .. } => true,
+            Self::Race { .. } | Self::Conflict { .. } => true,
             Self::Apply { error, .. } => is_retryable_apply(error),
             _ => false,
         }

@@ -71,13 +71,12 @@ pub async fn assert_anomaly_equivalence(pool: &PgPool, projection: &dyn PgProjec
     migrate(pool, &[projection]).await.expect("migrating the test database");
     let mut rng = StdRng::seed_from_u64(seed);
     let name = projection.name().to_owned();
-    let tables = projection.tables();
-    assert!(!tables.is_empty(), "projection {name} declares no tables() to compare");
+    assert!(!projection.tables().is_empty(), "projection {name} declares no tables() to compare");
 
     reset(pool, projection).await.expect("resetting the projection");
     let clean = run(pool, projection, events, &mut rng, "Clean").await;
     assert_eq!(clean.gap, 0, "the clean in-order run reported gaps: the input stream itself is broken");
-    let expected = dump_tables(pool, &name, tables).await;
+    let expected = dump_tables(pool, projection).await;
 
     let mut variants = Vec::new();
     for variant in Variant::ALL {
@@ -86,7 +85,7 @@ pub async fn assert_anomaly_equivalence(pool: &PgPool, projection: &dyn PgProjec
         let counts = run(pool, projection, &stream, &mut rng, &variant.to_string()).await;
         assert_eq!(counts.gap, 0, "variant {variant}: reported gaps");
         assert_eq!(counts.applied, clean.applied, "variant {variant}: applied a different number of events than the clean run");
-        let actual = dump_tables(pool, &name, tables).await;
+        let actual = dump_tables(pool, projection).await;
         if actual != expected {
             panic!("variant {variant}: read model differs from the clean run\n{}", first_difference(&expected, &actual));
         }

@@ -10,7 +10,7 @@ pub use streams::{interleave, with_redeliveries};
 
 use chrono::{DateTime, Utc};
 use projectionist_core::RawEnvelope;
-use projectionist_postgres::PgPool;
+use projectionist_postgres::{PgPool, PgProjection};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -21,21 +21,21 @@ pub fn envelope<E: Serialize>(aggregate_type: &str, aggregate_id: &str, version:
     RawEnvelope::new(aggregate_type, aggregate_id, version, occurred_at, event)
 }
 
-/// Dumps the full contents of `tables` (as JSON rows in a stable order), plus the
-/// projection's fan-in watermarks, for exact comparison between runs.
-pub async fn dump_tables(pool: &PgPool, projection: &str, tables: &[&str]) -> Value {
+/// Dumps the full contents of the projection's tables (as JSON rows in a stable order),
+/// plus its fan-in watermarks, for exact comparison between runs.
+pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value {
     let mut dump = serde_json::Map::new();
-    for table in tables {
+    for table in projection.tables().iter().map(|t| t.name()) {
         let ident = projectionist_postgres::Ident::new(table).expect("valid table name");
         let sql = format!("SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY to_jsonb(t)::text), '[]') FROM {ident} t");
         let rows: Value = sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("dumping {table}: {e}"));
-        dump.insert((*table).to_owned(), rows);
+        dump.insert(table.to_owned(), rows);
     }
     let marks: Value = sqlx::query_scalar(
         "SELECT coalesce(jsonb_agg(jsonb_build_array(aggregate_type, aggregate_id, version) \
          ORDER BY aggregate_type, aggregate_id), '[]') FROM projectionist_watermarks WHERE projection = $1",
     )
-    .bind(projection)
+    .bind(projection.name())
     .fetch_one(pool)
     .await
     .unwrap_or_else(|e| panic!("dumping watermarks: {e}"));

@@ -6,11 +6,8 @@
 
 pub mod generate;
 
-use std::sync::LazyLock;
-
-use async_trait::async_trait;
-use projectionist_core::{ApplyError, Envelope, Outcome, Projection};
-use projectionist_postgres::{PgConnection, Table};
+use projectionist_core::{Envelope, Projection, Table, Writes};
+use projectionist_postgres::PgConnection;
 use serde::{Deserialize, Serialize};
 
 /// Aggregate type of the events.
@@ -45,18 +42,14 @@ pub enum AccountEvent {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BankAccounts;
 
-static TABLE: LazyLock<Table> = LazyLock::new(|| Table::new("bank_accounts", "account_id").expect("valid names"));
+/// One row per account, moved by guarded transitions.
+pub const ACCOUNTS: Table = Table::transition("bank_accounts", "account_id").columns(&[
+    ("owner", "text"),
+    ("balance", "bigint NOT NULL DEFAULT 0"),
+    ("status", "text"),
+    ("updated_at", "timestamptz"),
+]);
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS bank_accounts (
-    account_id text PRIMARY KEY,
-    owner      text,
-    balance    bigint NOT NULL DEFAULT 0,
-    status     text,
-    version    bigint NOT NULL,
-    updated_at timestamptz
-)";
-
-#[async_trait]
 impl Projection<PgConnection> for BankAccounts {
     type Event = AccountEvent;
 
@@ -64,22 +57,18 @@ impl Projection<PgConnection> for BankAccounts {
         "bank_accounts"
     }
 
-    fn schema(&self) -> &[&str] {
-        &[SCHEMA]
+    fn tables(&self) -> &[Table] {
+        &[ACCOUNTS]
     }
 
-    fn tables(&self) -> &[&str] {
-        &["bank_accounts"]
-    }
-
-    async fn apply(&self, tx: &mut PgConnection, env: &Envelope<AccountEvent>) -> Result<Outcome, ApplyError> {
-        let write = TABLE.transition(env).set("updated_at", env.occurred_at);
-        let write = match &env.event {
-            AccountEvent::AccountOpened { owner } => write.set("owner", owner.as_str()).set("balance", 0_i64).set("status", "open"),
-            AccountEvent::MoneyDeposited { amount } => write.add("balance", *amount),
-            AccountEvent::MoneyWithdrawn { amount } => write.add("balance", -*amount),
-            AccountEvent::AccountClosed {} => write.set("status", "closed"),
-        };
-        Ok(write.execute(tx).await?)
+    fn project(&self, env: &Envelope<AccountEvent>) -> Writes {
+        let row = ACCOUNTS.write(env).set("updated_at", env.occurred_at);
+        match &env.event {
+            AccountEvent::AccountOpened { owner } => row.set("owner", owner).set("balance", 0).set("status", "open"),
+            AccountEvent::MoneyDeposited { amount } => row.add("balance", amount),
+            AccountEvent::MoneyWithdrawn { amount } => row.add("balance", -amount),
+            AccountEvent::AccountClosed {} => row.set("status", "closed"),
+        }
+        .into()
     }
 }

@@ -7,11 +7,8 @@
 
 pub mod generate;
 
-use std::sync::LazyLock;
-
-use async_trait::async_trait;
-use projectionist_core::{ApplyError, Envelope, Outcome, Projection};
-use projectionist_postgres::{watermark, PgConnection, Table};
+use projectionist_core::{Envelope, Projection, Table, Writes};
+use projectionist_postgres::PgConnection;
 use serde::{Deserialize, Serialize};
 
 /// Aggregate type of the events.
@@ -48,26 +45,19 @@ pub enum OrderEvent {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OrderStatus;
 
-static ORDERS: LazyLock<Table> = LazyLock::new(|| Table::new("orders", "order_id").expect("valid names"));
+/// One row per order, moved through its states by guarded transitions.
+pub const ORDERS: Table = Table::transition("orders", "order_id").columns(&[
+    ("customer_id", "text"),
+    ("status", "text"),
+    ("total_cents", "bigint"),
+    ("paid_cents", "bigint NOT NULL DEFAULT 0"),
+    ("updated_at", "timestamptz"),
+]);
 
-const SCHEMA: [&str; 2] = [
-    "CREATE TABLE IF NOT EXISTS orders (
-        order_id    text PRIMARY KEY,
-        customer_id text,
-        status      text,
-        total_cents bigint,
-        paid_cents  bigint NOT NULL DEFAULT 0,
-        version     bigint NOT NULL,
-        updated_at  timestamptz
-    )",
-    "CREATE TABLE IF NOT EXISTS customer_order_stats (
-        customer_id   text PRIMARY KEY,
-        orders_placed bigint NOT NULL,
-        total_cents   bigint NOT NULL
-    )",
-];
+/// Totals per customer, fed by many orders: fan-in, gated by each order's watermark.
+pub const CUSTOMER_STATS: Table = Table::fan_in("customer_order_stats", "customer_id")
+    .columns(&[("orders_placed", "bigint NOT NULL DEFAULT 0"), ("total_cents", "bigint NOT NULL DEFAULT 0")]);
 
-#[async_trait]
 impl Projection<PgConnection> for OrderStatus {
     type Event = OrderEvent;
 
@@ -75,49 +65,22 @@ impl Projection<PgConnection> for OrderStatus {
         "order_status"
     }
 
-    fn schema(&self) -> &[&str] {
-        &SCHEMA
+    fn tables(&self) -> &[Table] {
+        &[ORDERS, CUSTOMER_STATS]
     }
 
-    fn tables(&self) -> &[&str] {
-        &["orders", "customer_order_stats"]
-    }
-
-    async fn apply(&self, tx: &mut PgConnection, env: &Envelope<OrderEvent>) -> Result<Outcome, ApplyError> {
-        // Fan-in first: the watermark decides whether this event may touch the totals.
-        let gate = watermark(tx, Projection::name(self), env).await?;
-        if let (Outcome::Applied, OrderEvent::OrderPlaced { customer_id, total_cents }) = (gate, &env.event) {
-            sqlx::query(
-                "INSERT INTO customer_order_stats AS s (customer_id, orders_placed, total_cents) VALUES ($1, 1, $2) \
-                 ON CONFLICT (customer_id) DO UPDATE SET orders_placed = s.orders_placed + 1, \
-                 total_cents = s.total_cents + EXCLUDED.total_cents",
-            )
-            .bind(customer_id)
-            .bind(total_cents)
-            .execute(&mut *tx)
-            .await?;
+    fn project(&self, env: &Envelope<OrderEvent>) -> Writes {
+        let order = ORDERS.write(env).set("updated_at", env.occurred_at);
+        match &env.event {
+            OrderEvent::OrderPlaced { customer_id, total_cents } => order
+                .set("customer_id", customer_id)
+                .set("total_cents", total_cents)
+                .set("paid_cents", 0)
+                .set("status", "placed")
+                .and(CUSTOMER_STATS.row(customer_id).add("orders_placed", 1).add("total_cents", total_cents)),
+            OrderEvent::OrderPaid { amount_cents } => order.add("paid_cents", amount_cents).set("status", "paid").into(),
+            OrderEvent::OrderShipped {} => order.set("status", "shipped").into(),
+            OrderEvent::OrderCancelled { .. } => order.set("status", "cancelled").into(),
         }
-
-        let write = ORDERS.transition(env).set("updated_at", env.occurred_at);
-        let write = match &env.event {
-            OrderEvent::OrderPlaced { customer_id, total_cents } => write
-                .set("customer_id", customer_id.as_str())
-                .set("total_cents", *total_cents)
-                .set("paid_cents", 0_i64)
-                .set("status", "placed"),
-            OrderEvent::OrderPaid { amount_cents } => write.add("paid_cents", *amount_cents).set("status", "paid"),
-            OrderEvent::OrderShipped {} => write.set("status", "shipped"),
-            OrderEvent::OrderCancelled { .. } => write.set("status", "cancelled"),
-        };
-        let row = write.execute(tx).await?;
-        if row != gate {
-            // Both gates hold the same version in the same transaction; disagreement means
-            // one of the tables was changed behind the engine's back.
-            return Err(ApplyError::msg(format!(
-                "order {} v{}: orders row says {row} but the watermark says {gate}; reset the projection",
-                env.aggregate_id, env.version
-            )));
-        }
-        Ok(row)
     }
 }

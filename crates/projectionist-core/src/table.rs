@@ -1,0 +1,188 @@
+//! Read-model tables, declared once: name, key, version column, columns and gate. The
+//! engine derives from a declaration the DDL, the version gate, what a reset empties and
+//! what the test kit compares.
+
+use crate::write::{Target, Write};
+use crate::Envelope;
+
+/// How a table's rows are protected against duplicates, replays and reordering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Gate {
+    /// **State transfer**: one row per aggregate, each event carrying the row's state.
+    /// Applied when the event is newer than the row (`WHERE t.version < EXCLUDED.version`);
+    /// versions may be skipped. Columns are only `set`.
+    Upsert,
+    /// **Guarded transition**: one row per aggregate, each event changing it relative to its
+    /// state (`balance + amount`, a status move). Applied only when the row stands at exactly
+    /// `version - 1`; version 1 creates the row.
+    Transition,
+    /// **Fan-in**: rows not 1:1 with aggregates (totals per customer fed by many orders),
+    /// gated by the aggregate's watermark (`projectionist_watermarks`), which every event of
+    /// the projection advances by a guarded transition.
+    FanIn,
+    /// Written only by the projection's own SQL in `apply` (the slow path): the engine
+    /// creates, empties and compares it, and never writes it.
+    Custom,
+}
+
+/// A read-model table, declared once as a `const` and used everywhere by reference.
+///
+/// ```
+/// use projectionist_core::Table;
+///
+/// const ACCOUNTS: Table = Table::transition("bank_accounts", "account_id")
+///     .columns(&[("owner", "text"), ("balance", "bigint NOT NULL DEFAULT 0")]);
+///
+/// assert_eq!(
+///     ACCOUNTS.ddl(),
+///     r#"CREATE TABLE IF NOT EXISTS "bank_accounts" ("account_id" text PRIMARY KEY, "owner" text, "balance" bigint NOT NULL DEFAULT 0, "version" bigint NOT NULL)"#
+/// );
+/// ```
+///
+/// Names must be plain identifiers (ASCII letters, digits, `_`, optionally `schema.table`);
+/// the engine checks them before running any SQL and always quotes them. Column types are
+/// SQL, written by you, never taken from input. Keys are `text`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Table {
+    name: &'static str,
+    key: &'static str,
+    version: &'static str,
+    gate: Gate,
+    columns: &'static [(&'static str, &'static str)],
+    ddl: Option<&'static str>,
+}
+
+impl Table {
+    const fn new(name: &'static str, key: &'static str, gate: Gate) -> Self {
+        Self { name, key, version: "version", gate, columns: &[], ddl: None }
+    }
+
+    /// A [state-transfer](Gate::Upsert) table keyed by the aggregate id in column `key`.
+    pub const fn upsert(name: &'static str, key: &'static str) -> Self {
+        Self::new(name, key, Gate::Upsert)
+    }
+
+    /// A [guarded-transition](Gate::Transition) table keyed by the aggregate id in `key`.
+    pub const fn transition(name: &'static str, key: &'static str) -> Self {
+        Self::new(name, key, Gate::Transition)
+    }
+
+    /// A [fan-in](Gate::FanIn) table keyed by `key` (any text key: a customer id, a day).
+    pub const fn fan_in(name: &'static str, key: &'static str) -> Self {
+        Self::new(name, key, Gate::FanIn)
+    }
+
+    /// A [custom](Gate::Custom) table created by `ddl` (an idempotent `CREATE TABLE IF NOT
+    /// EXISTS …`), written only by the projection's `apply`.
+    pub const fn custom(name: &'static str, ddl: &'static str) -> Self {
+        Self { name, key: "", version: "", gate: Gate::Custom, columns: &[], ddl: Some(ddl) }
+    }
+
+    /// The columns besides key and version: `(name, SQL type and constraints)`.
+    pub const fn columns(mut self, columns: &'static [(&'static str, &'static str)]) -> Self {
+        self.columns = columns;
+        self
+    }
+
+    /// Keeps the version in another column than `version`.
+    pub const fn version_column(mut self, column: &'static str) -> Self {
+        self.version = column;
+        self
+    }
+
+    /// The table name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The key column.
+    pub const fn key(&self) -> &'static str {
+        self.key
+    }
+
+    /// The version column (gated tables only).
+    pub const fn version(&self) -> &'static str {
+        self.version
+    }
+
+    /// How the table is gated.
+    pub const fn gate(&self) -> Gate {
+        self.gate
+    }
+
+    /// The declared columns besides key and version.
+    pub const fn declared_columns(&self) -> &'static [(&'static str, &'static str)] {
+        self.columns
+    }
+
+    /// Whether the version gate of this table moves with every event of the aggregate
+    /// (upsert and transition tables).
+    pub const fn is_gated(&self) -> bool {
+        matches!(self.gate, Gate::Upsert | Gate::Transition)
+    }
+
+    /// Whether `column` may be written: the key, or a declared column.
+    pub fn has_column(&self, column: &str) -> bool {
+        self.columns.iter().any(|(c, _)| *c == column)
+    }
+
+    /// Every identifier of the declaration (table, key, version, columns), for validation.
+    pub fn identifiers(&self) -> Vec<&'static str> {
+        let mut all = vec![self.name];
+        if self.gate != Gate::Custom {
+            all.push(self.key);
+            all.extend(self.columns.iter().map(|(c, _)| *c));
+        }
+        if self.is_gated() {
+            all.push(self.version);
+        }
+        all
+    }
+
+    /// Idempotent DDL creating the table (`CREATE TABLE IF NOT EXISTS`), identifiers quoted.
+    pub fn ddl(&self) -> String {
+        if let Some(ddl) = self.ddl {
+            return ddl.to_owned();
+        }
+        let mut cols = vec![format!("{} text PRIMARY KEY", quote(self.key))];
+        cols.extend(self.columns.iter().map(|(c, ty)| format!("{} {ty}", quote(c))));
+        if self.is_gated() {
+            cols.push(format!("{} bigint NOT NULL", quote(self.version)));
+        }
+        format!("CREATE TABLE IF NOT EXISTS {} ({})", quote(self.name), cols.join(", "))
+    }
+
+    /// The row of `event`'s aggregate in this upsert or transition table, written at the
+    /// event's version: add `set`s (and, for transitions, `add`s).
+    pub fn write<E>(&self, event: &Envelope<E>) -> Write {
+        Write::new(*self, Target::Aggregate { key: event.aggregate_id.clone(), version: event.version })
+    }
+
+    /// The row keyed `key` in this fan-in table: add `set`s and `add`s. Applied once per
+    /// event, gated by the aggregate's watermark.
+    pub fn row(&self, key: impl Into<String>) -> Write {
+        Write::new(*self, Target::Row(key.into()))
+    }
+}
+
+/// Quotes a `name` or `schema.name` for SQL (validity is checked by the engine).
+pub fn quote(name: &str) -> String {
+    name.split('.').map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ddl_for_each_gate() {
+        let stats = Table::fan_in("stats", "customer_id").columns(&[("n", "bigint NOT NULL")]);
+        assert_eq!(stats.ddl(), r#"CREATE TABLE IF NOT EXISTS "stats" ("customer_id" text PRIMARY KEY, "n" bigint NOT NULL)"#);
+        let t = Table::upsert("read.orders", "id").version_column("v");
+        assert_eq!(t.ddl(), r#"CREATE TABLE IF NOT EXISTS "read"."orders" ("id" text PRIMARY KEY, "v" bigint NOT NULL)"#);
+        assert_eq!(t.identifiers(), vec!["read.orders", "id", "v"]);
+        let c = Table::custom("notes", "CREATE TABLE IF NOT EXISTS notes (x int)");
+        assert_eq!(c.ddl(), "CREATE TABLE IF NOT EXISTS notes (x int)");
+        assert!(!c.is_gated() && !stats.is_gated() && t.is_gated());
+    }
+}
