@@ -78,7 +78,7 @@ pub struct Plan {
     pub marks: Vec<MarkWrite>,
 }
 
-/// An event whose writes break the projection's declarations.
+/// An event that cannot be planned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("event #{index} of the batch: {problem}")]
 pub struct PlanError {
@@ -86,6 +86,9 @@ pub struct PlanError {
     pub index: usize,
     /// What is wrong, naming table and column.
     pub problem: String,
+    /// The aggregate's gates disagree: a concurrent writer committed between the reads of
+    /// two gates (read again and it passes), or a table was changed outside the engine.
+    pub disagreement: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +139,7 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
     let mut outcomes = Vec::with_capacity(events.len());
 
     for (index, (event, effect)) in events.iter().enumerate() {
-        let fail = |problem: String| PlanError { index, problem };
+        let fail = |problem: String| PlanError { index, problem, disagreement: false };
         let writes = match effect {
             Effect::Writes(w) => *w,
             Effect::Unhandled => &[],
@@ -165,7 +168,7 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             });
             verdicts.push(("the fan-in watermark", transition(mark.1, event.version)));
         }
-        let verdict = combine(&verdicts).map_err(fail)?;
+        let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
         let handled = matches!(effect, Effect::Writes(_));
         outcomes.push(match verdict {
             Verdict::Gap { expected, found } => Outcome::Gap { expected, found },
@@ -402,6 +405,6 @@ mod tests {
         stored.rows.insert("acc", HashMap::from([("a".to_owned(), 2)]));
         stored.marks.insert(("account".into(), "a".into()), 1);
         let err = plan(&[ACC, STATS], &stored, &[(r("a", 2), Effect::Unhandled)]).unwrap_err();
-        assert!(err.problem.contains("disagree"), "{err}");
+        assert!(err.problem.contains("disagree") && err.disagreement, "{err}");
     }
 }

@@ -27,11 +27,13 @@ pub(crate) async fn apply(conn: &mut PgConnection, projection: &str, tables: &[T
         return Ok(Vec::new());
     }
     let stored = read_stored(conn, projection, tables, events).await?;
-    let plan = plan(tables, &stored, events).map_err(|e| Error::Invalid {
-        index: e.index,
-        aggregate_id: events[e.index].0.aggregate_id.to_owned(),
-        version: events[e.index].0.version,
-        problem: e.problem,
+    let plan = plan(tables, &stored, events).map_err(|e| {
+        let (aggregate_id, version) = (events[e.index].0.aggregate_id.to_owned(), events[e.index].0.version);
+        if e.disagreement {
+            Error::Conflict { detail: format!("{aggregate_id} v{version}: {}", e.problem) }
+        } else {
+            Error::Invalid { index: e.index, aggregate_id, version, problem: e.problem }
+        }
     })?;
     write_marks(conn, projection, &plan.marks).await?;
     for (table, shape, rows) in group(&plan.rows) {
@@ -55,9 +57,19 @@ pub(crate) async fn apply_per_event(conn: &mut PgConnection, projection: &str, t
                     outcomes.extend(outcome);
                     break;
                 }
-                Err(Error::Conflict { .. }) if tries + 1 < PER_EVENT_TRIES => {
+                Err(Error::Conflict { detail }) => {
                     savepoint.rollback().await?;
                     tries += 1;
+                    if tries == PER_EVENT_TRIES {
+                        // Not a race any more: the tables disagree with each other for good.
+                        let (e, _) = event;
+                        return Err(Error::Invalid {
+                            index,
+                            aggregate_id: e.aggregate_id.to_owned(),
+                            version: e.version,
+                            problem: format!("{detail} (still after {tries} tries)"),
+                        });
+                    }
                 }
                 Err(Error::Invalid { problem, aggregate_id, version, .. }) => return Err(Error::Invalid { index, aggregate_id, version, problem }),
                 Err(e) => return Err(e),
@@ -233,6 +245,6 @@ fn expect_rows(table: &str, planned: usize, changed: u64) -> Result<()> {
     if changed == planned as u64 {
         Ok(())
     } else {
-        Err(Error::Conflict { table: table.to_owned(), planned, changed })
+        Err(Error::Conflict { detail: format!("{table}: planned {planned} row(s), changed {changed}") })
     }
 }

@@ -66,17 +66,13 @@ pub enum Error {
         /// What is wrong, naming table and column.
         problem: String,
     },
-    /// A set-based statement changed another number of rows than planned: a concurrent
-    /// writer moved (or inserted) a row between the read and the write. The batch is rolled
-    /// back and applied on the per-event path.
-    #[error("{table}: planned {planned} row(s), changed {changed}: a concurrent writer moved them")]
+    /// A concurrent writer moved (or inserted) rows under the batch: a statement changed
+    /// another number of rows than planned, or the aggregate's gates were read at different
+    /// versions. The batch is rolled back and applied on the per-event path.
+    #[error("concurrent write under the batch: {detail}")]
     Conflict {
-        /// Table of the statement.
-        table: String,
-        /// Rows the plan expected to change.
-        planned: usize,
-        /// Rows changed.
-        changed: u64,
+        /// What was seen, naming the table.
+        detail: String,
     },
     /// The projection's own code failed.
     #[error("projection {projection} failed: {error}")]

@@ -48,6 +48,21 @@ async fn every_outcome_is_reported(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
+async fn an_event_type_the_projection_does_not_handle_still_moves_the_gate(pool: PgPool) {
+    // BankAccounts has no InterestAccrued: it is ignored, and the next deposit still applies.
+    let mut interest = envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 0 });
+    interest.event_type = "InterestAccrued".into();
+    interest.data = json!({"rate_bp": 125});
+    ProjectionTest::new(pool, BankAccounts)
+        .given([opened("acc-1")])
+        .when([interest.clone(), envelope("acc-1", 3, &AccountEvent::MoneyDeposited { amount: 500 }), interest])
+        .then_outcomes([Outcome::Ignored, Outcome::Applied, Outcome::Ignored])
+        .then_rows("SELECT balance, version FROM bank_accounts", json!([{"balance": 500, "version": 3}]))
+        .run()
+        .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
 async fn a_poison_event_fails_the_batch_naming_it_and_applies_nothing(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let mut poison = envelope("acc-2", 2, &AccountEvent::MoneyDeposited { amount: 1 });
