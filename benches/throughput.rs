@@ -1,104 +1,294 @@
-//! Throughput of the version gate and of the whole pipeline, printed as figures and ratios.
-//! Run with: `./scripts/bench.sh` (needs DATABASE_URL and KAFKA_BROKERS; makes its own
-//! database `projectionist_bench` and a fresh topic).
+//! Throughput, side by side on one generated stream, each arm on a fresh database:
+//! the whole pipeline, PostgreSQL alone (the ceiling), Kafka alone, a naive inbox consumer,
+//! and a replay of the already-projected stream; peak RSS of the pipeline at two sizes.
+//! Run with: `./scripts/bench.sh` (sizes: `BENCH_DELIVERIES`, default 500000;
+//! `BENCH_RSS_DELIVERIES`, default 2000000, 0 to skip; `BENCH_INBOX_DELIVERIES`, default 20000).
 //!
-//! Figures depend on the machine; the ratios are the point: a replay (every event a
-//! duplicate) should cost no more than the first pass, and Kafka should not be the limit.
+//! Figures depend on the machine; the ratios, measured in one run, are the point.
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bank_accounts::BankAccounts;
-use projectionist::kafka::{topics, Engine, EngineConfig};
-use projectionist::postgres::{apply_batch, migrate, reset};
+use projectionist::kafka::topics;
+use projectionist::postgres::migrate;
 use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
-const ACCOUNTS: usize = 2_000;
-const MAX_EVENTS: i64 = 20;
-const BATCH: usize = 500;
+const PARTITIONS: i32 = 4;
 
-async fn database() -> PgPool {
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A bank-account stream of about `deliveries` deliveries: 10 % duplicates and 5 % fresh-id
+/// re-sends mixed into the distinct events.
+fn stream(deliveries: usize) -> Vec<RawEnvelope> {
+    let accounts = (deliveries / 30).max(10);
+    let distinct = bank_accounts::generate::stream(accounts, 45, 7);
+    projectionist_testing::with_redeliveries(&distinct, 0.10, 0.05, 11)
+}
+
+async fn fresh_database(name: &str) -> (PgPool, String) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (run ./scripts/bench.sh)");
     let admin = PgConnectOptions::from_str(&url).expect("valid DATABASE_URL");
     let mut conn = admin.connect().await.expect("connect");
-    sqlx::raw_sql("DROP DATABASE IF EXISTS projectionist_bench WITH (FORCE)").execute(&mut conn).await.expect("drop old database");
-    sqlx::raw_sql("CREATE DATABASE projectionist_bench").execute(&mut conn).await.expect("fresh database");
-    PgPoolOptions::new().max_connections(4).connect_with(admin.database("projectionist_bench")).await.expect("connect bench database")
+    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.expect("drop old database");
+    sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("fresh database");
+    let pool = PgPoolOptions::new().max_connections(4).connect_with(admin.clone().database(name)).await.expect("connect bench database");
+    migrate(&pool, &[&bank_accounts::BankAccounts]).await.unwrap();
+    let db_url = match url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => url.clone(),
+    };
+    (pool, db_url)
 }
 
-async fn gate_pass(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
-    let started = Instant::now();
-    for batch in events.chunks(BATCH) {
-        apply_batch(pool, &BankAccounts, batch).await.expect("batch applies");
-    }
-    events.len() as f64 / started.elapsed().as_secs_f64()
+fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into())
 }
 
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
-}
-
-#[tokio::main]
-async fn main() {
-    let pool = database().await;
-    migrate(&pool, &[&BankAccounts]).await.unwrap();
-    let events = bank_accounts::generate::stream(ACCOUNTS, MAX_EVENTS, 7);
-    println!("projectionist throughput: {} events over {ACCOUNTS} accounts, batches of {BATCH}", events.len());
-
-    // 1. The gate alone: first pass, then the same events again (all duplicates).
-    let first = gate_pass(&pool, &events).await;
-    let replay = gate_pass(&pool, &events).await;
-    println!("  gate, first pass (guarded transitions):   {first:>10.0} events/s");
-    println!("  gate, replay (every event a duplicate):   {replay:>10.0} events/s   ratio replay/first {:.2}", replay / first);
-
-    // 2. Kafka: produce, then drain through the engine from offset zero.
-    let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into());
-    let topic = format!("bench.accounts.{}", std::process::id());
-    topics::create_topics(&brokers, &[&topic], 4, 1).await.expect("topic");
+async fn publish(events: &[RawEnvelope]) -> (String, f64) {
+    let topic = format!("bench.accounts.{}.{}", std::process::id(), events.len());
+    topics::create_topics(&brokers(), &[&topic], PARTITIONS, 1).await.expect("topic");
     let producer: ThreadedProducer<DefaultProducerContext> =
-        ClientConfig::new().set("bootstrap.servers", &brokers).set("linger.ms", "5").create().expect("producer");
+        ClientConfig::new().set("bootstrap.servers", brokers()).set("linger.ms", "5").create().expect("producer");
     let started = Instant::now();
-    for e in &events {
+    for e in events {
         let payload = e.to_json();
         while let Err((err, _)) = producer.send(BaseRecord::to(&topic).key(&e.aggregate_id).payload(&payload)) {
             assert!(matches!(err, rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)), "{err}");
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    producer.flush(Duration::from_secs(60)).expect("flush");
-    let produce = events.len() as f64 / started.elapsed().as_secs_f64();
-    println!("  kafka produce (idempotent off, acks=all): {produce:>10.0} events/s");
+    producer.flush(Duration::from_secs(120)).expect("flush");
+    (topic, events.len() as f64 / started.elapsed().as_secs_f64())
+}
 
-    reset(&pool, &BankAccounts).await.unwrap();
-    let config = EngineConfig::new(&brokers)
-        .with_group_id(format!("bench-{}", std::process::id()))
-        .with_exit_when_caught_up(true)
-        .with_kafka_property("session.timeout.ms", "6000");
-    let engine = Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()]);
-    let stats = engine.stats()[0].clone();
-    let started = Instant::now();
-    let watcher = tokio::spawn(async move {
-        // The group join is not throughput: time from the first event read.
-        loop {
-            if stats.read.load(std::sync::atomic::Ordering::Relaxed) > 0 {
-                return Instant::now();
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+/// Kafka alone: a `read_committed` consumer draining every partition, no writes.
+fn kafka_drain(topic: &str, expected: usize) -> f64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("bench-drain-{}", std::process::id()))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut read = 0;
+    let mut started = None;
+    while read < expected {
+        if let Some(message) = consumer.poll(Duration::from_secs(10)) {
+            message.expect("message");
+            started.get_or_insert_with(Instant::now);
+            read += 1;
         }
-    });
-    engine.run(std::future::pending()).await.expect("engine run");
-    let first_read = watcher.await.unwrap();
-    let pipeline = events.len() as f64 / first_read.elapsed().as_secs_f64();
-    println!("  pipeline (kafka -> gate -> checkpoint):  {pipeline:>10.0} events/s   ratio pipeline/gate {:.2}", pipeline / first);
-    println!("  group join and assignment took            {:>10.1} s", (first_read - started).as_secs_f64());
-    println!("  peak RSS of this process                  {:>10.1} MiB", peak_rss_mib());
+    }
+    read as f64 / started.expect("read something").elapsed().as_secs_f64()
+}
 
-    let rows: i64 = sqlx::query_scalar("SELECT sum(version)::bigint FROM bank_accounts").fetch_one(&pool).await.unwrap();
-    assert_eq!(rows, events.len() as i64, "the pipeline applied every event");
+/// The whole pipeline: the bank-accounts projector binary, from its first partition
+/// assignment to caught up. Returns deliveries/s and the process's peak RSS in MiB.
+fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> (f64, f64) {
+    let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let group = format!("bench-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let mut child = Command::new(&bin)
+        .args(["run", "--exit-when-caught-up", "--metrics-addr", "off", "--kafka-property", "session.timeout.ms=6000", "--group-id", &group])
+        .args(args)
+        .env("DATABASE_URL", db_url)
+        .env("BANK_ACCOUNTS_TOPIC", topic)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e} (build it: cargo build --release -p bank-accounts)"));
+    let pid = child.id();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let watcher = {
+        let peak = peak.clone();
+        std::thread::spawn(move || loop {
+            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return };
+            if let Some(kb) = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()) {
+                peak.fetch_max(kb, std::sync::atomic::Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        })
+    };
+    let mut assigned = None;
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap_or_default();
+        if assigned.is_none() && line.contains("Partition assigned") {
+            assigned = Some(Instant::now());
+        }
+        if line.contains("ERROR") || line.contains("error:") {
+            eprintln!("  pipeline: {line}");
+        }
+    }
+    let status = child.wait().unwrap();
+    let took = assigned.expect("the projector was assigned partitions").elapsed();
+    assert!(status.success(), "the projector failed: {status}");
+    let _ = watcher.join();
+    (deliveries as f64 / took.as_secs_f64(), peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0)
+}
+
+/// PostgreSQL alone: the deliveries staged in a table, then applied server-side by
+/// version-gated set-based statements, one per wave (the k-th delivery of every account),
+/// no client in the loop. Written for the bench, not the product's code path.
+async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
+    sqlx::raw_sql(
+        "CREATE UNLOGGED TABLE staged (seq bigint, account_id text, version bigint, kind text, owner text, amount bigint, at timestamptz); \
+         TRUNCATE bank_accounts",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    for (n, chunk) in events.chunks(10_000).enumerate() {
+        let seq: Vec<i64> = (0..chunk.len()).map(|i| (n * 10_000 + i) as i64).collect();
+        let ids: Vec<&str> = chunk.iter().map(|e| e.aggregate_id.as_str()).collect();
+        let versions: Vec<i64> = chunk.iter().map(|e| e.version).collect();
+        let kinds: Vec<&str> = chunk.iter().map(|e| e.event_type.as_str()).collect();
+        let owners: Vec<Option<&str>> = chunk.iter().map(|e| e.data.get("owner").and_then(|v| v.as_str())).collect();
+        let amounts: Vec<Option<i64>> = chunk.iter().map(|e| e.data.get("amount").and_then(|v| v.as_i64())).collect();
+        let at: Vec<chrono::DateTime<chrono::Utc>> = chunk.iter().map(|e| e.occurred_at).collect();
+        sqlx::query("INSERT INTO staged SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::timestamptz[])")
+            .bind(seq)
+            .bind(ids)
+            .bind(versions)
+            .bind(kinds)
+            .bind(owners)
+            .bind(amounts)
+            .bind(at)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    sqlx::raw_sql(
+        "CREATE UNLOGGED TABLE waves AS SELECT *, row_number() OVER (PARTITION BY account_id ORDER BY seq) AS wave FROM staged; \
+         CREATE INDEX ON waves (wave); ANALYZE waves",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let waves: i64 = sqlx::query_scalar("SELECT max(wave) FROM waves").fetch_one(pool).await.unwrap();
+    let started = Instant::now();
+    for wave in 1..=waves {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(
+            "INSERT INTO bank_accounts (account_id, owner, balance, status, updated_at, version) \
+             SELECT account_id, owner, 0, 'open', at, 1 FROM waves WHERE wave = $1 AND version = 1 ON CONFLICT (account_id) DO NOTHING",
+        )
+        .bind(wave)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query(
+            "UPDATE bank_accounts t SET balance = t.balance + CASE w.kind WHEN 'MoneyDeposited' THEN w.amount WHEN 'MoneyWithdrawn' THEN -w.amount ELSE 0 END, \
+             status = CASE w.kind WHEN 'AccountClosed' THEN 'closed' ELSE t.status END, updated_at = w.at, version = w.version \
+             FROM waves w WHERE w.wave = $1 AND w.version > 1 AND t.account_id = w.account_id AND t.version = w.version - 1",
+        )
+        .bind(wave)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    events.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The pattern the gate replaces: per event, a transaction inserting the event id into a
+/// processed-messages table, then an unguarded write when the id was new.
+async fn inbox(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
+    sqlx::raw_sql("CREATE TABLE processed_messages (id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now()); TRUNCATE bank_accounts")
+        .execute(pool)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for e in events {
+        let mut tx = pool.begin().await.unwrap();
+        let fresh = sqlx::query("INSERT INTO processed_messages (id) VALUES ($1) ON CONFLICT DO NOTHING").bind(e.id).execute(&mut *tx).await.unwrap();
+        if fresh.rows_affected() == 1 {
+            let amount = e.data.get("amount").and_then(|v| v.as_i64()).unwrap_or(0);
+            let delta = if e.event_type == "MoneyWithdrawn" { -amount } else { amount };
+            sqlx::query(
+                "INSERT INTO bank_accounts (account_id, balance, version) VALUES ($1, $2, $3) \
+                 ON CONFLICT (account_id) DO UPDATE SET balance = bank_accounts.balance + $2, version = $3",
+            )
+            .bind(&e.aggregate_id)
+            .bind(delta)
+            .bind(e.version)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    events.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn versions(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT coalesce(sum(version), 0)::bigint FROM bank_accounts").fetch_one(pool).await.unwrap()
+}
+
+#[tokio::main]
+async fn main() {
+    let deliveries = env_usize("BENCH_DELIVERIES", 500_000);
+    let rss_deliveries = env_usize("BENCH_RSS_DELIVERIES", 2_000_000);
+    let events = stream(deliveries);
+    let distinct: std::collections::HashMap<&str, i64> =
+        events.iter().fold(std::collections::HashMap::new(), |mut m, e| {
+            let v = m.entry(e.aggregate_id.as_str()).or_insert(0);
+            *v = (*v).max(e.version);
+            m
+        });
+    let want: i64 = distinct.values().sum();
+    println!("projectionist throughput: {} deliveries ({} distinct events, {} accounts), {PARTITIONS} partitions", events.len(), want, distinct.len());
+
+    let (topic, produce) = publish(&events).await;
+    println!("  produce (setup, not compared)               {produce:>10.0} deliveries/s");
+    let drain = kafka_drain(&topic, events.len());
+    println!("  Kafka alone (read_committed drain)          {drain:>10.0} deliveries/s");
+
+    let (pool, url) = fresh_database("projectionist_bench_pipeline").await;
+    let (first, rss_small) = pipeline(&url, &topic, events.len(), &["--reset"]);
+    assert_eq!(versions(&pool).await, want, "the pipeline applied every event");
+    println!("  pipeline (Kafka -> gate -> checkpoint)      {first:>10.0} deliveries/s");
+    let (replay, _) = pipeline(&url, &topic, events.len(), &["--from-beginning"]);
+    assert_eq!(versions(&pool).await, want, "the replay changed nothing");
+    println!("  replay of the projected stream (all dups)   {replay:>10.0} deliveries/s");
+
+    let (ceiling_pool, _) = fresh_database("projectionist_bench_ceiling").await;
+    let ceiling = ceiling(&ceiling_pool, &events).await;
+    assert_eq!(versions(&ceiling_pool).await, want, "the ceiling applied every event");
+    println!("  PostgreSQL alone (staged, set-based waves)  {ceiling:>10.0} deliveries/s");
+
+    let inbox_n = env_usize("BENCH_INBOX_DELIVERIES", 20_000).min(events.len());
+    let (inbox_pool, _) = fresh_database("projectionist_bench_inbox").await;
+    let inbox = inbox(&inbox_pool, &events[..inbox_n]).await;
+    println!("  naive inbox (tx + processed_messages/event) {inbox:>10.0} deliveries/s   (first {inbox_n} deliveries)");
+
+    println!("  peak RSS of the pipeline                    {rss_small:>10.1} MiB   at {} deliveries", events.len());
+    if rss_deliveries > 0 {
+        let big = stream(rss_deliveries);
+        let (big_topic, _) = publish(&big).await;
+        let (big_pool, big_url) = fresh_database("projectionist_bench_rss").await;
+        let (big_rate, rss_big) = pipeline(&big_url, &big_topic, big.len(), &["--reset"]);
+        drop(big_pool);
+        println!("  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {} deliveries ({big_rate:.0} deliveries/s)", big.len());
+    }
+    println!("ratios (targets in parentheses):");
+    println!("  pipeline / PostgreSQL ceiling  {:>6.2}   (>= 0.7)", first / ceiling);
+    println!("  pipeline / naive inbox         {:>6.1}   (>= 30)", first / inbox);
+    println!("  replay / first pass            {:>6.2}   (>= 1.0)", replay / first);
+    println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
 }

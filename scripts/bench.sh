@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The bench command: brings up the services, then prints throughput figures and ratios.
+# The bench command: brings up the services, builds the projector in release mode, then
+# prints throughput figures and ratios, every arm on the same generated stream (see
+# benches/throughput.rs for the sizes: BENCH_DELIVERIES, BENCH_RSS_DELIVERIES, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/services.sh)"
 export DATABASE_URL KAFKA_BROKERS
+cargo build --release --locked -p bank-accounts --bin bank-accounts
+export BANK_ACCOUNTS_BIN="$PWD/target/release/bank-accounts"
 cargo bench --locked --bench throughput
