@@ -26,7 +26,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Parser, Subcommand, ValueEnum};
 use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
 use progress::Progress;
@@ -280,7 +280,15 @@ async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
-        .with_context(|| format!("cannot connect to PostgreSQL at {where_}"))
+        // One line, the cause said once (sqlx's errors repeat their source in Display).
+        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {}", pg_connect_reason(&e)))
+}
+
+fn pg_connect_reason(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Tls(inner) => format!("TLS failed (check sslmode, sslrootcert, sslcert, sslkey): {inner}"),
+        other => other.to_string(),
+    }
 }
 
 fn init_tracing(format: LogFormat) {
