@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use projectionist_postgres::{validate, PgPool, SharedProjection};
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use tokio::sync::watch;
 
@@ -156,7 +157,7 @@ impl Engine {
         // Defaults a user may override: a short session keeps group joins quick (some
         // brokers delay the first join by a share of it). Security settings come with the
         // user's properties, as for every other client.
-        let mut cfg = self.config.client().client_config_with_defaults(&[("session.timeout.ms", "10000"), ("max.poll.interval.ms", "60000"), ("statistics.interval.ms", "5000")]);
+        let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[("session.timeout.ms", "10000"), ("max.poll.interval.ms", "60000"), ("statistics.interval.ms", "5000")]);
         // What the engine's guarantees rest on: not overridable.
         cfg.set("group.id", self.config.group_for(&name))
             .set("client.id", format!("projectionist-{name}"))
