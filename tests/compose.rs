@@ -49,7 +49,7 @@ fn the_compose_file_agrees_with_the_local_services_and_the_cli() {
     assert_eq!(env("projector", "KAFKA_BROKERS"), "kafka:19092");
     assert!(env("kafka", "KAFKA_LISTENERS").contains("INTERNAL://:19092"));
     assert_eq!(env("projector", "PROJECTIONIST_METRICS_ADDR"), "0.0.0.0:9464");
-    let cli = read("crates/projectionist-cli/src/lib.rs");
+    let cli = read("crates/projectionist-cli/src/lib.rs") + &read("crates/projectionist-cli/src/kafka.rs");
     for var in ["\"DATABASE_URL\"", "\"KAFKA_BROKERS\"", "\"PROJECTIONIST_METRICS_ADDR\"", "\"PROJECTIONIST_PARTITIONS\"", "\"LOG_FORMAT\""] {
         assert!(cli.contains(var), "the CLI reads {var}");
     }

@@ -15,6 +15,7 @@
 //! ```
 
 mod http;
+mod kafka;
 mod progress;
 mod publish;
 mod status;
@@ -25,9 +26,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Parser, Subcommand, ValueEnum};
-use projectionist_kafka::{Engine, EngineConfig, Registration};
+use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
 use progress::Progress;
 use projectionist_postgres::{PgPool, PgProjection};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -44,9 +45,8 @@ struct Cli {
     /// PostgreSQL connection URL (never printed).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     database_url: Option<String>,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "localhost:9092", global = true)]
-    brokers: String,
+    #[command(flatten)]
+    kafka: kafka::KafkaArgs,
     /// Log format on stderr (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true)]
     log_format: LogFormat,
@@ -111,13 +111,6 @@ struct RunArgs {
     /// Address of the HTTP listener for /metrics, /health and /ready, or `off`.
     #[arg(long, env = "PROJECTIONIST_METRICS_ADDR", default_value = "127.0.0.1:9464")]
     metrics_addr: String,
-    /// Extra librdkafka consumer property, `key=value` (repeatable; values never logged).
-    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property)]
-    kafka_properties: Vec<(String, String)>,
-}
-
-fn parse_property(s: &str) -> Result<(String, String), String> {
-    s.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.to_owned())).filter(|(k, _)| !k.is_empty()).ok_or_else(|| "expected KEY=VALUE".to_owned())
 }
 
 impl App {
@@ -157,6 +150,10 @@ impl App {
     }
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
+        let client = cli.kafka.client();
+        if !matches!(cli.command, Command::Migrate) {
+            cli.kafka.preflight(&client).await?;
+        }
         match cli.command {
             Command::Migrate => {
                 let pool = pool(&cli.database_url).await?;
@@ -166,14 +163,14 @@ impl App {
             }
             Command::CreateTopics { partitions, replication } => {
                 let topics = self.topics();
-                let created = projectionist_kafka::topics::create_topics(&cli.brokers, &topics, partitions, replication).await?;
+                let created = projectionist_kafka::topics::create_topics(&client, &topics, partitions, replication).await?;
                 println!("Topics: {} created ({}), {} already present.", created.len(), created.join(", "), topics.len() - created.len());
             }
-            Command::Run(args) => return self.run(&cli.database_url, &cli.brokers, args).await,
-            Command::Publish(args) => return publish::publish(&cli.brokers, args).await,
+            Command::Run(args) => return self.run(&cli.database_url, client, args).await,
+            Command::Publish(args) => return publish::publish(&client, args).await,
             Command::Status => {
                 let pool = pool(&cli.database_url).await?;
-                status::print(&pool, &cli.brokers, &self.registrations).await?;
+                status::print(&pool, &client, &self.registrations).await?;
             }
         }
         Ok(ExitCode::SUCCESS)
@@ -186,7 +183,7 @@ impl App {
         topics
     }
 
-    async fn run(self, database_url: &Option<String>, brokers: &str, args: RunArgs) -> anyhow::Result<ExitCode> {
+    async fn run(self, database_url: &Option<String>, client: KafkaClientConfig, args: RunArgs) -> anyhow::Result<ExitCode> {
         let pool = pool(database_url).await?;
         let selected: Vec<Registration> = if args.projections.is_empty() {
             self.registrations
@@ -205,14 +202,14 @@ impl App {
                 tracing::info!(projection = %r.projection.name(), "Projection reset: tables truncated, checkpoints and watermarks forgotten.");
             }
         }
-        let mut config = EngineConfig::new(brokers)
+        let target = progress_target(&pool, &client, &selected, args.from_beginning || args.reset).await;
+        let mut config = EngineConfig::new(client.brokers.clone())
+            .with_client(client)
             .with_batch(args.batch_size, Duration::from_millis(args.batch_wait_ms))
             .with_from_beginning(args.from_beginning)
             .with_exit_when_caught_up(args.exit_when_caught_up);
         config.max_retries = args.max_retries;
         config.group_id = args.group_id;
-        config.kafka.extend(args.kafka_properties);
-        let target = progress_target(&pool, brokers, &selected, args.from_beginning || args.reset).await;
         let mut engine = Engine::new(pool, config);
         for r in selected {
             engine = engine.register(r.projection, r.topics);
@@ -267,8 +264,8 @@ async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progre
 
 /// Messages between each partition's start (checkpoint, or low watermark when replaying)
 /// and its high watermark now: the run's target. `None` when the broker cannot say.
-async fn progress_target(pool: &PgPool, brokers: &str, registrations: &[Registration], replay: bool) -> Option<u64> {
-    let positions = status::positions(pool, brokers, registrations).await.ok()?;
+async fn progress_target(pool: &PgPool, client: &KafkaClientConfig, registrations: &[Registration], replay: bool) -> Option<u64> {
+    let positions = status::positions(pool, client, registrations).await.ok()?;
     let start = |p: &status::Position| if replay { p.low } else { p.checkpoint.unwrap_or(p.low) };
     Some(positions.iter().map(|p| (p.high - start(p)).max(0) as u64).sum())
 }
@@ -283,7 +280,15 @@ async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
-        .with_context(|| format!("cannot connect to PostgreSQL at {where_}"))
+        // One line, the cause said once (sqlx's errors repeat their source in Display).
+        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {}", pg_connect_reason(&e)))
+}
+
+fn pg_connect_reason(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Tls(inner) => format!("TLS failed (check sslmode, sslrootcert, sslcert, sslkey): {inner}"),
+        other => other.to_string(),
+    }
 }
 
 fn init_tracing(format: LogFormat) {

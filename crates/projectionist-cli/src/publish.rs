@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use projectionist_core::RawEnvelope;
-use rdkafka::config::ClientConfig;
+use projectionist_kafka::KafkaClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -27,13 +27,12 @@ pub(crate) struct PublishArgs {
     transactional_id: Option<String>,
 }
 
-pub(crate) async fn publish(brokers: &str, args: PublishArgs) -> anyhow::Result<ExitCode> {
-    projectionist_kafka::topics::create_topics(brokers, &[&args.topic], args.partitions, 1).await?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> anyhow::Result<ExitCode> {
+    projectionist_kafka::topics::create_topics(client, &[&args.topic], args.partitions, 1).await?;
+    let producer: FutureProducer = client
+        .client_config_with_defaults(&[("linger.ms", "5")])
         .set("enable.idempotence", "true")
         .set("transactional.id", args.transactional_id.clone().unwrap_or_else(|| format!("projectionist-publish-{}", args.topic)))
-        .set("linger.ms", "5")
         .create()?;
     let init = producer.clone();
     tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30))).await??;

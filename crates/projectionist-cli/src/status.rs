@@ -1,6 +1,6 @@
 //! `status`: where each projection stands against the broker.
 
-use projectionist_kafka::{checkpoint, topics, Registration};
+use projectionist_kafka::{checkpoint, topics, KafkaClientConfig, Registration};
 use projectionist_postgres::PgPool;
 
 /// One partition of a registered projection's topic: its stored checkpoint and the
@@ -15,14 +15,14 @@ pub(crate) struct Position {
 }
 
 /// Every partition of every registered topic, with checkpoints read once.
-pub(crate) async fn positions(pool: &PgPool, brokers: &str, registrations: &[Registration]) -> anyhow::Result<Vec<Position>> {
+pub(crate) async fn positions(pool: &PgPool, client: &KafkaClientConfig, registrations: &[Registration]) -> anyhow::Result<Vec<Position>> {
     let stored = checkpoint::all(pool).await?;
     let mut out = Vec::new();
     for r in registrations {
         let name = r.projection.name();
         for topic in &r.topics {
-            let (b, t) = (brokers.to_owned(), topic.clone());
-            let marks = tokio::task::spawn_blocking(move || topics::watermarks(&b, &t)).await??;
+            let (c, t) = (client.clone(), topic.clone());
+            let marks = tokio::task::spawn_blocking(move || topics::watermarks(c, &t)).await??;
             for (partition, low, high) in marks {
                 let checkpoint = stored.iter().find(|c| c.projection == name && c.topic == *topic && c.partition == partition).map(|c| c.next_offset);
                 out.push(Position { projection: name.to_owned(), topic: topic.clone(), partition, checkpoint, low, high });
@@ -32,9 +32,9 @@ pub(crate) async fn positions(pool: &PgPool, brokers: &str, registrations: &[Reg
     Ok(out)
 }
 
-pub(crate) async fn print(pool: &PgPool, brokers: &str, registrations: &[Registration]) -> anyhow::Result<()> {
+pub(crate) async fn print(pool: &PgPool, client: &KafkaClientConfig, registrations: &[Registration]) -> anyhow::Result<()> {
     println!("{:<24} {:<24} {:>9} {:>12} {:>12} {:>10}", "projection", "topic", "partition", "checkpoint", "high", "lag");
-    for p in positions(pool, brokers, registrations).await? {
+    for p in positions(pool, client, registrations).await? {
         let lag = p.high - p.checkpoint.unwrap_or(p.low);
         let shown = p.checkpoint.map_or("-".to_owned(), |o| o.to_string());
         println!("{:<24} {:<24} {:>9} {shown:>12} {:>12} {lag:>10}", p.projection, p.topic, p.partition, p.high);

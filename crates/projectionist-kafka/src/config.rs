@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::KafkaClientConfig;
+
 /// How the engine consumes and batches. Build with [`EngineConfig::new`] and the `with_*`
 /// methods, or deserialise it (unknown fields are rejected).
 #[derive(Clone, serde::Deserialize)]
@@ -102,6 +104,18 @@ impl EngineConfig {
         self
     }
 
+    /// The brokers and properties every Kafka client of this engine connects with.
+    pub fn client(&self) -> KafkaClientConfig {
+        KafkaClientConfig { brokers: self.brokers.clone(), properties: self.kafka.clone() }
+    }
+
+    /// Takes brokers and properties (security settings and the like) from `client`.
+    pub fn with_client(mut self, client: KafkaClientConfig) -> Self {
+        self.brokers = client.brokers;
+        self.kafka.extend(client.properties);
+        self
+    }
+
     /// The group id for a projection.
     pub fn group_for(&self, projection: &str) -> String {
         self.group_id.clone().unwrap_or_else(|| format!("projectionist.{projection}"))
@@ -114,7 +128,7 @@ impl EngineConfig {
 
 impl fmt::Debug for EngineConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kafka: BTreeMap<&str, &str> = self.kafka.keys().map(|k| (k.as_str(), "<redacted>")).collect();
+        let kafka = crate::client::redacted(&self.kafka);
         f.debug_struct("EngineConfig")
             .field("brokers", &redact_userinfo(&self.brokers))
             .field("group_id", &self.group_id)
@@ -147,10 +161,17 @@ mod tests {
 
     #[test]
     fn debug_never_shows_secrets() {
-        let cfg = EngineConfig::new("sasl://bob:hunter2@broker:9092").with_kafka_property("sasl.password", "hunter2");
-        let shown = format!("{cfg:?}");
+        let cfg = EngineConfig::new("sasl://bob:hunter2@broker:9092")
+            .with_kafka_property("security.protocol", "SASL_SSL")
+            .with_kafka_property("sasl.password", "hunter2")
+            .with_kafka_property("ssl.key.password", "hunter2-key")
+            .with_kafka_property("ssl.key.pem", "-----BEGIN PRIVATE KEY-----hunter2")
+            .with_kafka_property("sasl.oauthbearer.client.secret", "hunter2-oauth")
+            .with_kafka_property("sasl.oauthbearer.config", "principal=bob token=hunter2");
+        let shown = format!("{cfg:?} {:?}", cfg.client());
         assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("sasl.password") && shown.contains("broker:9092"), "{shown}");
+        assert!(shown.contains("sasl.password") && shown.contains("sasl.oauthbearer.client.secret") && shown.contains("broker:9092"), "{shown}");
+        assert!(shown.contains("SASL_SSL"), "harmless values stay readable: {shown}");
     }
 
     #[test]

@@ -154,16 +154,12 @@ impl Engine {
         let reader = BlockingReader::spawn((*self.pool.connect_options()).clone(), name.clone())
             .map_err(|e| Error::Config(format!("cannot start checkpoint reader: {e}")))?;
         let context = EngineContext::new(name.clone(), reader, self.config.from_beginning, joined);
-        let mut cfg = ClientConfig::new();
         // Defaults a user may override: a short session keeps group joins quick (some
-        // brokers delay the first join by a share of it).
-        cfg.set("session.timeout.ms", "10000").set("max.poll.interval.ms", "60000").set("statistics.interval.ms", "5000");
-        for (k, v) in &self.config.kafka {
-            cfg.set(k, v);
-        }
+        // brokers delay the first join by a share of it). Security settings come with the
+        // user's properties, as for every other client.
+        let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[("session.timeout.ms", "10000"), ("max.poll.interval.ms", "60000"), ("statistics.interval.ms", "5000")]);
         // What the engine's guarantees rest on: not overridable.
-        cfg.set("bootstrap.servers", &self.config.brokers)
-            .set("group.id", self.config.group_for(&name))
+        cfg.set("group.id", self.config.group_for(&name))
             .set("client.id", format!("projectionist-{name}"))
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")

@@ -30,6 +30,17 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// No Kafka broker could be reached; `failure` names the part (TLS handshake,
+    /// certificate, authentication, …), `detail` is librdkafka's reason without secrets.
+    #[error("cannot connect to Kafka at {brokers}: {failure}: {detail}")]
+    Connect {
+        /// Bootstrap servers, user info redacted.
+        brokers: String,
+        /// Which part failed.
+        failure: crate::client::ConnectFailure,
+        /// librdkafka's last reported error.
+        detail: String,
+    },
     /// A configuration problem.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod checkpoint;
+pub mod client;
 mod config;
 mod context;
 mod engine;
@@ -9,6 +10,7 @@ pub mod metrics;
 mod runner;
 pub mod topics;
 
+pub use client::{ConnectFailure, KafkaClientConfig};
 pub use config::{redact_userinfo, EngineConfig};
 pub use engine::{Engine, Readiness, Registration, RunReport};
 pub use error::{Error, Result};

@@ -4,16 +4,16 @@ use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::{Error, Result};
+use crate::{Error, KafkaClientConfig, Result};
 
 /// Creates `topics` with `partitions` partitions through the admin API; topics that exist
-/// already are left as they are. Returns the topics created.
-pub async fn create_topics(brokers: &str, topics: &[&str], partitions: i32, replication: i32) -> Result<Vec<String>> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+/// already are left as they are. Returns the topics created. `client` is a
+/// [`KafkaClientConfig`] (security settings included) or bare brokers.
+pub async fn create_topics(client: impl Into<KafkaClientConfig>, topics: &[&str], partitions: i32, replication: i32) -> Result<Vec<String>> {
+    let admin: AdminClient<DefaultClientContext> = client.into().client_config().create()?;
     let new: Vec<NewTopic<'_>> = topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect();
     let results = admin.create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))).await?;
     let mut created = Vec::new();
@@ -28,8 +28,8 @@ pub async fn create_topics(brokers: &str, topics: &[&str], partitions: i32, repl
 }
 
 /// Low and high watermark of every partition of `topic`.
-pub fn watermarks(brokers: &str, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+pub fn watermarks(client: impl Into<KafkaClientConfig>, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
+    let consumer: BaseConsumer = client.into().client_config().create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut out = Vec::new();
     for t in metadata.topics() {

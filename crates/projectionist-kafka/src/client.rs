@@ -1,0 +1,320 @@
+//! Connection settings shared by every Kafka client the product makes (the engine's
+//! consumers, the `publish` producer, the admin client, the position readers of `status`
+//! and progress), and a preflight that names what fails when the broker cannot be reached.
+//!
+//! Security is configured with librdkafka's own property names (`security.protocol`,
+//! `sasl.mechanism`, `sasl.username`, `sasl.password`, `ssl.ca.location`,
+//! `ssl.certificate.location`, `ssl.key.location`, `sasl.oauthbearer.*`, …), so whatever a
+//! managed service documents for librdkafka applies as written.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
+
+use crate::config::redact_userinfo;
+use crate::{Error, Result};
+
+/// Where every Kafka client connects and how: bootstrap servers plus librdkafka properties.
+#[derive(Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaClientConfig {
+    /// Bootstrap servers, `host:port[,host:port…]`.
+    pub brokers: String,
+    /// librdkafka properties applied to every client (security, timeouts, …). Only the values
+    /// of properties known to hold no secret are ever shown.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Properties whose values are shown in `Debug` and logs; every other value is redacted.
+const SHOWN: &[&str] = &[
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.oauthbearer.method",
+    "sasl.oauthbearer.token.endpoint.url",
+    "sasl.oauthbearer.scope",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "statistics.interval.ms",
+    "debug",
+];
+
+/// Whether a property's value may be shown (an allowlist: unknown properties are secret).
+pub fn is_shown(key: &str) -> bool {
+    SHOWN.contains(&key)
+}
+
+/// The properties with every value not known to be harmless replaced by `<redacted>`.
+pub fn redacted(properties: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    properties.iter().map(|(k, v)| (k.as_str(), if is_shown(k) { v.as_str() } else { "<redacted>" })).collect()
+}
+
+impl KafkaClientConfig {
+    /// No extra properties: a plaintext connection to `brokers`.
+    pub fn new(brokers: impl Into<String>) -> Self {
+        Self { brokers: brokers.into(), properties: BTreeMap::new() }
+    }
+
+    /// Sets a librdkafka property.
+    pub fn with_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(key.into(), value.into());
+        self
+    }
+
+    /// A librdkafka config for a new client: the properties, then `bootstrap.servers`.
+    pub fn client_config(&self) -> ClientConfig {
+        self.client_config_with_defaults(&[])
+    }
+
+    /// As [`Self::client_config`], with `defaults` set first so the properties override them.
+    pub fn client_config_with_defaults(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+        let mut cfg = ClientConfig::new();
+        for (k, v) in defaults {
+            cfg.set(*k, *v);
+        }
+        for (k, v) in &self.properties {
+            cfg.set(k, v);
+        }
+        cfg.set("bootstrap.servers", &self.brokers);
+        cfg
+    }
+
+    /// Asks the brokers for cluster metadata until `timeout`, and fails as soon as librdkafka
+    /// reports a TLS, certificate or authentication error, naming that part (never a secret).
+    /// Blocking: call it from `spawn_blocking` in async code.
+    pub fn preflight(&self, timeout: Duration) -> Result<()> {
+        if self.property_is("security.protocol", "SASL_PLAINTEXT") && self.property_is("sasl.mechanism", "PLAIN") {
+            tracing::warn!("SASL PLAIN over SASL_PLAINTEXT sends the password unencrypted; use SASL_SSL.");
+        }
+        let consumer: BaseConsumer<PreflightContext> = self
+            .client_config_with_defaults(&[("socket.connection.setup.timeout.ms", "5000")])
+            .set("group.id", "projectionist-preflight")
+            .create_with_context(PreflightContext::default())
+            .map_err(|e| self.connect_error(ConnectFailure::Configuration, e.to_string()))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let fetched = consumer.fetch_metadata(None, left.min(Duration::from_millis(500)));
+            let fetch_error = match fetched {
+                Ok(_) => return Ok(()),
+                Err(e) => e.to_string(),
+            };
+            // Serves queued events, so the error callback sees librdkafka's own reasons.
+            let _ = consumer.poll(Duration::from_millis(50));
+            let last = consumer.context().last.lock().expect("preflight lock").clone();
+            match last {
+                Some((failure, detail)) if failure.is_definite() => return Err(self.connect_error(failure, detail)),
+                last if Instant::now() >= deadline => {
+                    let (failure, detail) = last.unwrap_or((ConnectFailure::Timeout, fetch_error));
+                    return Err(self.connect_error(failure, format!("no metadata within {}s: {detail}", timeout.as_secs())));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn property_is(&self, key: &str, value: &str) -> bool {
+        self.properties.get(key).is_some_and(|v| v.eq_ignore_ascii_case(value))
+    }
+
+    fn connect_error(&self, failure: ConnectFailure, detail: String) -> Error {
+        Error::Connect { brokers: redact_userinfo(&self.brokers), failure, detail: self.scrub(detail) }
+    }
+
+    /// Removes any secret property value from a message (librdkafka should never echo one;
+    /// this makes sure).
+    fn scrub(&self, mut text: String) -> String {
+        for (k, v) in &self.properties {
+            if !is_shown(k) && v.len() >= 4 {
+                text = text.replace(v.as_str(), "<redacted>");
+            }
+        }
+        text
+    }
+}
+
+impl From<&str> for KafkaClientConfig {
+    fn from(brokers: &str) -> Self {
+        Self::new(brokers)
+    }
+}
+
+impl From<&String> for KafkaClientConfig {
+    fn from(brokers: &String) -> Self {
+        Self::new(brokers.as_str())
+    }
+}
+
+impl From<&KafkaClientConfig> for KafkaClientConfig {
+    fn from(config: &KafkaClientConfig) -> Self {
+        config.clone()
+    }
+}
+
+impl fmt::Debug for KafkaClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaClientConfig").field("brokers", &redact_userinfo(&self.brokers)).field("properties", &redacted(&self.properties)).finish()
+    }
+}
+
+/// Which part of reaching Kafka failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectFailure {
+    /// librdkafka refused the configuration (unknown property, bad value, missing file).
+    Configuration,
+    /// The TLS handshake failed (wrong protocol, client certificate refused, no common cipher).
+    TlsHandshake,
+    /// The broker's certificate was not trusted, or did not match its host name.
+    Certificate,
+    /// SASL authentication failed (credentials, mechanism, or the OAuth token request).
+    Authentication,
+    /// No broker answered (refused, unresolvable, or closed connections).
+    Unreachable,
+    /// No metadata arrived in time, without a more specific error.
+    Timeout,
+}
+
+impl ConnectFailure {
+    /// Classifies an error reported by librdkafka's error callback.
+    pub fn classify(code: Option<RDKafkaErrorCode>, reason: &str) -> Self {
+        // Reasons start with the broker's name (`sasl_ssl://host:port/id: …`), so match
+        // phrases, not bare words like "ssl".
+        let lower = reason.to_ascii_lowercase();
+        if lower.contains("certificate verify failed") || lower.contains("broker certificate") || lower.contains("hostname mismatch") {
+            Self::Certificate
+        } else if code == Some(RDKafkaErrorCode::Authentication) || lower.contains("authentication") || lower.contains("oauthbearer token") {
+            Self::Authentication
+        } else if code == Some(RDKafkaErrorCode::SSL) || lower.contains("ssl handshake") || lower.contains("tls") {
+            Self::TlsHandshake
+        } else if code == Some(RDKafkaErrorCode::InvalidArgument) || code == Some(RDKafkaErrorCode::UnknownProtocol) {
+            Self::Configuration
+        } else {
+            Self::Unreachable
+        }
+    }
+
+    /// A failure that waiting will not cure: report it at once.
+    fn is_definite(self) -> bool {
+        matches!(self, Self::Configuration | Self::TlsHandshake | Self::Certificate | Self::Authentication)
+    }
+}
+
+impl fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Configuration => "invalid client configuration",
+            Self::TlsHandshake => "TLS handshake failed",
+            Self::Certificate => "broker certificate not trusted",
+            Self::Authentication => "SASL authentication failed",
+            Self::Unreachable => "broker unreachable",
+            Self::Timeout => "timed out",
+        })
+    }
+}
+
+/// Keeps the last error librdkafka reported, classified.
+#[derive(Default)]
+struct PreflightContext {
+    last: Mutex<Option<(ConnectFailure, String)>>,
+}
+
+impl ClientContext for PreflightContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let failure = ConnectFailure::classify(error.rdkafka_error_code(), reason);
+        let mut last = self.last.lock().expect("preflight lock");
+        // A definite cause is not overwritten by the "all brokers down" that follows it.
+        if !last.as_ref().is_some_and(|(f, _)| f.is_definite() && !failure.is_definite()) {
+            *last = Some((failure, reason.to_owned()));
+        }
+    }
+}
+
+impl ConsumerContext for PreflightContext {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_harmless_values_and_hides_secrets() {
+        let cfg = KafkaClientConfig::new("sasl://bob:hunter2@broker:9093")
+            .with_property("security.protocol", "SASL_SSL")
+            .with_property("sasl.mechanism", "SCRAM-SHA-512")
+            .with_property("sasl.username", "bob")
+            .with_property("sasl.password", "hunter2")
+            .with_property("ssl.key.password", "keypass-hunter2")
+            .with_property("sasl.oauthbearer.client.secret", "oauth-hunter2");
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("hunter2") && !shown.contains("bob"), "{shown}");
+        assert!(shown.contains("SASL_SSL") && shown.contains("SCRAM-SHA-512") && shown.contains("broker:9093"), "{shown}");
+        assert!(shown.contains("sasl.oauthbearer.client.secret") && shown.contains("ssl.key.password"), "{shown}");
+    }
+
+    #[test]
+    fn properties_override_defaults_but_not_the_brokers() {
+        let cfg = KafkaClientConfig::new("a:1").with_property("linger.ms", "7").with_property("bootstrap.servers", "b:2");
+        let c = cfg.client_config_with_defaults(&[("linger.ms", "5"), ("acks", "all")]);
+        assert_eq!((c.get("linger.ms"), c.get("acks"), c.get("bootstrap.servers")), (Some("7"), Some("all"), Some("a:1")));
+    }
+
+    #[test]
+    fn classifies_librdkafka_reasons() {
+        use ConnectFailure::*;
+        let cases = [
+            (Some(RDKafkaErrorCode::SSL), "ssl://127.0.0.1:19093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate could not be verified", Certificate),
+            (Some(RDKafkaErrorCode::SSL), "SSL handshake failed: error:0A00045C:SSL routines::tlsv13 alert certificate required", TlsHandshake),
+            (Some(RDKafkaErrorCode::Authentication), "SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256", Authentication),
+            (Some(RDKafkaErrorCode::BrokerTransportFailure), "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused", Unreachable),
+        ];
+        for (code, reason, want) in cases {
+            assert_eq!(ConnectFailure::classify(code, reason), want, "{reason}");
+        }
+    }
+
+    #[test]
+    fn scrubs_secret_values_from_messages() {
+        let cfg = KafkaClientConfig::new("b:1").with_property("sasl.password", "hunter2").with_property("security.protocol", "SASL_SSL");
+        assert_eq!(cfg.scrub("bad hunter2 over SASL_SSL".into()), "bad <redacted> over SASL_SSL");
+    }
+
+    /// librdkafka was built with what managed services need: OpenSSL (SSL, SCRAM) and
+    /// libcurl (the OIDC client-credentials flow of OAUTHBEARER).
+    #[test]
+    fn librdkafka_accepts_tls_scram_and_oidc_settings() {
+        for props in [
+            &[("security.protocol", "SSL"), ("ssl.endpoint.identification.algorithm", "https")][..],
+            &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "SCRAM-SHA-256"), ("sasl.username", "u"), ("sasl.password", "p")][..],
+            &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "SCRAM-SHA-512"), ("sasl.username", "u"), ("sasl.password", "p")][..],
+            &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "PLAIN"), ("sasl.username", "u"), ("sasl.password", "p")][..],
+            &[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "OAUTHBEARER"),
+                ("sasl.oauthbearer.method", "oidc"),
+                ("sasl.oauthbearer.client.id", "id"),
+                ("sasl.oauthbearer.client.secret", "secret"),
+                ("sasl.oauthbearer.token.endpoint.url", "https://127.0.0.1:1/token"),
+            ][..],
+        ] {
+            let mut cfg = KafkaClientConfig::new("127.0.0.1:1");
+            for (k, v) in props {
+                cfg = cfg.with_property(*k, *v);
+            }
+            let made: std::result::Result<BaseConsumer, _> = cfg.client_config().create();
+            assert!(made.is_ok(), "{props:?}: {:?}", made.err());
+        }
+    }
+}
