@@ -170,10 +170,10 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
     let key = Ident::new(table.key())?;
     let columns = shape.columns.iter().map(|(c, op)| Ok((Ident::new(c)?, *op))).collect::<Result<Vec<_>>>()?;
     let docs: Vec<Value> = rows.iter().map(|r| doc(&table, r)).collect();
+    // Inserted columns: the key, the changed columns, and the version of gated tables.
+    let mut inserted = vec![key.to_string()];
+    inserted.extend(columns.iter().map(|(c, _)| c.to_string()));
     let (sql, check) = if !table.is_gated() {
-        let mut cols = vec![key.to_string()];
-        cols.extend(columns.iter().map(|(c, _)| c.to_string()));
-        let selected = cols.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
         let merge = if columns.is_empty() {
             "DO NOTHING".to_owned()
         } else {
@@ -183,22 +183,10 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
             });
             format!("DO UPDATE SET {}", sets.collect::<Vec<_>>().join(", "))
         };
-        let sql = format!(
-            "INSERT INTO {name} AS t ({}) SELECT {selected} FROM jsonb_populate_recordset(NULL::{name}, $1) AS r ON CONFLICT ({key}) {merge}",
-            cols.join(", ")
-        );
-        (sql, !columns.is_empty())
+        (format!("{} ON CONFLICT ({key}) {merge}", insert_from_json(&name, &inserted)), !columns.is_empty())
     } else if shape.insert {
-        let version = Ident::new(table.version())?;
-        let mut cols = vec![key.to_string()];
-        cols.extend(columns.iter().map(|(c, _)| c.to_string()));
-        cols.push(version.to_string());
-        let selected = cols.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
-        let sql = format!(
-            "INSERT INTO {name} ({}) SELECT {selected} FROM jsonb_populate_recordset(NULL::{name}, $1) AS r ON CONFLICT ({key}) DO NOTHING",
-            cols.join(", ")
-        );
-        (sql, true)
+        inserted.push(Ident::new(table.version())?.to_string());
+        (format!("{} ON CONFLICT ({key}) DO NOTHING", insert_from_json(&name, &inserted)), true)
     } else {
         let version = Ident::new(table.version())?;
         let mut sets: Vec<String> = columns
@@ -222,6 +210,12 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
         expect_rows(table.name(), rows.len(), result.rows_affected())?;
     }
     Ok(())
+}
+
+/// `INSERT INTO name AS t (cols) SELECT r.cols FROM` the JSON array `$1` read as rows of `name`.
+fn insert_from_json(name: &Ident, cols: &[String]) -> String {
+    let selected = cols.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
+    format!("INSERT INTO {name} AS t ({}) SELECT {selected} FROM jsonb_populate_recordset(NULL::{name}, $1) AS r", cols.join(", "))
 }
 
 /// One row as the JSON object `jsonb_populate_record` reads: key, changed columns, version,
