@@ -96,15 +96,24 @@ struct RunArgs {
     /// Consumer group id (default: projectionist.<projection>).
     #[arg(long)]
     group_id: Option<String>,
-    /// Most events per batch (one transaction).
-    #[arg(long, default_value_t = 500)]
-    batch_size: usize,
-    /// Longest wait before a partition's partial batch is applied, in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    batch_wait_ms: u64,
+    /// Most events per batch (one transaction per partition). Batches grow to this bound
+    /// while a partition is behind and stay small at the head.
+    #[arg(long, alias = "batch-size", env = "PROJECTIONIST_BATCH_MAX_EVENTS", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_EVENTS)]
+    batch_max_events: usize,
+    /// Most payload bytes per batch.
+    #[arg(long, env = "PROJECTIONIST_BATCH_MAX_BYTES", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_BYTES)]
+    batch_max_bytes: usize,
+    /// Longest a partition's oldest buffered event waits for the rest of its batch while
+    /// events keep arriving, in milliseconds (with nothing more to read it applies at once).
+    #[arg(long, alias = "batch-wait-ms", env = "PROJECTIONIST_BATCH_MAX_WAIT_MS", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS)]
+    batch_max_wait_ms: u64,
     /// Retries of a batch after a retryable database error.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = EngineConfig::DEFAULT_MAX_RETRIES)]
     max_retries: u32,
+    /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
+    /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
+    #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]
+    pg_max_connections: Option<u32>,
     /// Stop once every assigned partition has reached its high watermark.
     #[arg(long)]
     exit_when_caught_up: bool,
@@ -184,7 +193,6 @@ impl App {
     }
 
     async fn run(self, database_url: &Option<String>, client: KafkaClientConfig, args: RunArgs) -> anyhow::Result<ExitCode> {
-        let pool = pool(database_url).await?;
         let selected: Vec<Registration> = if args.projections.is_empty() {
             self.registrations
         } else {
@@ -196,6 +204,12 @@ impl App {
             }
             self.registrations.into_iter().filter(|r| args.projections.iter().any(|n| n == r.projection.name())).collect()
         };
+        let connections = match args.pg_max_connections {
+            Some(n) => n.max(1),
+            None => partitions(&client, &selected).await.map_or(DEFAULT_POOL_SIZE, |n| (n + 2).min(64)),
+        };
+        let pool = pool_of(database_url, connections).await?;
+        tracing::debug!(connections, "PostgreSQL pool sized.");
         if args.reset {
             for r in &selected {
                 projectionist_postgres::reset(&pool, r.projection.as_ref()).await?;
@@ -205,7 +219,7 @@ impl App {
         let target = progress_target(&pool, &client, &selected, args.from_beginning || args.reset).await;
         let mut config = EngineConfig::new(client.brokers.clone())
             .with_client(client)
-            .with_batch(args.batch_size, Duration::from_millis(args.batch_wait_ms))
+            .with_batch(args.batch_max_events, args.batch_max_bytes, Duration::from_millis(args.batch_max_wait_ms))
             .with_from_beginning(args.from_beginning)
             .with_exit_when_caught_up(args.exit_when_caught_up);
         config.max_retries = args.max_retries;
@@ -270,13 +284,33 @@ async fn progress_target(pool: &PgPool, client: &KafkaClientConfig, registration
     Some(positions.iter().map(|p| (p.high - start(p)).max(0) as u64).sum())
 }
 
+/// Pool size for commands other than `run`, and for `run` when the broker cannot say how
+/// many partitions there are.
+const DEFAULT_POOL_SIZE: u32 = 8;
+
+/// Partitions of the registrations' topics: the most a process can be assigned.
+async fn partitions(client: &KafkaClientConfig, registrations: &[Registration]) -> Option<u32> {
+    let mut n = 0;
+    for r in registrations {
+        for topic in &r.topics {
+            let (c, t) = (client.clone(), topic.clone());
+            n += tokio::task::spawn_blocking(move || projectionist_kafka::topics::partitions(c, &t)).await.ok()?.ok()?.len() as u32;
+        }
+    }
+    Some(n)
+}
+
 async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
+    pool_of(url, DEFAULT_POOL_SIZE).await
+}
+
+async fn pool_of(url: &Option<String>, max_connections: u32) -> anyhow::Result<PgPool> {
     let Some(url) = url else { bail!("no database: set DATABASE_URL or pass --database-url") };
     // The URL may hold a password: errors below never repeat it.
     let options = PgConnectOptions::from_str(url).map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
     let where_ = format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or("?"));
     PgPoolOptions::new()
-        .max_connections(8)
+        .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await

@@ -3,11 +3,7 @@
 //! position; Kafka's committed offset follows it for lag tools.
 
 use std::collections::HashMap;
-use std::sync::mpsc;
-use std::time::Duration;
-
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 
 /// One stored checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,38 +44,8 @@ pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<Checkpoint>> {
     Ok(rows.into_iter().map(|(projection, topic, partition, next_offset)| Checkpoint { projection, topic, partition, next_offset }).collect())
 }
 
-type Reply = mpsc::SyncSender<Result<HashMap<(String, i32), i64>, String>>;
-
-/// Reads checkpoints synchronously, for librdkafka's rebalance callback, which must decide
-/// the start offsets before it returns. A dedicated thread with its own runtime does the
-/// query, so the callback works whatever runtime (or none) polls the consumer.
-pub(crate) struct BlockingReader {
-    requests: mpsc::Sender<(Vec<(String, i32)>, Reply)>,
-}
-
-impl BlockingReader {
-    pub(crate) fn spawn(options: PgConnectOptions, projection: String) -> std::io::Result<Self> {
-        let (requests, rx) = mpsc::channel::<(Vec<(String, i32)>, Reply)>();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        std::thread::Builder::new().name(format!("checkpoints-{projection}")).spawn(move || {
-            while let Ok((partitions, reply)) = rx.recv() {
-                let result = runtime.block_on(read(&options, &projection, &partitions));
-                let _ = reply.send(result.map_err(|e| e.to_string()));
-            }
-        })?;
-        Ok(Self { requests })
-    }
-
-    /// The stored next offsets for `partitions` (absent: never checkpointed).
-    pub(crate) fn read(&self, partitions: Vec<(String, i32)>) -> Result<HashMap<(String, i32), i64>, String> {
-        let (reply, answer) = mpsc::sync_channel(1);
-        self.requests.send((partitions, reply)).map_err(|_| "checkpoint reader stopped".to_owned())?;
-        answer.recv_timeout(Duration::from_secs(30)).map_err(|_| "checkpoint read timed out".to_owned())?
-    }
-}
-
-async fn read(options: &PgConnectOptions, projection: &str, partitions: &[(String, i32)]) -> sqlx::Result<HashMap<(String, i32), i64>> {
-    let mut conn = PgConnection::connect_with(options).await?;
+/// The stored next offsets of `partitions` for `projection` (absent: never checkpointed).
+pub async fn read(pool: &PgPool, projection: &str, partitions: &[(String, i32)]) -> sqlx::Result<HashMap<(String, i32), i64>> {
     let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
     let parts: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
     let rows: Vec<(String, i32, i64)> = sqlx::query_as(
@@ -89,8 +55,7 @@ async fn read(options: &PgConnectOptions, projection: &str, partitions: &[(Strin
     .bind(projection)
     .bind(&topics)
     .bind(&parts)
-    .fetch_all(&mut conn)
+    .fetch_all(pool)
     .await?;
-    let _ = conn.close().await;
     Ok(rows.into_iter().map(|(t, p, o)| ((t, p), o)).collect())
 }

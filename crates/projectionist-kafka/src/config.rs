@@ -16,10 +16,15 @@ pub struct EngineConfig {
     /// Consumer group id; default `projectionist.<projection name>`.
     #[serde(default)]
     pub group_id: Option<String>,
-    /// Most events in one batch (one Postgres transaction).
+    /// Most events in one batch (one Postgres transaction). Batches grow to this bound
+    /// while a partition is behind (catch-up, replay) and stay small at the head.
     #[serde(default = "default_batch_max_events")]
     pub batch_max_events: usize,
-    /// Longest a partition's first buffered event waits before its batch is applied.
+    /// Most payload bytes in one batch (a single larger event still makes a batch alone).
+    #[serde(default = "default_batch_max_bytes")]
+    pub batch_max_bytes: usize,
+    /// Longest a partition's oldest buffered event waits for the rest of its batch while
+    /// events keep arriving; a partition with nothing more to read applies at once.
     #[serde(default = "default_batch_max_wait_ms")]
     pub batch_max_wait_ms: u64,
     /// Tries of a batch that fails with a retryable database error, after the first.
@@ -44,25 +49,40 @@ pub struct EngineConfig {
 }
 
 fn default_batch_max_events() -> usize {
-    500
+    EngineConfig::DEFAULT_BATCH_MAX_EVENTS
+}
+fn default_batch_max_bytes() -> usize {
+    EngineConfig::DEFAULT_BATCH_MAX_BYTES
 }
 fn default_batch_max_wait_ms() -> u64 {
-    100
+    EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS
 }
 fn default_max_retries() -> u32 {
-    5
+    EngineConfig::DEFAULT_MAX_RETRIES
 }
 fn default_retry_backoff_ms() -> u64 {
-    100
+    EngineConfig::DEFAULT_RETRY_BACKOFF_MS
 }
 
 impl EngineConfig {
+    /// Default of [`EngineConfig::batch_max_events`].
+    pub const DEFAULT_BATCH_MAX_EVENTS: usize = 5000;
+    /// Default of [`EngineConfig::batch_max_bytes`] (4 MiB).
+    pub const DEFAULT_BATCH_MAX_BYTES: usize = 4 << 20;
+    /// Default of [`EngineConfig::batch_max_wait_ms`].
+    pub const DEFAULT_BATCH_MAX_WAIT_MS: u64 = 100;
+    /// Default of [`EngineConfig::max_retries`].
+    pub const DEFAULT_MAX_RETRIES: u32 = 5;
+    /// Default of [`EngineConfig::retry_backoff_ms`].
+    pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 100;
+
     /// Defaults for the given brokers.
     pub fn new(brokers: impl Into<String>) -> Self {
         Self {
             brokers: brokers.into(),
             group_id: None,
             batch_max_events: default_batch_max_events(),
+            batch_max_bytes: default_batch_max_bytes(),
             batch_max_wait_ms: default_batch_max_wait_ms(),
             max_retries: default_max_retries(),
             retry_backoff_ms: default_retry_backoff_ms(),
@@ -79,9 +99,10 @@ impl EngineConfig {
         self
     }
 
-    /// Sets the batch bounds.
-    pub fn with_batch(mut self, max_events: usize, max_wait: Duration) -> Self {
+    /// Sets the batch bounds: most events, most payload bytes, longest wait.
+    pub fn with_batch(mut self, max_events: usize, max_bytes: usize, max_wait: Duration) -> Self {
         self.batch_max_events = max_events.max(1);
+        self.batch_max_bytes = max_bytes.max(1);
         self.batch_max_wait_ms = max_wait.as_millis() as u64;
         self
     }
@@ -133,6 +154,7 @@ impl fmt::Debug for EngineConfig {
             .field("brokers", &redact_userinfo(&self.brokers))
             .field("group_id", &self.group_id)
             .field("batch_max_events", &self.batch_max_events)
+            .field("batch_max_bytes", &self.batch_max_bytes)
             .field("batch_max_wait_ms", &self.batch_max_wait_ms)
             .field("max_retries", &self.max_retries)
             .field("retry_backoff_ms", &self.retry_backoff_ms)
@@ -177,7 +199,7 @@ mod tests {
     #[test]
     fn deserialises_with_defaults_and_rejects_unknown_fields() {
         let cfg: EngineConfig = serde_json::from_str(r#"{"brokers": "localhost:9092"}"#).unwrap();
-        assert_eq!((cfg.batch_max_events, cfg.batch_max_wait_ms, cfg.max_retries), (500, 100, 5));
+        assert_eq!((cfg.batch_max_events, cfg.batch_max_bytes, cfg.batch_max_wait_ms, cfg.max_retries), (5000, 4 << 20, 100, 5));
         assert_eq!(cfg.group_for("bank_accounts"), "projectionist.bank_accounts");
         let err = serde_json::from_str::<EngineConfig>(r#"{"brokers": "x", "batch_size": 3}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `batch_size`"), "{err}");

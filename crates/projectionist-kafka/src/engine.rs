@@ -7,9 +7,8 @@ use std::sync::Arc;
 use projectionist_postgres::{validate, PgPool, SharedProjection};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
-use crate::checkpoint::BlockingReader;
 use crate::context::EngineContext;
 use crate::runner::{Runner, Stats};
 use crate::{EngineConfig, Error, Result};
@@ -126,8 +125,9 @@ impl Engine {
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
             validate(reg.projection.as_ref())?;
             let name = reg.projection.name().to_owned();
-            let consumer = self.consumer(reg, joined.clone())?;
-            let runner = Runner::new(reg.projection.clone(), self.pool.clone(), self.config.clone(), consumer, stats.clone());
+            let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
+            let consumer = Arc::new(self.consumer(reg, EngineContext::new(name.clone(), rebalances_tx))?);
+            let runner = Runner::new(reg.projection.clone(), self.pool.clone(), self.config.clone(), consumer, rebalances, stats.clone(), joined.clone());
             tracing::info!(projection = %name, topics = ?reg.topics, group = %self.config.group_for(&name), "Projection starting.");
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
@@ -149,15 +149,18 @@ impl Engine {
         Ok(report)
     }
 
-    fn consumer(&self, reg: &Registration, joined: Arc<AtomicBool>) -> Result<StreamConsumer<EngineContext>> {
+    fn consumer(&self, reg: &Registration, context: EngineContext) -> Result<StreamConsumer<EngineContext>> {
         let name = reg.projection.name().to_owned();
-        let reader = BlockingReader::spawn((*self.pool.connect_options()).clone(), name.clone())
-            .map_err(|e| Error::Config(format!("cannot start checkpoint reader: {e}")))?;
-        let context = EngineContext::new(name.clone(), reader, self.config.from_beginning, joined);
         // Defaults a user may override: a short session keeps group joins quick (some
-        // brokers delay the first join by a share of it). Security settings come with the
+        // brokers delay the first join by a share of it); each partition has its own
+        // prefetch queue, so its bound is per partition. Security settings come with the
         // user's properties, as for every other client.
-        let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[("session.timeout.ms", "10000"), ("max.poll.interval.ms", "60000"), ("statistics.interval.ms", "5000")]);
+        let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[
+            ("session.timeout.ms", "10000"),
+            ("max.poll.interval.ms", "60000"),
+            ("statistics.interval.ms", "5000"),
+            ("queued.max.messages.kbytes", "16384"),
+        ]);
         // What the engine's guarantees rest on: not overridable.
         cfg.set("group.id", self.config.group_for(&name))
             .set("client.id", format!("projectionist-{name}"))

@@ -2,11 +2,14 @@
 
 pub mod checkpoint;
 pub mod client;
+mod batcher;
 mod config;
 mod context;
 mod engine;
 mod error;
 pub mod metrics;
+mod partition;
+mod retry;
 mod runner;
 pub mod topics;
 
@@ -14,4 +17,5 @@ pub use client::{ConnectFailure, KafkaClientConfig};
 pub use config::{redact_userinfo, EngineConfig};
 pub use engine::{Engine, Readiness, Registration, RunReport};
 pub use error::{Error, Result};
+pub use retry::RetryPolicy;
 pub use runner::Stats;

@@ -27,6 +27,21 @@ pub async fn create_topics(client: impl Into<KafkaClientConfig>, topics: &[&str]
     Ok(created)
 }
 
+/// The partitions of `topic`, from the broker's metadata.
+pub fn partitions(client: impl Into<KafkaClientConfig>, topic: &str) -> Result<Vec<i32>> {
+    let consumer: BaseConsumer = client.into().client_config().create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut out = Vec::new();
+    for t in metadata.topics() {
+        if let Some(err) = t.error() {
+            return Err(Error::Config(format!("topic {topic}: {err:?}")));
+        }
+        out.extend(t.partitions().iter().map(|p| p.id()));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// Low and high watermark of every partition of `topic`.
 pub fn watermarks(client: impl Into<KafkaClientConfig>, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
     let consumer: BaseConsumer = client.into().client_config().create()?;

@@ -1,0 +1,224 @@
+//! When a partition's buffered messages become a batch: a small pure state machine, no
+//! Kafka and no clock of its own, so its rules are tested directly.
+//!
+//! A partition applies one batch at a time, in offset order. While a batch is in flight,
+//! what arrives is buffered, up to the count and byte bounds; when the batch commits, the
+//! buffer becomes the next batch. So batch size follows the distance to the head by
+//! itself: far behind (catch-up, replay), the buffer is full by the time the previous batch
+//! commits and every batch is as large as the bounds allow; at the head, a message that
+//! finds nothing in flight and nothing more to read is applied at once, alone.
+
+use std::time::{Duration, Instant};
+
+/// Bounds of one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Most messages in a batch.
+    pub max_events: usize,
+    /// Most payload bytes in a batch (a single larger message still makes a batch alone).
+    pub max_bytes: usize,
+    /// Longest the oldest buffered message waits for the rest of its batch while messages
+    /// keep arriving (the batch is cut earlier when the partition has nothing more to read).
+    pub max_wait: Duration,
+}
+
+/// Why a batch was cut (a label for telemetry and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// The count or byte bound was reached.
+    Full,
+    /// Nothing more to read right now: apply promptly.
+    Drained,
+    /// The oldest message waited `max_wait`.
+    Waited,
+}
+
+/// Buffered messages of one partition, and whether its one batch is in flight.
+#[derive(Debug)]
+pub(crate) struct Batcher<M> {
+    limits: Limits,
+    buffer: Vec<M>,
+    bytes: usize,
+    oldest: Option<Instant>,
+    in_flight: bool,
+    halted: bool,
+}
+
+impl<M> Batcher<M> {
+    pub(crate) fn new(limits: Limits) -> Self {
+        let limits = Limits { max_events: limits.max_events.max(1), max_bytes: limits.max_bytes.max(1), ..limits };
+        Self { limits, buffer: Vec::new(), bytes: 0, oldest: None, in_flight: false, halted: false }
+    }
+
+    /// Whether another message may be read now: not halted, and the buffer below its bounds.
+    pub(crate) fn wants_more(&self) -> bool {
+        !self.halted && self.buffer.len() < self.limits.max_events && self.bytes < self.limits.max_bytes
+    }
+
+    /// Buffers a message of `bytes` payload bytes read at `now`.
+    pub(crate) fn push(&mut self, message: M, bytes: usize, now: Instant) {
+        if self.halted {
+            return;
+        }
+        self.oldest.get_or_insert(now);
+        self.buffer.push(message);
+        self.bytes += bytes;
+    }
+
+    /// The next batch, if one is due: nothing in flight, something buffered, and the
+    /// buffer full, the partition drained (`drained`: nothing more to read right now), or
+    /// the oldest message waited `max_wait`. The batch is then in flight until
+    /// [`Batcher::committed`] or [`Batcher::halt`].
+    pub(crate) fn cut(&mut self, now: Instant, drained: bool) -> Option<(Vec<M>, Cut)> {
+        if self.in_flight || self.halted || self.buffer.is_empty() {
+            return None;
+        }
+        let why = if !self.wants_more() {
+            Cut::Full
+        } else if drained {
+            Cut::Drained
+        } else if self.oldest.is_some_and(|t| now >= t + self.limits.max_wait) {
+            Cut::Waited
+        } else {
+            return None;
+        };
+        self.in_flight = true;
+        self.bytes = 0;
+        self.oldest = None;
+        Some((std::mem::take(&mut self.buffer), why))
+    }
+
+    /// When the buffer is due by `max_wait` (`None` when empty).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.oldest.map(|t| t + self.limits.max_wait)
+    }
+
+    /// The batch in flight committed.
+    pub(crate) fn committed(&mut self) {
+        self.in_flight = false;
+    }
+
+    /// The partition stops: the batch in flight ended at a halt, and what is buffered after
+    /// it must not be applied. Returns how many buffered messages were dropped (they stay
+    /// unapplied and uncommitted, read again after the fix).
+    pub(crate) fn halt(&mut self) -> usize {
+        self.in_flight = false;
+        self.halted = true;
+        self.bytes = 0;
+        self.oldest = None;
+        std::mem::take(&mut self.buffer).len()
+    }
+
+    /// Whether the partition is halted.
+    pub(crate) fn is_halted(&self) -> bool {
+        self.halted
+    }
+
+    /// Whether a batch is in flight.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    /// Whether nothing is buffered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// Everything buffered, as a last batch at shutdown (`None` when empty, in flight or halted).
+    pub(crate) fn rest(&mut self) -> Option<Vec<M>> {
+        if self.in_flight || self.halted || self.buffer.is_empty() {
+            return None;
+        }
+        self.in_flight = true;
+        self.bytes = 0;
+        self.oldest = None;
+        Some(std::mem::take(&mut self.buffer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_events: usize, max_bytes: usize) -> Limits {
+        Limits { max_events, max_bytes, max_wait: Duration::from_millis(100) }
+    }
+
+    #[test]
+    fn at_the_head_a_lone_message_is_applied_at_once() {
+        let t = Instant::now();
+        let mut b = Batcher::new(limits(1000, 1 << 20));
+        b.push(1, 10, t);
+        assert_eq!(b.cut(t, true), Some((vec![1], Cut::Drained)));
+    }
+
+    #[test]
+    fn while_a_batch_is_in_flight_the_next_one_grows_up_to_its_bounds() {
+        let t = Instant::now();
+        let mut b = Batcher::new(limits(3, 1 << 20));
+        b.push(0, 10, t);
+        assert!(b.cut(t, true).is_some());
+        for i in 1..=5 {
+            if b.wants_more() {
+                b.push(i, 10, t);
+            }
+            assert_eq!(b.cut(t + Duration::from_secs(1), true), None, "nothing is cut while a batch is in flight");
+        }
+        assert!(!b.wants_more(), "a full buffer stops reading: backpressure");
+        b.committed();
+        assert_eq!(b.cut(t, false), Some((vec![1, 2, 3], Cut::Full)));
+    }
+
+    #[test]
+    fn the_byte_bound_cuts_before_the_count_bound() {
+        let t = Instant::now();
+        let mut b = Batcher::new(limits(1000, 100));
+        b.push(1, 60, t);
+        assert!(b.wants_more());
+        b.push(2, 60, t);
+        assert!(!b.wants_more());
+        assert_eq!(b.cut(t, false), Some((vec![1, 2], Cut::Full)));
+        b.committed();
+        b.push(3, 500, t);
+        assert_eq!(b.cut(t, false), Some((vec![3], Cut::Full)), "a message larger than the bound makes a batch alone");
+    }
+
+    #[test]
+    fn a_steady_trickle_is_cut_by_the_wait_bound() {
+        let t = Instant::now();
+        let mut b = Batcher::new(limits(1000, 1 << 20));
+        b.push(1, 10, t);
+        assert_eq!(b.cut(t + Duration::from_millis(50), false), None);
+        b.push(2, 10, t + Duration::from_millis(50));
+        assert_eq!(b.deadline(), Some(t + Duration::from_millis(100)));
+        assert_eq!(b.cut(t + Duration::from_millis(100), false), Some((vec![1, 2], Cut::Waited)));
+        assert_eq!(b.deadline(), None);
+    }
+
+    #[test]
+    fn a_halt_drops_the_buffer_and_stops_everything() {
+        let t = Instant::now();
+        let mut b = Batcher::new(limits(10, 1 << 20));
+        b.push(1, 10, t);
+        assert!(b.cut(t, true).is_some());
+        b.push(2, 10, t);
+        b.push(3, 10, t);
+        assert_eq!(b.halt(), 2);
+        assert!(b.is_halted() && !b.wants_more() && !b.in_flight());
+        b.push(4, 10, t);
+        assert_eq!((b.cut(t, true), b.rest()), (None, None));
+    }
+
+    #[test]
+    fn shutdown_takes_the_rest_only_when_nothing_is_in_flight() {
+        let t = Instant::now();
+        let mut b = Batcher::new(limits(10, 1 << 20));
+        b.push(1, 10, t);
+        assert!(b.cut(t, true).is_some());
+        b.push(2, 10, t);
+        assert_eq!(b.rest(), None);
+        b.committed();
+        assert_eq!(b.rest(), Some(vec![2]));
+        assert!(b.in_flight() && b.is_empty());
+    }
+}

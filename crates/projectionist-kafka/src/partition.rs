@@ -1,0 +1,516 @@
+//! One assigned partition's task: it reads the partition's own queue, cuts batches (see
+//! [`crate::batcher`]), applies each in one PostgreSQL transaction together with its
+//! checkpoint, commits the Kafka offset afterwards, retries what is transient and halts
+//! the partition at what is not. Partitions run side by side, each with its own task.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{FutureExt, StreamExt};
+use projectionist_core::{Outcome, OutcomeCounts, RawEnvelope};
+use projectionist_postgres::{Mode, PgPool, SharedProjection};
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::batcher::{Batcher, Limits};
+use crate::context::{EngineContext, Tp};
+use crate::metrics as m;
+use crate::retry::RetryPolicy;
+use crate::runner::Stats;
+use crate::Error;
+
+/// Why a partition stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HaltKind {
+    /// An event that cannot be decoded (or whose key contradicts it).
+    Poison,
+    /// An event whose predecessor version was never applied.
+    Gap,
+    /// A failure that retries did not cure, or a checkpoint that cannot be read.
+    Error,
+}
+
+impl HaltKind {
+    /// The `reason` label of `projectionist_events_failed_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Poison => "poison",
+            Self::Gap => "gap",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Where and why a partition stopped: nothing at or after `offset` is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Halt {
+    pub offset: i64,
+    pub aggregate: String,
+    pub reason: String,
+    pub kind: HaltKind,
+}
+
+/// What the runner asks of a partition task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Keep going.
+    No,
+    /// The partition was revoked: finish the batch in flight, drop the rest (it is read
+    /// again from the checkpoint by the next owner).
+    Revoke,
+    /// The engine stops: finish the batch in flight, apply what is buffered, then end.
+    Shutdown,
+}
+
+/// How a partition task begins.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// Reading from its start offset.
+    Run,
+    /// Halted at once (its checkpoint could not be read): the halt is reported.
+    Halt(Halt),
+    /// Already halted earlier in this process: it stays paused, nothing is reported again.
+    Halted,
+}
+
+/// A partition's progress, shared with the runner.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    /// Next offset committed (−1 before the first batch).
+    pub committed: AtomicI64,
+    /// Reached the high watermark it had when assigned (or halted: it cannot move).
+    pub caught_up: AtomicBool,
+}
+
+/// A consumed message, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Msg {
+    pub offset: i64,
+    pub key: Option<String>,
+    pub payload: Option<Vec<u8>>,
+}
+
+impl Msg {
+    fn from_kafka(message: &BorrowedMessage<'_>) -> Self {
+        Self {
+            offset: message.offset(),
+            key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            payload: message.payload().map(<[u8]>::to_vec),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.payload.as_ref().map_or(0, Vec::len) + self.key.as_ref().map_or(0, String::len)
+    }
+}
+
+/// What the task needs besides its queue.
+pub(crate) struct Partition {
+    pub tp: Tp,
+    pub projection: SharedProjection,
+    pub pool: PgPool,
+    pub consumer: Arc<StreamConsumer<EngineContext>>,
+    pub stats: Arc<Stats>,
+    pub limits: Limits,
+    pub retry: RetryPolicy,
+    pub exit_when_caught_up: bool,
+    pub progress: Arc<Progress>,
+}
+
+impl Partition {
+    fn name(&self) -> &str {
+        self.projection.name()
+    }
+
+    /// Runs the partition until `stop` says otherwise. A partition that begins halted
+    /// reads nothing and only waits to be stopped.
+    pub(crate) async fn run(self, queue: StreamPartitionQueue<EngineContext>, mut stop: watch::Receiver<Stop>, begin: Begin) {
+        let this = Arc::new(self);
+        let mut batcher: Batcher<Msg> = Batcher::new(this.limits);
+        match begin {
+            Begin::Run => {}
+            Begin::Halt(halt) => {
+                batcher.halt();
+                this.halt(halt);
+            }
+            Begin::Halted => {
+                batcher.halt();
+                this.pause();
+                this.progress.caught_up.store(true, Ordering::SeqCst);
+            }
+        }
+        let mut stream = queue.stream();
+        let mut in_flight: Option<JoinHandle<Applied>> = None;
+        let mut stopping = Stop::No;
+        let mut target = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Read what is ready without waiting, up to the batch bounds.
+            let mut drained = false;
+            while stopping == Stop::No && batcher.wants_more() {
+                match stream.next().now_or_never() {
+                    Some(Some(Ok(message))) => {
+                        let msg = Msg::from_kafka(&message);
+                        drop(message);
+                        this.stats.read.fetch_add(1, Ordering::Relaxed);
+                        let bytes = msg.bytes();
+                        batcher.push(msg, bytes, Instant::now());
+                    }
+                    Some(Some(Err(e))) => {
+                        tracing::warn!(projection = %this.name(), topic = %this.tp.0, partition = this.tp.1, error = %e, "Kafka error on the partition; continuing.");
+                        drained = true;
+                        break;
+                    }
+                    _ => {
+                        drained = true;
+                        break;
+                    }
+                }
+            }
+            if in_flight.is_none() {
+                let batch = match stopping {
+                    Stop::No => batcher.cut(Instant::now(), drained).map(|(batch, _)| batch),
+                    Stop::Shutdown => batcher.rest(),
+                    Stop::Revoke => None,
+                };
+                match batch {
+                    Some(batch) => in_flight = Some(tokio::spawn(this.clone().apply(batch))),
+                    None if stopping != Stop::No => break,
+                    None => {}
+                }
+            }
+            if this.exit_when_caught_up && !batcher.in_flight() && batcher.is_empty() && drained {
+                this.check_caught_up(&mut target, batcher.is_halted()).await;
+            }
+            let deadline = if batcher.in_flight() { None } else { batcher.deadline() };
+            tokio::select! {
+                biased;
+                applied = join(&mut in_flight) => {
+                    in_flight = None;
+                    match applied {
+                        Ok(applied) => this.settle(applied, &mut batcher),
+                        Err(e) => {
+                            // A panic in projection code: the batch rolled back with its transaction.
+                            batcher.halt();
+                            this.halt(Halt { offset: this.progress.committed.load(Ordering::SeqCst).max(0), aggregate: "?".into(), reason: format!("the projection's task failed: {e}"), kind: HaltKind::Error });
+                        }
+                    }
+                }
+                changed = stop.changed(), if stopping == Stop::No => {
+                    stopping = if changed.is_ok() { *stop.borrow() } else { Stop::Shutdown };
+                }
+                received = stream.next(), if stopping == Stop::No && batcher.wants_more() => {
+                    if let Some(Ok(message)) = received {
+                        let msg = Msg::from_kafka(&message);
+                        drop(message);
+                        this.stats.read.fetch_add(1, Ordering::Relaxed);
+                        let bytes = msg.bytes();
+                        batcher.push(msg, bytes, Instant::now());
+                    } else if let Some(Err(e)) = received {
+                        tracing::warn!(projection = %this.name(), topic = %this.tp.0, partition = this.tp.1, error = %e, "Kafka error on the partition; continuing.");
+                    }
+                }
+                () = sleep_until(deadline) => {}
+                _ = tick.tick(), if this.exit_when_caught_up => {}
+            }
+        }
+    }
+
+    /// Takes a committed or halted batch's result.
+    fn settle(&self, applied: Applied, batcher: &mut Batcher<Msg>) {
+        if let Some(next) = applied.next_offset {
+            self.progress.committed.store(next, Ordering::SeqCst);
+            self.commit_kafka(next);
+        }
+        match applied.halt {
+            Some(halt) => {
+                let dropped = batcher.halt();
+                tracing::debug!(dropped, "Buffered messages after the halt dropped.");
+                self.halt(halt);
+            }
+            None => batcher.committed(),
+        }
+    }
+
+    /// Whether this partition reached the high watermark it had when first checked; the
+    /// watermark query runs off the async runtime (it blocks).
+    async fn check_caught_up(&self, target: &mut Option<i64>, halted: bool) {
+        if self.progress.caught_up.load(Ordering::SeqCst) {
+            return;
+        }
+        if halted {
+            self.progress.caught_up.store(true, Ordering::SeqCst);
+            return;
+        }
+        if target.is_none() {
+            let (consumer, (topic, partition)) = (self.consumer.clone(), self.tp.clone());
+            let high = tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)).map(|(_, high)| high)).await;
+            match high {
+                Ok(Ok(high)) => *target = Some(high),
+                Ok(Err(e)) => tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot read the high watermark; trying again."),
+                Err(e) => tracing::warn!(error = %e, "Watermark query failed."),
+            }
+        }
+        let Some(target) = *target else { return };
+        let position = self.consumer.position().ok().and_then(|p| match p.find_partition(&self.tp.0, self.tp.1).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        });
+        let reached = self.progress.committed.load(Ordering::SeqCst).max(position.unwrap_or(-1));
+        if target == 0 || reached >= target {
+            self.progress.caught_up.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn commit_kafka(&self, next_offset: i64) {
+        let mut tpl = TopicPartitionList::new();
+        if tpl.add_partition_offset(&self.tp.0, self.tp.1, Offset::Offset(next_offset)).is_ok() {
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                // Postgres holds the position; Kafka's copy only serves lag tools.
+                tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Kafka offset commit failed.");
+            }
+        }
+    }
+
+    /// Stops fetching this partition (what is fetched already stays unread in its queue).
+    fn pause(&self) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.tp.0, self.tp.1);
+        if let Err(e) = self.consumer.pause(&tpl) {
+            tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot pause the partition.");
+        }
+    }
+
+    fn halt(&self, halt: Halt) {
+        let err = Error::Halted {
+            projection: self.name().to_owned(),
+            topic: self.tp.0.clone(),
+            partition: self.tp.1,
+            offset: halt.offset,
+            aggregate: halt.aggregate,
+            reason: halt.reason,
+        };
+        tracing::error!(error = %err, "Partition halted; nothing at or after this offset is applied until it is fixed.");
+        self.pause();
+        let halted = {
+            let mut set = self.stats.halted.lock().expect("halted lock");
+            set.insert(self.tp.clone());
+            set.len()
+        };
+        self.progress.caught_up.store(true, Ordering::SeqCst);
+        metrics::counter!(m::EVENTS_FAILED, "projection" => self.name().to_owned(), "reason" => halt.kind.label()).increment(1);
+        metrics::gauge!(m::PARTITIONS_HALTED, "projection" => self.name().to_owned()).set(halted as f64);
+        self.stats.halts.lock().expect("halts lock").push(err.to_string());
+    }
+
+    /// Applies one batch with bounded retries; a gap, a poison event or a failure retries do
+    /// not cure halts at that event after applying (and committing) what precedes it.
+    async fn apply(self: Arc<Self>, messages: Vec<Msg>) -> Applied {
+        let span = tracing::info_span!(
+            "batch",
+            projection = %self.name(),
+            topic = %self.tp.0,
+            partition = self.tp.1,
+            first_offset = messages.first().map_or(-1, |m| m.offset),
+            last_offset = messages.last().map_or(-1, |m| m.offset),
+            size = messages.len(),
+            applied = tracing::field::Empty,
+            duplicate = tracing::field::Empty,
+            stale = tracing::field::Empty,
+            ignored = tracing::field::Empty,
+        );
+        let this = self.clone();
+        async move {
+            let (envelopes, mut halt) = decode_until_poison(&messages);
+            let mut end = envelopes.len();
+            while end > 0 {
+                let batch = &envelopes[..end];
+                let next_offset = messages[end - 1].offset + 1;
+                let started = Instant::now();
+                let result = this
+                    .retry
+                    .run(
+                        || this.try_apply(batch, next_offset),
+                        projectionist_postgres::Error::is_retryable,
+                        |e, attempt, delay| {
+                            tracing::warn!(error = %e, attempt, delay_ms = delay.as_millis() as u64, "Retryable failure; trying the batch again.");
+                            metrics::counter!(m::BATCH_RETRIES, "projection" => this.name().to_owned()).increment(1);
+                        },
+                    )
+                    .await;
+                match result {
+                    Ok(Ok(counts)) => {
+                        this.stats.add(&counts);
+                        this.record_batch(batch, &counts, started.elapsed());
+                        return Applied { next_offset: Some(next_offset), halt };
+                    }
+                    Ok(Err((index, reason))) => {
+                        halt = Some(Halt { offset: messages[index].offset, aggregate: envelopes[index].aggregate_id.clone(), reason, kind: HaltKind::Gap });
+                        end = index;
+                    }
+                    Err(e) => {
+                        let (index, reason, kind) = classify(&e, this.retry.max_retries);
+                        halt = Some(Halt { offset: messages[index].offset, aggregate: envelopes[index].aggregate_id.clone(), reason, kind });
+                        end = index;
+                    }
+                }
+            }
+            Applied { next_offset: None, halt }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// One transaction: the batch and its checkpoint, set-based; per event when a
+    /// concurrent writer moved the batch's rows. `Ok(Err(..))` names the first event that
+    /// must not be applied (a gap), after rolling back.
+    async fn try_apply(&self, batch: &[RawEnvelope], next_offset: i64) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
+        match self.try_apply_in(batch, next_offset, Mode::Batch).await {
+            Err(e @ projectionist_postgres::Error::Conflict { .. }) => {
+                tracing::info!(reason = %e, "Rows moved under the batch; applying it event by event.");
+                metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
+                self.try_apply_in(batch, next_offset, Mode::PerEvent).await
+            }
+            other => other,
+        }
+    }
+
+    async fn try_apply_in(&self, batch: &[RawEnvelope], next_offset: i64, mode: Mode) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
+        let mut tx = self.pool.begin().await?;
+        let outcomes = self.projection.apply_raw(&mut tx, batch, mode).await?;
+        if let Some((index, gap)) = outcomes.iter().enumerate().find(|(_, o)| matches!(o, Outcome::Gap { .. })) {
+            return Ok(Err((index, format!("{gap}: the event's predecessor was never applied"))));
+        }
+        crate::checkpoint::store(&mut tx, self.projection.name(), &self.tp.0, self.tp.1, next_offset).await?;
+        tx.commit().await?;
+        Ok(Ok(outcomes.iter().collect()))
+    }
+
+    /// Per-batch telemetry: counters, histograms, event age, pool use, span fields.
+    fn record_batch(&self, batch: &[RawEnvelope], counts: &OutcomeCounts, took: Duration) {
+        let projection = self.name().to_owned();
+        let span = tracing::Span::current();
+        span.record("applied", counts.applied).record("duplicate", counts.duplicate).record("stale", counts.stale).record("ignored", counts.ignored);
+        tracing::debug!(took_ms = took.as_millis() as u64, "Batch committed.");
+        metrics::counter!(m::EVENTS_APPLIED, "projection" => projection.clone()).increment(counts.applied);
+        for (reason, n) in [("duplicate", counts.duplicate), ("stale", counts.stale), ("ignored", counts.ignored)] {
+            metrics::counter!(m::EVENTS_SKIPPED, "projection" => projection.clone(), "reason" => reason).increment(n);
+        }
+        metrics::histogram!(m::BATCH_SIZE, "projection" => projection.clone()).record(batch.len() as f64);
+        metrics::histogram!(m::BATCH_DURATION, "projection" => projection.clone()).record(took.as_secs_f64());
+        metrics::counter!(m::CHECKPOINT_COMMITS, "projection" => projection.clone()).increment(1);
+        if let Some(last) = batch.last() {
+            let age = (now_ms() - last.occurred_at.timestamp_millis()).max(0) as f64 / 1000.0;
+            metrics::gauge!(m::CONSUMER_LAG_SECONDS, "projection" => projection, "topic" => self.tp.0.clone(), "partition" => self.tp.1.to_string()).set(age);
+        }
+        let (size, idle) = (self.pool.size(), self.pool.num_idle() as u32);
+        metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "in_use").set(size.saturating_sub(idle) as f64);
+        metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+    }
+}
+
+/// A batch's result: the next offset committed (none when the halt came first) and the
+/// halt, if one stopped the partition within the batch.
+#[derive(Debug)]
+pub(crate) struct Applied {
+    next_offset: Option<i64>,
+    halt: Option<Halt>,
+}
+
+/// Decodes messages up to the first poison one: the envelopes before it, and the halt it causes.
+pub(crate) fn decode_until_poison(messages: &[Msg]) -> (Vec<RawEnvelope>, Option<Halt>) {
+    let mut envelopes = Vec::with_capacity(messages.len());
+    for m in messages {
+        match decode(m) {
+            Ok(e) => envelopes.push(e),
+            Err(reason) => {
+                let halt = Halt { offset: m.offset, aggregate: m.key.clone().unwrap_or_else(|| "?".into()), reason, kind: HaltKind::Poison };
+                return (envelopes, Some(halt));
+            }
+        }
+    }
+    (envelopes, None)
+}
+
+fn decode(m: &Msg) -> std::result::Result<RawEnvelope, String> {
+    let payload = m.payload.as_deref().ok_or("message has no payload (tombstone)")?;
+    let envelope = RawEnvelope::from_slice(payload).map_err(|e| format!("undecodable envelope: {e}"))?;
+    if let Some(key) = &m.key {
+        if *key != envelope.aggregate_id {
+            return Err(format!(
+                "message key {key:?} differs from aggregate_id {:?}: per-aggregate ordering is not guaranteed",
+                envelope.aggregate_id
+            ));
+        }
+    }
+    Ok(envelope)
+}
+
+/// Which event a failure that retries did not cure stops at, why, and its kind.
+fn classify(e: &projectionist_postgres::Error, retries: u32) -> (usize, String, HaltKind) {
+    match e {
+        projectionist_postgres::Error::Decode { index, source, .. } => (*index, source.to_string(), HaltKind::Poison),
+        projectionist_postgres::Error::Invalid { index, problem, .. } => (*index, problem.clone(), HaltKind::Error),
+        other if other.is_retryable() => (0, format!("{other} (gave up after {retries} retries)"), HaltKind::Error),
+        other => (0, other.to_string(), HaltKind::Error),
+    }
+}
+
+async fn join(handle: &mut Option<JoinHandle<Applied>>) -> Result<Applied, tokio::task::JoinError> {
+    match handle {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(offset: i64, key: &str, payload: &str) -> Msg {
+        Msg { offset, key: Some(key.into()), payload: Some(payload.as_bytes().to_vec()) }
+    }
+
+    fn envelope(id: &str, version: u64) -> String {
+        format!(r#"{{"id":"00000000-0000-4000-8000-00000000000{version}","aggregate_type":"account","aggregate_id":"{id}","version":{version},"type":"Opened","occurred_at":"2026-01-01T00:00:00Z","data":{{}}}}"#)
+    }
+
+    #[test]
+    fn decoding_stops_at_the_first_poison_message_and_names_it() {
+        let messages = [msg(10, "a", &envelope("a", 1)), msg(11, "b", "{not json"), msg(12, "a", &envelope("a", 2))];
+        let (envelopes, halt) = decode_until_poison(&messages);
+        assert_eq!(envelopes.len(), 1);
+        let halt = halt.expect("a halt");
+        assert_eq!((halt.offset, halt.aggregate.as_str(), halt.kind), (11, "b", HaltKind::Poison));
+        assert!(halt.reason.contains("undecodable envelope"), "{}", halt.reason);
+    }
+
+    #[test]
+    fn a_key_that_contradicts_the_envelope_is_poison() {
+        let (envelopes, halt) = decode_until_poison(&[msg(5, "x", &envelope("y", 1))]);
+        assert!(envelopes.is_empty());
+        let halt = halt.expect("a halt");
+        assert_eq!((halt.offset, halt.kind), (5, HaltKind::Poison));
+        assert!(halt.reason.contains("differs from aggregate_id"), "{}", halt.reason);
+        let (_, tombstone) = decode_until_poison(&[Msg { offset: 6, key: Some("x".into()), payload: None }]);
+        assert!(tombstone.expect("a halt").reason.contains("tombstone"));
+    }
+}
