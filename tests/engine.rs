@@ -147,3 +147,43 @@ async fn a_gap_halts_after_applying_what_precedes_it(pool: PgPool) {
     let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints").fetch_one(&pool).await.unwrap();
     assert_eq!(next, 1);
 }
+
+async fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Batches size themselves: far behind, a partition applies what it read while its
+/// previous batch committed (large batches); at the head, one new event is applied at once,
+/// in a batch of its own.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn batches_grow_while_behind_and_an_event_at_the_head_is_applied_alone(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("adaptive");
+    let events = bank_accounts::generate::stream(300, 10, 3);
+    produce(&topic, &events).await;
+    let engine = Engine::new(pool.clone(), config().with_exit_when_caught_up(false)).register(Arc::new(BankAccounts), [topic.clone()]);
+    let stats = engine.stats().remove(0);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(engine.run(async {
+        let _ = stopped.await;
+    }));
+    let total = events.len() as u64;
+    wait_for("the backlog to be applied", || stats.outcomes().applied == total).await;
+    let behind = stats.batches.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(behind * 10 <= total, "{total} events behind took {behind} batches: batches did not grow");
+
+    let last = events.iter().filter(|e| e.aggregate_id == "acc-00001").map(|e| e.version).max().expect("acc-00001 has events");
+    produce(&topic, &[bank_accounts::generate::envelope("acc-00001", last + 1, &AccountEvent::MoneyDeposited { amount: 1 })]).await;
+    wait_for("the new event to be applied", || stats.outcomes().applied == total + 1).await;
+    assert_eq!(stats.batches.load(std::sync::atomic::Ordering::SeqCst), behind + 1, "the event at the head is a batch of its own");
+    let version: i64 = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-00001'").fetch_one(&pool).await.unwrap();
+    assert_eq!(version, last + 1);
+
+    stop.send(()).unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(30), running).await.expect("stops in time").unwrap().unwrap();
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+}

@@ -279,13 +279,8 @@ impl Partition {
         }
     }
 
-    /// Stops fetching this partition (what is fetched already stays unread in its queue).
     fn pause(&self) {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.tp.0, self.tp.1);
-        if let Err(e) = self.consumer.pause(&tpl) {
-            tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot pause the partition.");
-        }
+        pause(&self.consumer, &self.tp);
     }
 
     fn halt(&self, halt: Halt) {
@@ -414,6 +409,19 @@ impl Partition {
         metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "in_use").set(size.saturating_sub(idle) as f64);
         metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
     }
+}
+
+/// Stops fetching a partition (what is fetched already stays unread in its queue). librdkafka
+/// waits for its own thread here, so the call runs off the async runtime.
+pub(crate) fn pause(consumer: &Arc<StreamConsumer<EngineContext>>, tp: &Tp) {
+    let (consumer, tp) = (consumer.clone(), tp.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.0, tp.1);
+        if let Err(e) = consumer.pause(&tpl) {
+            tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "Cannot pause the partition.");
+        }
+    });
 }
 
 /// A batch's result: the next offset committed (none when the halt came first) and the

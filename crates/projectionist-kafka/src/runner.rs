@@ -292,9 +292,7 @@ impl Runner {
         tracing::error!(projection = %self.name(), topic = %tp.0, partition = tp.1, offset, "Message arrived outside its partition's queue.");
         let committed = self.stop(std::slice::from_ref(&tp), Stop::Revoke).await;
         let at = committed.first().map_or(offset, |(_, next)| *next);
-        let mut paused = TopicPartitionList::new();
-        paused.add_partition(&tp.0, tp.1);
-        let _ = self.consumer.pause(&paused);
+        crate::partition::pause(&self.consumer, &tp);
         let reason = "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
         self.stats.halted.lock().expect("halted lock").insert(tp.clone());
         self.stats.halts.lock().expect("halts lock").push(
