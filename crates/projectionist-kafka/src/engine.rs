@@ -154,14 +154,15 @@ impl Engine {
         // Defaults a user may override: a short session keeps group joins quick (some
         // brokers delay the first join by a share of it). Each partition has its own
         // prefetch queue, so librdkafka's bound (64 MiB by default) applies per partition:
-        // 2 MiB keeps memory flat (the bench's RSS arm) at no cost in speed, since a
-        // partition's batch is at most a few MiB. Security settings come with the user's
-        // properties, as for every other client.
+        // 2 MiB keeps memory flat (the bench's RSS arm), and a short back-off when that
+        // bound is reached (1 s by default) keeps the queue fed. Security settings come
+        // with the user's properties, as for every other client.
         let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[
             ("session.timeout.ms", "10000"),
             ("max.poll.interval.ms", "60000"),
             ("statistics.interval.ms", "5000"),
             ("queued.max.messages.kbytes", "2048"),
+            ("fetch.queue.backoff.ms", "10"),
         ]);
         // What the engine's guarantees rest on: not overridable.
         cfg.set("group.id", self.config.group_for(&name))
