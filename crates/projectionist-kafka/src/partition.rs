@@ -12,6 +12,7 @@ use projectionist_core::{Outcome, OutcomeCounts, RawEnvelope};
 use projectionist_postgres::{Mode, PgPool, SharedProjection};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
@@ -155,23 +156,10 @@ impl Partition {
             // Read what is ready without waiting, up to the batch bounds.
             let mut drained = false;
             while stopping == Stop::No && batcher.wants_more() {
-                match stream.next().now_or_never() {
-                    Some(Some(Ok(message))) => {
-                        let msg = Msg::from_kafka(&message);
-                        drop(message);
-                        this.stats.read.fetch_add(1, Ordering::Relaxed);
-                        let bytes = msg.bytes();
-                        batcher.push(msg, bytes, Instant::now());
-                    }
-                    Some(Some(Err(e))) => {
-                        tracing::warn!(projection = %this.name(), topic = %this.tp.0, partition = this.tp.1, error = %e, "Kafka error on the partition; continuing.");
-                        drained = true;
-                        break;
-                    }
-                    _ => {
-                        drained = true;
-                        break;
-                    }
+                // Nothing ready, or an error (logged): apply what is buffered.
+                if !stream.next().now_or_never().is_some_and(|received| this.receive(received, &mut batcher)) {
+                    drained = true;
+                    break;
                 }
             }
             if in_flight.is_none() {
@@ -207,19 +195,30 @@ impl Partition {
                     stopping = if changed.is_ok() { *stop.borrow() } else { Stop::Shutdown };
                 }
                 received = stream.next(), if stopping == Stop::No && batcher.wants_more() => {
-                    if let Some(Ok(message)) = received {
-                        let msg = Msg::from_kafka(&message);
-                        drop(message);
-                        this.stats.read.fetch_add(1, Ordering::Relaxed);
-                        let bytes = msg.bytes();
-                        batcher.push(msg, bytes, Instant::now());
-                    } else if let Some(Err(e)) = received {
-                        tracing::warn!(projection = %this.name(), topic = %this.tp.0, partition = this.tp.1, error = %e, "Kafka error on the partition; continuing.");
-                    }
+                    this.receive(received, &mut batcher);
                 }
                 () = sleep_until(deadline) => {}
                 _ = tick.tick(), if this.exit_when_caught_up => {}
             }
+        }
+    }
+
+    /// Buffers a message read from the partition's queue; an error is logged (librdkafka
+    /// recovers by itself). Returns whether a message was buffered.
+    fn receive(&self, received: Option<KafkaResult<BorrowedMessage<'_>>>, batcher: &mut Batcher<Msg>) -> bool {
+        match received {
+            Some(Ok(message)) => {
+                let msg = Msg::from_kafka(&message);
+                self.stats.read.fetch_add(1, Ordering::Relaxed);
+                let bytes = msg.bytes();
+                batcher.push(msg, bytes, Instant::now());
+                true
+            }
+            Some(Err(e)) => {
+                tracing::warn!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, error = %e, "Kafka error on the partition; continuing.");
+                false
+            }
+            None => false,
         }
     }
 

@@ -30,6 +30,10 @@ pub async fn create_topics(client: impl Into<KafkaClientConfig>, topics: &[&str]
 /// The partitions of `topic`, from the broker's metadata.
 pub fn partitions(client: impl Into<KafkaClientConfig>, topic: &str) -> Result<Vec<i32>> {
     let consumer: BaseConsumer = client.into().client_config().create()?;
+    partitions_of(&consumer, topic)
+}
+
+fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>> {
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut out = Vec::new();
     for t in metadata.topics() {
@@ -45,17 +49,10 @@ pub fn partitions(client: impl Into<KafkaClientConfig>, topic: &str) -> Result<V
 /// Low and high watermark of every partition of `topic`.
 pub fn watermarks(client: impl Into<KafkaClientConfig>, topic: &str) -> Result<Vec<(i32, i64, i64)>> {
     let consumer: BaseConsumer = client.into().client_config().create()?;
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut out = Vec::new();
-    for t in metadata.topics() {
-        if let Some(err) = t.error() {
-            return Err(Error::Config(format!("topic {topic}: {err:?}")));
-        }
-        for p in t.partitions() {
-            let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
-            out.push((p.id(), low, high));
-        }
+    for partition in partitions_of(&consumer, topic)? {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        out.push((partition, low, high));
     }
-    out.sort();
     Ok(out)
 }
