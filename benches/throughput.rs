@@ -41,9 +41,16 @@ async fn fresh_database(name: &str) -> (PgPool, String) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (run ./scripts/bench.sh)");
     let admin = PgConnectOptions::from_str(&url).expect("valid DATABASE_URL");
     let mut conn = admin.connect().await.expect("connect");
-    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.expect("drop old database");
+    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut conn)
+        .await
+        .expect("drop old database");
     sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("fresh database");
-    let pool = PgPoolOptions::new().max_connections(4).connect_with(admin.clone().database(name)).await.expect("connect bench database");
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(admin.clone().database(name))
+        .await
+        .expect("connect bench database");
     migrate(&pool, &[&bank_accounts::BankAccounts]).await.unwrap();
     let db_url = match url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{name}"),
@@ -65,7 +72,13 @@ async fn publish(events: &[RawEnvelope]) -> (String, f64) {
     for e in events {
         let payload = e.to_json();
         while let Err((err, _)) = producer.send(BaseRecord::to(&topic).key(&e.aggregate_id).payload(&payload)) {
-            assert!(matches!(err, rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)), "{err}");
+            assert!(
+                matches!(
+                    err,
+                    rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                ),
+                "{err}"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -106,7 +119,16 @@ fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> (f64
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let group = format!("bench-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let mut child = Command::new(&bin)
-        .args(["run", "--exit-when-caught-up", "--metrics-addr", "off", "--kafka-property", "session.timeout.ms=6000", "--group-id", &group])
+        .args([
+            "run",
+            "--exit-when-caught-up",
+            "--metrics-addr",
+            "off",
+            "--kafka-property",
+            "session.timeout.ms=6000",
+            "--group-id",
+            &group,
+        ])
         .args(args)
         .env("DATABASE_URL", db_url)
         .env("BANK_ACCOUNTS_TOPIC", topic)
@@ -121,7 +143,12 @@ fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> (f64
         let peak = peak.clone();
         std::thread::spawn(move || loop {
             let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return };
-            if let Some(kb) = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()) {
+            if let Some(kb) = status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+            {
                 peak.fetch_max(kb, std::sync::atomic::Ordering::Relaxed);
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -218,7 +245,11 @@ async fn inbox(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
     let started = Instant::now();
     for e in events {
         let mut tx = pool.begin().await.unwrap();
-        let fresh = sqlx::query("INSERT INTO processed_messages (id) VALUES ($1) ON CONFLICT DO NOTHING").bind(e.id).execute(&mut *tx).await.unwrap();
+        let fresh = sqlx::query("INSERT INTO processed_messages (id) VALUES ($1) ON CONFLICT DO NOTHING")
+            .bind(e.id)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
         if fresh.rows_affected() == 1 {
             let amount = e.data.get("amount").and_then(|v| v.as_i64()).unwrap_or(0);
             let delta = if e.event_type == "MoneyWithdrawn" { -amount } else { amount };
@@ -254,7 +285,12 @@ async fn main() {
             m
         });
     let want: i64 = distinct.values().sum();
-    println!("projectionist throughput: {} deliveries ({} distinct events, {} accounts), {PARTITIONS} partitions", events.len(), want, distinct.len());
+    println!(
+        "projectionist throughput: {} deliveries ({} distinct events, {} accounts), {PARTITIONS} partitions",
+        events.len(),
+        want,
+        distinct.len()
+    );
 
     let (topic, produce) = publish(&events).await;
     println!("  produce (setup, not compared)               {produce:>10.0} deliveries/s");

@@ -16,7 +16,8 @@ fn yaml(path: &str) -> serde_yaml::Value {
 
 #[test]
 fn the_compose_file_follows_the_compose_specification() {
-    let compose: Compose = serde_yaml::from_str(&read("docker-compose.yml")).unwrap_or_else(|e| panic!("docker-compose.yml: {e}"));
+    let compose: Compose =
+        serde_yaml::from_str(&read("docker-compose.yml")).unwrap_or_else(|e| panic!("docker-compose.yml: {e}"));
     let names: BTreeSet<String> = compose.services.keys().map(|k| k.to_string()).collect();
     let want: BTreeSet<String> = ["grafana", "kafka", "postgres", "projector", "prometheus"].map(String::from).into();
     assert_eq!(names, want);
@@ -27,8 +28,12 @@ fn the_compose_file_agrees_with_the_local_services_and_the_cli() {
     let compose = yaml("docker-compose.yml");
     let services = read("scripts/services.sh");
     let svc = |name: &str| compose["services"][name].clone();
-    let env = |name: &str, key: &str| svc(name)["environment"][key].as_str().unwrap_or_else(|| panic!("{name}.{key}")).to_owned();
-    let ports = |name: &str| svc(name)["ports"].as_sequence().unwrap().iter().map(|p| p.as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    let env = |name: &str, key: &str| {
+        svc(name)["environment"][key].as_str().unwrap_or_else(|| panic!("{name}.{key}")).to_owned()
+    };
+    let ports = |name: &str| {
+        svc(name)["ports"].as_sequence().unwrap().iter().map(|p| p.as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
 
     // Same ports as scripts/services.sh.
     assert!(services.contains("KAFKA_PORT=${KAFKA_PORT:-9092}") && ports("kafka") == ["9092:9092"]);
@@ -50,13 +55,24 @@ fn the_compose_file_agrees_with_the_local_services_and_the_cli() {
     assert!(env("kafka", "KAFKA_LISTENERS").contains("INTERNAL://:19092"));
     assert_eq!(env("projector", "PROJECTIONIST_METRICS_ADDR"), "0.0.0.0:9464");
     let cli = read("crates/projectionist-cli/src/lib.rs") + &read("crates/projectionist-cli/src/kafka.rs");
-    for var in ["\"DATABASE_URL\"", "\"KAFKA_BROKERS\"", "\"PROJECTIONIST_METRICS_ADDR\"", "\"PROJECTIONIST_PARTITIONS\"", "\"LOG_FORMAT\""] {
+    for var in [
+        "\"DATABASE_URL\"",
+        "\"KAFKA_BROKERS\"",
+        "\"PROJECTIONIST_METRICS_ADDR\"",
+        "\"PROJECTIONIST_PARTITIONS\"",
+        "\"LOG_FORMAT\"",
+    ] {
         assert!(cli.contains(var), "the CLI reads {var}");
     }
     let prometheus = yaml("deploy/prometheus/prometheus.yml");
     assert_eq!(prometheus["scrape_configs"][0]["static_configs"][0]["targets"][0].as_str(), Some("projector:9464"));
     // Mounted files exist.
-    for volume in svc("grafana")["volumes"].as_sequence().unwrap().iter().chain(svc("prometheus")["volumes"].as_sequence().unwrap()) {
+    for volume in svc("grafana")["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .chain(svc("prometheus")["volumes"].as_sequence().unwrap())
+    {
         let host = volume.as_str().unwrap().split(':').next().unwrap().trim_start_matches("./");
         assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(host).exists(), "{host}");
     }
@@ -65,20 +81,32 @@ fn the_compose_file_agrees_with_the_local_services_and_the_cli() {
 
 #[test]
 fn the_dashboard_only_charts_metrics_the_engine_emits() {
-    let dashboard: serde_json::Value = serde_json::from_str(&read("deploy/grafana/dashboards/projectionist.json")).unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dashboards/projectionist.json")).unwrap();
     let module = read("crates/projectionist-kafka/src/metrics.rs");
     let mut charted = BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
-            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("projectionist_")) {
+            for word in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("projectionist_"))
+            {
                 let base = word.trim_end_matches("_bucket").to_owned();
-                assert!(module.contains(&format!("\"{base}\"")), "dashboard charts {base}, which crates/projectionist-kafka/src/metrics.rs does not define");
+                assert!(
+                    module.contains(&format!("\"{base}\"")),
+                    "dashboard charts {base}, which crates/projectionist-kafka/src/metrics.rs does not define"
+                );
                 charted.insert(base);
             }
         }
     }
-    for needed in ["projectionist_consumer_lag_messages", "projectionist_events_applied_total", "projectionist_events_skipped_total", "projectionist_batch_duration_seconds"] {
+    for needed in [
+        "projectionist_consumer_lag_messages",
+        "projectionist_events_applied_total",
+        "projectionist_events_skipped_total",
+        "projectionist_batch_duration_seconds",
+    ] {
         assert!(charted.contains(needed), "the dashboard shows {needed}");
     }
 }

@@ -30,7 +30,8 @@ fn config() -> EngineConfig {
 
 async fn produce(topic: &str, events: &[RawEnvelope]) {
     topics::create_topics(&brokers(), &[topic], 2, 1).await.unwrap();
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
     for e in events {
         let payload = e.to_json();
         producer.send(BaseRecord::to(topic).key(&e.aggregate_id).payload(&payload)).map_err(|(e, _)| e).unwrap();
@@ -39,7 +40,10 @@ async fn produce(topic: &str, events: &[RawEnvelope]) {
 }
 
 async fn run(engine: Engine) -> projectionist::kafka::RunReport {
-    tokio::time::timeout(Duration::from_secs(120), engine.run(std::future::pending())).await.expect("engine caught up in time").unwrap()
+    tokio::time::timeout(Duration::from_secs(120), engine.run(std::future::pending()))
+        .await
+        .expect("engine caught up in time")
+        .unwrap()
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
@@ -59,15 +63,26 @@ async fn two_projections_run_in_one_process_with_their_own_checkpoints(pool: PgP
     let counts: Vec<u64> = report.projections.iter().map(|(_, s)| s.outcomes().applied).collect();
     assert_eq!(counts, vec![accounts.len() as u64, orders.len() as u64]);
 
-    let placed: i64 = sqlx::query_scalar("SELECT coalesce(sum(orders_placed), 0)::bigint FROM customer_order_stats").fetch_one(&pool).await.unwrap();
+    let placed: i64 = sqlx::query_scalar("SELECT coalesce(sum(orders_placed), 0)::bigint FROM customer_order_stats")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(placed, 60);
-    let versions: i64 = sqlx::query_scalar("SELECT sum(version)::bigint FROM bank_accounts").fetch_one(&pool).await.unwrap();
+    let versions: i64 =
+        sqlx::query_scalar("SELECT sum(version)::bigint FROM bank_accounts").fetch_one(&pool).await.unwrap();
     assert_eq!(versions, accounts.len() as i64);
-    let rows: Vec<(String, String, i64)> =
-        sqlx::query_as("SELECT projection, topic, sum(next_offset)::bigint FROM projectionist_checkpoints GROUP BY 1, 2 ORDER BY 1").fetch_all(&pool).await.unwrap();
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT projection, topic, sum(next_offset)::bigint FROM projectionist_checkpoints GROUP BY 1, 2 ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(
         rows,
-        vec![("bank_accounts".into(), accounts_topic, accounts.len() as i64), ("order_status".into(), orders_topic, orders.len() as i64)],
+        vec![
+            ("bank_accounts".into(), accounts_topic, accounts.len() as i64),
+            ("order_status".into(), orders_topic, orders.len() as i64)
+        ],
         "each projection checkpoints its own topic, up to the last event"
     );
 }
@@ -92,7 +107,10 @@ async fn injector_calls(pool: &PgPool) -> i64 {
 
 fn account_events() -> Vec<RawEnvelope> {
     let e = bank_accounts::generate::envelope;
-    vec![e("acc-r", 1, &AccountEvent::AccountOpened { owner: "r".into() }), e("acc-r", 2, &AccountEvent::MoneyDeposited { amount: 9 })]
+    vec![
+        e("acc-r", 1, &AccountEvent::AccountOpened { owner: "r".into() }),
+        e("acc-r", 2, &AccountEvent::MoneyDeposited { amount: 9 }),
+    ]
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
@@ -105,7 +123,10 @@ async fn retryable_database_errors_are_retried_with_backoff(pool: PgPool) {
     cfg.retry_backoff_ms = 10;
     let report = run(Engine::new(pool.clone(), cfg).register(Arc::new(BankAccounts), [topic])).await;
     assert!(report.halts().is_empty(), "{:?}", report.halts());
-    let balance: i64 = sqlx::query_scalar("SELECT balance FROM bank_accounts WHERE account_id = 'acc-r'").fetch_one(&pool).await.unwrap();
+    let balance: i64 = sqlx::query_scalar("SELECT balance FROM bank_accounts WHERE account_id = 'acc-r'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(balance, 9, "applied once after the serialization failures");
     assert!(injector_calls(&pool).await >= 4, "three failed tries, then the write");
 }
@@ -140,11 +161,14 @@ async fn a_gap_halts_after_applying_what_precedes_it(pool: PgPool) {
     let report = run(Engine::new(pool.clone(), config()).register(Arc::new(OrderStatus), [topic.clone()])).await;
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
-    let want = format!("partition halted: {topic}/0@1 in projection order_status, aggregate ord-g: gap: expected version 2, found 3");
+    let want = format!(
+        "partition halted: {topic}/0@1 in projection order_status, aggregate ord-g: gap: expected version 2, found 3"
+    );
     assert!(halts[0].starts_with(&want), "{}", halts[0]);
     let status: String = sqlx::query_scalar("SELECT status FROM orders").fetch_one(&pool).await.unwrap();
     assert_eq!(status, "placed", "the event before the gap is applied, nothing after it");
-    let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints").fetch_one(&pool).await.unwrap();
+    let next: i64 =
+        sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints").fetch_one(&pool).await.unwrap();
     assert_eq!(next, 1);
 }
 
@@ -165,7 +189,8 @@ async fn batches_grow_while_behind_and_an_event_at_the_head_is_applied_alone(poo
     let topic = rand_test_topic("adaptive");
     let events = bank_accounts::generate::stream(300, 10, 3);
     produce(&topic, &events).await;
-    let engine = Engine::new(pool.clone(), config().with_exit_when_caught_up(false)).register(Arc::new(BankAccounts), [topic.clone()]);
+    let engine = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
+        .register(Arc::new(BankAccounts), [topic.clone()]);
     let stats = engine.stats().remove(0);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(engine.run(async {
@@ -176,11 +201,23 @@ async fn batches_grow_while_behind_and_an_event_at_the_head_is_applied_alone(poo
     let behind = stats.batches.load(std::sync::atomic::Ordering::SeqCst);
     assert!(behind * 10 <= total, "{total} events behind took {behind} batches: batches did not grow");
 
-    let last = events.iter().filter(|e| e.aggregate_id == "acc-00001").map(|e| e.version).max().expect("acc-00001 has events");
-    produce(&topic, &[bank_accounts::generate::envelope("acc-00001", last + 1, &AccountEvent::MoneyDeposited { amount: 1 })]).await;
+    let last =
+        events.iter().filter(|e| e.aggregate_id == "acc-00001").map(|e| e.version).max().expect("acc-00001 has events");
+    produce(
+        &topic,
+        &[bank_accounts::generate::envelope("acc-00001", last + 1, &AccountEvent::MoneyDeposited { amount: 1 })],
+    )
+    .await;
     wait_for("the new event to be applied", || stats.outcomes().applied == total + 1).await;
-    assert_eq!(stats.batches.load(std::sync::atomic::Ordering::SeqCst), behind + 1, "the event at the head is a batch of its own");
-    let version: i64 = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-00001'").fetch_one(&pool).await.unwrap();
+    assert_eq!(
+        stats.batches.load(std::sync::atomic::Ordering::SeqCst),
+        behind + 1,
+        "the event at the head is a batch of its own"
+    );
+    let version: i64 = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-00001'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(version, last + 1);
 
     stop.send(()).unwrap();

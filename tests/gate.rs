@@ -27,7 +27,8 @@ async fn create(pool: &PgPool, ddl: &str) {
     sqlx::raw_sql(ddl).execute(pool).await.unwrap();
 }
 
-const ACCOUNTS: &str = "CREATE TABLE acct (id text PRIMARY KEY, owner text, balance bigint NOT NULL DEFAULT 0, version bigint NOT NULL)";
+const ACCOUNTS: &str =
+    "CREATE TABLE acct (id text PRIMARY KEY, owner text, balance bigint NOT NULL DEFAULT 0, version bigint NOT NULL)";
 
 async fn upsert(pool: &PgPool, table: &Table, id: &str, version: i64, owner: &str) -> Outcome {
     let mut tx = pool.begin().await.unwrap();
@@ -104,8 +105,15 @@ async fn watermark_gates_fan_in_writes(pool: PgPool) {
     assert_eq!(postgres::watermark(&mut tx, "other", &mark(1)).await.unwrap(), Outcome::Applied, "per projection");
     tx.commit().await.unwrap();
     let rows: Vec<(String, String, i64)> =
-        sqlx::query_as("SELECT projection, aggregate_id, version FROM projectionist_watermarks ORDER BY 1").fetch_all(&pool).await.unwrap();
-    assert_eq!(rows, vec![("other".into(), "ord-1".into(), 1), ("stats".into(), "ord-1".into(), 2)], "one row per aggregate");
+        sqlx::query_as("SELECT projection, aggregate_id, version FROM projectionist_watermarks ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        vec![("other".into(), "ord-1".into(), 1), ("stats".into(), "ord-1".into(), 2)],
+        "one row per aggregate"
+    );
 }
 
 /// Runs `apply` for the same event in `n` transactions at once, each held open a moment
@@ -115,7 +123,11 @@ where
     F: Fn(sqlx::Transaction<'static, sqlx::Postgres>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = (Outcome, sqlx::Transaction<'static, sqlx::Postgres>)> + Send,
 {
-    let wide = PgPoolOptions::new().max_connections(n as u32 + 1).connect_with((*pool.connect_options()).clone()).await.unwrap();
+    let wide = PgPoolOptions::new()
+        .max_connections(n as u32 + 1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let apply = Arc::new(apply);
     let tasks: Vec<_> = (0..n)
@@ -201,7 +213,8 @@ async fn hostile_identifiers_are_rejected_before_any_sql(pool: PgPool) {
 
     let t = Table::new("acct", "id").unwrap();
     let mut tx = pool.begin().await.unwrap();
-    let err = t.transition(&env("a", 1)).set("owner = 'x'; DROP TABLE acct; --", "x").execute(&mut tx).await.unwrap_err();
+    let err =
+        t.transition(&env("a", 1)).set("owner = 'x'; DROP TABLE acct; --", "x").execute(&mut tx).await.unwrap_err();
     assert!(err.to_string().starts_with("invalid identifier"), "{err}");
     tx.commit().await.unwrap();
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM acct").fetch_one(&pool).await.unwrap();

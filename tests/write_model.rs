@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use order_status::OrderStatus;
-use projectionist::postgres::{apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection, MIGRATOR};
+use projectionist::postgres::{
+    apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection, MIGRATOR,
+};
 use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::{dump_tables, envelope, interleave, with_redeliveries, ProjectionTest};
 use rand::rngs::StdRng;
@@ -39,9 +41,11 @@ enum Ev {
     Nothing {},
 }
 
-const COUNTS: Table = Table::transition("wm_counts", "id").columns(&[("total", "bigint NOT NULL DEFAULT 0"), ("last", "text")]);
+const COUNTS: Table =
+    Table::transition("wm_counts", "id").columns(&[("total", "bigint NOT NULL DEFAULT 0"), ("last", "text")]);
 const SNAPS: Table = Table::upsert("wm_snaps", "id").columns(&[("state", "text"), ("at", "timestamptz")]);
-const BUCKETS: Table = Table::fan_in("wm_buckets", "bucket").columns(&[("n", "bigint NOT NULL DEFAULT 0"), ("last", "text")]);
+const BUCKETS: Table =
+    Table::fan_in("wm_buckets", "bucket").columns(&[("n", "bigint NOT NULL DEFAULT 0"), ("last", "text")]);
 
 /// One projection shape: writes only to the tables it owns.
 struct Shaped {
@@ -142,14 +146,24 @@ fn random_stream(seed: u64) -> Vec<RawEnvelope> {
 
 /// Applies `stream` on an emptied read model in random batches, in `mode`; returns each
 /// event's outcome and the tables.
-async fn run(pool: &PgPool, projection: &dyn PgProjection, stream: &[RawEnvelope], mode: Mode, seed: u64) -> (Vec<Outcome>, serde_json::Value) {
+async fn run(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    stream: &[RawEnvelope],
+    mode: Mode,
+    seed: u64,
+) -> (Vec<Outcome>, serde_json::Value) {
     reset(pool, projection).await.unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut outcomes = Vec::new();
     let mut rest = stream;
     while !rest.is_empty() {
         let (batch, tail) = rest.split_at(rng.gen_range(1..=80).min(rest.len()));
-        outcomes.extend(apply_batch_in(pool, projection, batch, mode).await.unwrap_or_else(|e| panic!("{} {mode:?}: {e}", projection.name())));
+        outcomes.extend(
+            apply_batch_in(pool, projection, batch, mode)
+                .await
+                .unwrap_or_else(|e| panic!("{} {mode:?}: {e}", projection.name())),
+        );
         rest = tail;
     }
     (outcomes, dump_tables(pool, projection).await)
@@ -186,14 +200,19 @@ async fn set_based_batches_equal_the_per_event_path_on_random_streams(pool: PgPo
             let (batched, batched_tables) = run(&pool, shape, &stream, Mode::Batch, seed + 100).await;
             assert_eq!(batched.len(), stream.len());
             for (i, (b, p)) in batched.iter().zip(&per_event).enumerate() {
-                assert_eq!(b, p, "seed {seed}, {}: event #{i} ({} v{} {})", shape.name, stream[i].aggregate_id, stream[i].version, stream[i].event_type);
+                assert_eq!(
+                    b, p,
+                    "seed {seed}, {}: event #{i} ({} v{} {})",
+                    shape.name, stream[i].aggregate_id, stream[i].version, stream[i].event_type
+                );
             }
             assert_eq!(batched_tables, per_event_tables, "seed {seed}, {}: tables differ", shape.name);
             for o in &batched {
                 *seen.entry((shape.name, o.label())).or_insert(0) += 1;
             }
             if shape.name == "transition_only" {
-                let rows: Vec<(String, i64, i64)> = sqlx::query_as("SELECT id, total, version FROM wm_counts").fetch_all(&pool).await.unwrap();
+                let rows: Vec<(String, i64, i64)> =
+                    sqlx::query_as("SELECT id, total, version FROM wm_counts").fetch_all(&pool).await.unwrap();
                 let got: HashMap<String, (i64, i64)> = rows.into_iter().map(|(id, t, v)| (id, (t, v))).collect();
                 assert_eq!(got, expected_totals(&stream), "seed {seed}: totals against the oracle");
             }
@@ -203,7 +222,11 @@ async fn set_based_batches_equal_the_per_event_path_on_random_streams(pool: PgPo
     for shape in &SHAPES {
         for label in ["applied", "duplicate", "stale", "ignored", "gap"] {
             if !(shape.name == "upsert_only" && label == "gap") {
-                assert!(seen.get(&(shape.name, label)).copied().unwrap_or(0) > 0, "{} never saw {label}: {seen:?}", shape.name);
+                assert!(
+                    seen.get(&(shape.name, label)).copied().unwrap_or(0) > 0,
+                    "{} never saw {label}: {seen:?}",
+                    shape.name
+                );
             }
         }
     }
@@ -213,7 +236,9 @@ async fn set_based_batches_equal_the_per_event_path_on_random_streams(pool: PgPo
 async fn two_writers_applying_overlapping_batches_apply_each_event_once(pool: PgPool) {
     migrate(&pool, &[&OrderStatus]).await.unwrap();
     let events = order_status::generate::stream(300, 15, 3);
-    let clean: u64 = apply_batch(&pool, &OrderStatus, &events).await.unwrap().iter().filter(|o| **o == Outcome::Applied).count() as u64;
+    let clean: u64 =
+        apply_batch(&pool, &OrderStatus, &events).await.unwrap().iter().filter(|o| **o == Outcome::Applied).count()
+            as u64;
     let expected = dump_tables(&pool, &OrderStatus).await;
 
     let wide = PgPoolOptions::new().max_connections(4).connect_with((*pool.connect_options()).clone()).await.unwrap();
@@ -250,7 +275,11 @@ async fn two_writers_applying_overlapping_batches_apply_each_event_once(pool: Pg
             applied += w.await.unwrap();
         }
         assert_eq!(applied, clean, "round {round}: every event applied exactly once across both writers");
-        assert_eq!(dump_tables(&pool, &OrderStatus).await, expected, "round {round}: the read model equals the clean run");
+        assert_eq!(
+            dump_tables(&pool, &OrderStatus).await,
+            expected,
+            "round {round}: the read model equals the clean run"
+        );
     }
 }
 
@@ -264,7 +293,10 @@ enum NoteEv {
     Snap { s: String },
 }
 
-const NOTES: Table = Table::custom("wm_notes", "CREATE TABLE IF NOT EXISTS wm_notes (id text, version bigint, body text, PRIMARY KEY (id, version))");
+const NOTES: Table = Table::custom(
+    "wm_notes",
+    "CREATE TABLE IF NOT EXISTS wm_notes (id text, version bigint, body text, PRIMARY KEY (id, version))",
+);
 
 #[async_trait]
 impl Projection<PgConnection> for Notes {
@@ -297,7 +329,12 @@ impl Projection<PgConnection> for Notes {
         if moved.rows_affected() == 0 {
             return Ok(Outcome::Duplicate);
         }
-        sqlx::query("INSERT INTO wm_notes VALUES ($1, $2, $3)").bind(&e.aggregate_id).bind(e.version).bind(s).execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO wm_notes VALUES ($1, $2, $3)")
+            .bind(&e.aggregate_id)
+            .bind(e.version)
+            .bind(s)
+            .execute(&mut *tx)
+            .await?;
         Ok(Outcome::Applied)
     }
 }
@@ -314,8 +351,18 @@ async fn writes_and_custom_sql_mix_in_one_batch(pool: PgPool) {
             e(4, Wire::Noise {}),
             e(5, Wire::Add { n: 1 }),
         ])
-        .then_outcomes([Outcome::Applied, Outcome::Applied, Outcome::Applied, Outcome::Duplicate, Outcome::Ignored, Outcome::Applied])
-        .then_rows("SELECT id, total, last, version FROM wm_counts", json!([{"id": "n1", "total": 13, "last": "half", "version": 5}]))
+        .then_outcomes([
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Duplicate,
+            Outcome::Ignored,
+            Outcome::Applied,
+        ])
+        .then_rows(
+            "SELECT id, total, last, version FROM wm_counts",
+            json!([{"id": "n1", "total": 13, "last": "half", "version": 5}]),
+        )
         .then_rows("SELECT body FROM wm_notes", json!([{"body": "half"}]))
         .run()
         .await;

@@ -13,8 +13,14 @@ use tokio::net::{TcpListener, TcpStream};
 /// Installs the Prometheus recorder (once per process) and returns its handle.
 pub(crate) fn install_recorder() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(m::BATCH_DURATION.into()), &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])?
-        .set_buckets_for_metric(Matcher::Full(m::BATCH_SIZE.into()), &[1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0])?
+        .set_buckets_for_metric(
+            Matcher::Full(m::BATCH_DURATION.into()),
+            &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(m::BATCH_SIZE.into()),
+            &[1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0],
+        )?
         .install_recorder()?;
     m::describe();
     let upkeep = handle.clone();
@@ -28,7 +34,11 @@ pub(crate) fn install_recorder() -> anyhow::Result<PrometheusHandle> {
 }
 
 /// Binds `addr` and serves in the background; returns the bound address.
-pub(crate) async fn serve(addr: SocketAddr, handle: PrometheusHandle, readiness: Readiness) -> anyhow::Result<SocketAddr> {
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    readiness: Readiness,
+) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
@@ -49,7 +59,9 @@ async fn respond(mut stream: TcpStream, handle: &PrometheusHandle, readiness: &R
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0_u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await.map_err(|_| std::io::ErrorKind::TimedOut)??;
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .map_err(|_| std::io::ErrorKind::TimedOut)??;
         if n == 0 {
             break;
         }
@@ -81,7 +93,10 @@ async fn respond(mut stream: TcpStream, handle: &PrometheusHandle, readiness: &R
         ("GET", _) => ("404 Not Found", "text/plain", "try /metrics, /health or /ready\n".to_owned()),
         _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_owned()),
     };
-    let response = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
     stream.write_all(response.as_bytes()).await?;
     stream.shutdown().await
 }

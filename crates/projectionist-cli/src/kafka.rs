@@ -70,7 +70,10 @@ pub(crate) struct KafkaArgs {
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
-    s.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.to_owned())).filter(|(k, _)| !k.is_empty()).ok_or_else(|| "expected KEY=VALUE".to_owned())
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| "expected KEY=VALUE".to_owned())
 }
 
 impl KafkaArgs {

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::{Parser, Subcommand, ValueEnum};
-use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
 use progress::Progress;
+use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
 use projectionist_postgres::{PgPool, PgProjection};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -135,7 +135,10 @@ impl App {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.registrations.push(Registration { projection: Arc::new(projection), topics: topics.into_iter().map(Into::into).collect() });
+        self.registrations.push(Registration {
+            projection: Arc::new(projection),
+            topics: topics.into_iter().map(Into::into).collect(),
+        });
         self
     }
 
@@ -166,14 +169,21 @@ impl App {
         match cli.command {
             Command::Migrate => {
                 let pool = pool(&cli.database_url).await?;
-                let projections: Vec<&dyn PgProjection> = self.registrations.iter().map(|r| r.projection.as_ref()).collect();
+                let projections: Vec<&dyn PgProjection> =
+                    self.registrations.iter().map(|r| r.projection.as_ref()).collect();
                 projectionist_postgres::migrate(&pool, &projections).await?;
                 println!("Migrated engine tables and {} projection(s).", projections.len());
             }
             Command::CreateTopics { partitions, replication } => {
                 let topics = self.topics();
-                let created = projectionist_kafka::topics::create_topics(&client, &topics, partitions, replication).await?;
-                println!("Topics: {} created ({}), {} already present.", created.len(), created.join(", "), topics.len() - created.len());
+                let created =
+                    projectionist_kafka::topics::create_topics(&client, &topics, partitions, replication).await?;
+                println!(
+                    "Topics: {} created ({}), {} already present.",
+                    created.len(),
+                    created.join(", "),
+                    topics.len() - created.len()
+                );
             }
             Command::Run(args) => return self.run(&cli.database_url, client, args).await,
             Command::Publish(args) => return publish::publish(&client, args).await,
@@ -186,13 +196,19 @@ impl App {
     }
 
     fn topics(&self) -> Vec<&str> {
-        let mut topics: Vec<&str> = self.registrations.iter().flat_map(|r| r.topics.iter().map(String::as_str)).collect();
+        let mut topics: Vec<&str> =
+            self.registrations.iter().flat_map(|r| r.topics.iter().map(String::as_str)).collect();
         topics.sort_unstable();
         topics.dedup();
         topics
     }
 
-    async fn run(self, database_url: &Option<String>, client: KafkaClientConfig, args: RunArgs) -> anyhow::Result<ExitCode> {
+    async fn run(
+        self,
+        database_url: &Option<String>,
+        client: KafkaClientConfig,
+        args: RunArgs,
+    ) -> anyhow::Result<ExitCode> {
         let selected: Vec<Registration> = if args.projections.is_empty() {
             self.registrations
         } else {
@@ -202,7 +218,10 @@ impl App {
                     bail!("no projection named {name:?} in {}; registered: {}", self.name, known.join(", "));
                 }
             }
-            self.registrations.into_iter().filter(|r| args.projections.iter().any(|n| n == r.projection.name())).collect()
+            self.registrations
+                .into_iter()
+                .filter(|r| args.projections.iter().any(|n| n == r.projection.name()))
+                .collect()
         };
         let connections = match args.pg_max_connections {
             Some(n) => n.max(1),
@@ -229,7 +248,10 @@ impl App {
             engine = engine.register(r.projection, r.topics);
         }
         if args.metrics_addr != "off" {
-            let addr = args.metrics_addr.parse().map_err(|_| anyhow::anyhow!("--metrics-addr {:?} is not host:port or off", args.metrics_addr))?;
+            let addr = args
+                .metrics_addr
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--metrics-addr {:?} is not host:port or off", args.metrics_addr))?;
             let handle = http::install_recorder()?;
             let bound = http::serve(addr, handle, engine.readiness()).await?;
             tracing::info!(address = %bound, "Serving /metrics, /health and /ready.");
@@ -278,7 +300,12 @@ async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progre
 
 /// Messages between each partition's start (checkpoint, or low watermark when replaying)
 /// and its high watermark now: the run's target. `None` when the broker cannot say.
-async fn progress_target(pool: &PgPool, client: &KafkaClientConfig, registrations: &[Registration], replay: bool) -> Option<u64> {
+async fn progress_target(
+    pool: &PgPool,
+    client: &KafkaClientConfig,
+    registrations: &[Registration],
+    replay: bool,
+) -> Option<u64> {
     let positions = status::positions(pool, client, registrations).await.ok()?;
     let start = |p: &status::Position| if replay { p.low } else { p.checkpoint.unwrap_or(p.low) };
     Some(positions.iter().map(|p| (p.high - start(p)).max(0) as u64).sum())
@@ -294,7 +321,11 @@ async fn partitions(client: &KafkaClientConfig, registrations: &[Registration]) 
     for r in registrations {
         for topic in &r.topics {
             let (c, t) = (client.clone(), topic.clone());
-            n += tokio::task::spawn_blocking(move || projectionist_kafka::topics::partitions(c, &t)).await.ok()?.ok()?.len() as u32;
+            n += tokio::task::spawn_blocking(move || projectionist_kafka::topics::partitions(c, &t))
+                .await
+                .ok()?
+                .ok()?
+                .len() as u32;
         }
     }
     Some(n)
@@ -307,7 +338,8 @@ async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
 async fn pool_of(url: &Option<String>, max_connections: u32) -> anyhow::Result<PgPool> {
     let Some(url) = url else { bail!("no database: set DATABASE_URL or pass --database-url") };
     // The URL may hold a password: errors below never repeat it.
-    let options = PgConnectOptions::from_str(url).map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
+    let options =
+        PgConnectOptions::from_str(url).map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
     let where_ = format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or("?"));
     PgPoolOptions::new()
         .max_connections(max_connections)
@@ -329,7 +361,10 @@ fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -26,7 +26,11 @@ impl Progress {
         match self.total {
             Some(total) if total > 0 => {
                 let pct = (done.min(total) as f64 / total as f64) * 100.0;
-                let eta = if rate > 0.0 && done < total { format!("{:.0}s", (total - done) as f64 / rate) } else { "-".to_owned() };
+                let eta = if rate > 0.0 && done < total {
+                    format!("{:.0}s", (total - done) as f64 / rate)
+                } else {
+                    "-".to_owned()
+                };
                 format!("{}: {done}/{total} events ({pct:.1}%), {rate:.0} events/s, ETA {eta}", self.what)
             }
             _ => format!("{}: {done} events, {rate:.0} events/s", self.what),

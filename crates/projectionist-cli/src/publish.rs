@@ -32,7 +32,10 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
     let producer: FutureProducer = client
         .client_config_with_defaults(&[("linger.ms", "5")])
         .set("enable.idempotence", "true")
-        .set("transactional.id", args.transactional_id.clone().unwrap_or_else(|| format!("projectionist-publish-{}", args.topic)))
+        .set(
+            "transactional.id",
+            args.transactional_id.clone().unwrap_or_else(|| format!("projectionist-publish-{}", args.topic)),
+        )
         .create()?;
     let init = producer.clone();
     tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30))).await??;
@@ -45,7 +48,8 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
     let total = if args.file == "-" { None } else { count_lines(&args.file).await };
     let mut progress = crate::progress::Progress::new("Publishing", total);
     let mut lines = BufReader::new(reader).lines();
-    let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) = (0_usize, 0_usize, 0_usize, 0_usize, 0_usize);
+    let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) =
+        (0_usize, 0_usize, 0_usize, 0_usize, 0_usize);
     let chunk_size = args.chunk_size.max(1);
     let mut done = false;
     while !done {
@@ -94,7 +98,8 @@ async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope
     producer.begin_transaction()?;
     let payloads: Vec<Vec<u8>> = chunk.iter().map(RawEnvelope::to_json).collect();
     let sends = chunk.iter().zip(&payloads).map(|(e, p)| {
-        producer.send(FutureRecord::to(topic).key(e.aggregate_id.as_str()).payload(p.as_slice()), Duration::from_secs(30))
+        producer
+            .send(FutureRecord::to(topic).key(e.aggregate_id.as_str()).payload(p.as_slice()), Duration::from_secs(30))
     });
     let results = futures_util::future::join_all(sends).await;
     if let Some(Err((e, _))) = results.into_iter().find(|r| r.is_err()) {

@@ -15,7 +15,11 @@ pub(crate) struct Position {
 }
 
 /// Every partition of every registered topic, with checkpoints read once.
-pub(crate) async fn positions(pool: &PgPool, client: &KafkaClientConfig, registrations: &[Registration]) -> anyhow::Result<Vec<Position>> {
+pub(crate) async fn positions(
+    pool: &PgPool,
+    client: &KafkaClientConfig,
+    registrations: &[Registration],
+) -> anyhow::Result<Vec<Position>> {
     let stored = checkpoint::all(pool).await?;
     let mut out = Vec::new();
     for r in registrations {
@@ -24,16 +28,33 @@ pub(crate) async fn positions(pool: &PgPool, client: &KafkaClientConfig, registr
             let (c, t) = (client.clone(), topic.clone());
             let marks = tokio::task::spawn_blocking(move || topics::watermarks(c, &t)).await??;
             for (partition, low, high) in marks {
-                let checkpoint = stored.iter().find(|c| c.projection == name && c.topic == *topic && c.partition == partition).map(|c| c.next_offset);
-                out.push(Position { projection: name.to_owned(), topic: topic.clone(), partition, checkpoint, low, high });
+                let checkpoint = stored
+                    .iter()
+                    .find(|c| c.projection == name && c.topic == *topic && c.partition == partition)
+                    .map(|c| c.next_offset);
+                out.push(Position {
+                    projection: name.to_owned(),
+                    topic: topic.clone(),
+                    partition,
+                    checkpoint,
+                    low,
+                    high,
+                });
             }
         }
     }
     Ok(out)
 }
 
-pub(crate) async fn print(pool: &PgPool, client: &KafkaClientConfig, registrations: &[Registration]) -> anyhow::Result<()> {
-    println!("{:<24} {:<24} {:>9} {:>12} {:>12} {:>10}", "projection", "topic", "partition", "checkpoint", "high", "lag");
+pub(crate) async fn print(
+    pool: &PgPool,
+    client: &KafkaClientConfig,
+    registrations: &[Registration],
+) -> anyhow::Result<()> {
+    println!(
+        "{:<24} {:<24} {:>9} {:>12} {:>12} {:>10}",
+        "projection", "topic", "partition", "checkpoint", "high", "lag"
+    );
     for p in positions(pool, client, registrations).await? {
         let lag = p.high - p.checkpoint.unwrap_or(p.low);
         let shown = p.checkpoint.map_or("-".to_owned(), |o| o.to_string());

@@ -98,13 +98,18 @@ impl RawEnvelope {
                 None => return Err(DecodeError::field("version", format!("must be an integer >= 1, got {n}"))),
             },
             Some(other) => {
-                return Err(DecodeError::field("version", format!("must be an integer >= 1, got {}", json_kind(&other))))
+                return Err(DecodeError::field(
+                    "version",
+                    format!("must be an integer >= 1, got {}", json_kind(&other)),
+                ))
             }
         };
         let event_type = take_nonempty(&mut obj, "type")?;
         let occurred_at = take_str(&mut obj, "occurred_at")?;
         let occurred_at = DateTime::parse_from_rfc3339(&occurred_at)
-            .map_err(|e| DecodeError::field("occurred_at", format!("not an RFC 3339 timestamp ({e}): {occurred_at:?}")))?
+            .map_err(|e| {
+                DecodeError::field("occurred_at", format!("not an RFC 3339 timestamp ({e}): {occurred_at:?}"))
+            })?
             .with_timezone(&Utc);
         let data = match obj.remove("data") {
             None => return Err(DecodeError::missing("data")),
@@ -113,7 +118,9 @@ impl RawEnvelope {
         let metadata = match obj.remove("metadata") {
             None | Some(Value::Null) => None,
             Some(v @ Value::Object(_)) => Some(v),
-            Some(other) => return Err(DecodeError::field("metadata", format!("must be an object, got {}", json_kind(&other)))),
+            Some(other) => {
+                return Err(DecodeError::field("metadata", format!("must be an object, got {}", json_kind(&other))))
+            }
         };
         Ok(Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
     }
@@ -123,7 +130,13 @@ impl RawEnvelope {
     ///
     /// # Panics
     /// If `event` does not serialise to an object with a string `type`.
-    pub fn new<E: Serialize>(aggregate_type: &str, aggregate_id: &str, version: i64, occurred_at: DateTime<Utc>, event: &E) -> Self {
+    pub fn new<E: Serialize>(
+        aggregate_type: &str,
+        aggregate_id: &str,
+        version: i64,
+        occurred_at: DateTime<Utc>,
+        event: &E,
+    ) -> Self {
         let mut tagged = match serde_json::to_value(event) {
             Ok(Value::Object(m)) => m,
             _ => panic!("event must serialise to an object tagged by `type`"),
@@ -287,25 +300,74 @@ mod tests {
 
     #[test]
     fn errors_name_the_field_and_the_problem() {
-        assert_eq!(err_with(|o| { o.insert("version".into(), 0.into()); }), "field `version`: must be >= 1, got 0");
-        assert_eq!(err_with(|o| { o.insert("version".into(), (-4).into()); }), "field `version`: must be >= 1, got -4");
         assert_eq!(
-            err_with(|o| { o.insert("version".into(), "3".into()); }),
+            err_with(|o| {
+                o.insert("version".into(), 0.into());
+            }),
+            "field `version`: must be >= 1, got 0"
+        );
+        assert_eq!(
+            err_with(|o| {
+                o.insert("version".into(), (-4).into());
+            }),
+            "field `version`: must be >= 1, got -4"
+        );
+        assert_eq!(
+            err_with(|o| {
+                o.insert("version".into(), "3".into());
+            }),
             "field `version`: must be an integer >= 1, got a string"
         );
-        assert!(err_with(|o| { o.insert("version".into(), serde_json::json!(1.5)); }).contains("must be an integer >= 1, got 1.5"));
-        assert_eq!(err_with(|o| { o.remove("aggregate_id"); }), "field `aggregate_id`: missing");
-        assert_eq!(err_with(|o| { o.insert("aggregate_id".into(), "".into()); }), "field `aggregate_id`: must not be empty");
-        assert!(err_with(|o| { o.insert("id".into(), "nope".into()); }).starts_with("field `id`: not a UUID"));
-        assert!(err_with(|o| { o.insert("occurred_at".into(), "yesterday".into()); }).starts_with("field `occurred_at`: not an RFC 3339"));
-        assert_eq!(err_with(|o| { o.remove("data"); }), "field `data`: missing");
-        assert_eq!(err_with(|o| { o.insert("metadata".into(), 7.into()); }), "field `metadata`: must be an object, got a number");
-        assert_eq!(err_with(|o| { o.insert("type".into(), Value::Null); }), "field `type`: missing");
+        assert!(err_with(|o| {
+            o.insert("version".into(), serde_json::json!(1.5));
+        })
+        .contains("must be an integer >= 1, got 1.5"));
+        assert_eq!(
+            err_with(|o| {
+                o.remove("aggregate_id");
+            }),
+            "field `aggregate_id`: missing"
+        );
+        assert_eq!(
+            err_with(|o| {
+                o.insert("aggregate_id".into(), "".into());
+            }),
+            "field `aggregate_id`: must not be empty"
+        );
+        assert!(err_with(|o| {
+            o.insert("id".into(), "nope".into());
+        })
+        .starts_with("field `id`: not a UUID"));
+        assert!(err_with(|o| {
+            o.insert("occurred_at".into(), "yesterday".into());
+        })
+        .starts_with("field `occurred_at`: not an RFC 3339"));
+        assert_eq!(
+            err_with(|o| {
+                o.remove("data");
+            }),
+            "field `data`: missing"
+        );
+        assert_eq!(
+            err_with(|o| {
+                o.insert("metadata".into(), 7.into());
+            }),
+            "field `metadata`: must be an object, got a number"
+        );
+        assert_eq!(
+            err_with(|o| {
+                o.insert("type".into(), Value::Null);
+            }),
+            "field `type`: missing"
+        );
     }
 
     #[test]
     fn rejects_non_objects_and_broken_json_without_panicking() {
-        assert_eq!(RawEnvelope::from_slice(b"[1,2]").unwrap_err().to_string(), "envelope must be a JSON object, got an array");
+        assert_eq!(
+            RawEnvelope::from_slice(b"[1,2]").unwrap_err().to_string(),
+            "envelope must be a JSON object, got an array"
+        );
         assert!(RawEnvelope::from_slice(b"{\"id\":").unwrap_err().to_string().starts_with("invalid JSON"));
         assert!(RawEnvelope::from_slice(b"").is_err());
     }

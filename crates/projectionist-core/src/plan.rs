@@ -96,7 +96,10 @@ enum Verdict {
     Apply,
     Duplicate,
     Stale,
-    Gap { expected: i64, found: i64 },
+    Gap {
+        expected: i64,
+        found: i64,
+    },
     /// An upsert table with no row, and no write for it: nothing to move.
     Free,
 }
@@ -144,7 +147,8 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             Effect::Writes(w) => *w,
             Effect::Unhandled => &[],
         };
-        let targets = writes.iter().map(|w| check(tables, event, w).map_err(fail)).collect::<Result<Vec<usize>, _>>()?;
+        let targets =
+            writes.iter().map(|w| check(tables, event, w).map_err(fail)).collect::<Result<Vec<usize>, _>>()?;
 
         // Classify against every gate the aggregate owns in this projection.
         let mut verdicts: Vec<(&str, Verdict)> = Vec::with_capacity(gated.len() + 1);
@@ -200,7 +204,8 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             let state = rows.entry((t, key)).or_default();
             state.touched = true;
             let absolute = tables[t].is_gated() && state.stored.is_none();
-            merge(&mut state.changes, &write.changes, absolute).map_err(|p| fail(format!("table {}: {p}", tables[t].name())))?;
+            merge(&mut state.changes, &write.changes, absolute)
+                .map_err(|p| fail(format!("table {}: {p}", tables[t].name())))?;
         }
     }
 
@@ -209,7 +214,13 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
         let table = tables[t];
         if table.is_gated() {
             if state.current != state.stored {
-                plan.rows.push(RowWrite { table, key, expected: state.stored, version: state.current, changes: state.changes });
+                plan.rows.push(RowWrite {
+                    table,
+                    key,
+                    expected: state.stored,
+                    version: state.current,
+                    changes: state.changes,
+                });
             }
         } else if state.touched {
             plan.rows.push(RowWrite { table, key, expected: None, version: None, changes: state.changes });
@@ -229,13 +240,24 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
     if let Some(e) = &write.error {
         return Err(e.clone());
     }
-    let t = tables.iter().position(|t| *t == write.table).ok_or_else(|| format!("table {name} is written but not declared in tables()"))?;
+    let t = tables
+        .iter()
+        .position(|t| *t == write.table)
+        .ok_or_else(|| format!("table {name} is written but not declared in tables()"))?;
     match (write.table.gate(), &write.target) {
         (Gate::Custom, _) => return Err(format!("table {name} is custom: write it in apply, not project")),
-        (Gate::FanIn, Target::Aggregate { .. }) => return Err(format!("table {name} is fan-in: use row(key), not write(event)")),
-        (Gate::Upsert | Gate::Transition, Target::Row(_)) => return Err(format!("table {name} is gated by version: use write(event), not row(key)")),
-        (Gate::Upsert | Gate::Transition, Target::Aggregate { key, version }) if key != event.aggregate_id || *version != event.version => {
-            return Err(format!("table {name}: write(event) was given {key} v{version}, not the event being projected"));
+        (Gate::FanIn, Target::Aggregate { .. }) => {
+            return Err(format!("table {name} is fan-in: use row(key), not write(event)"))
+        }
+        (Gate::Upsert | Gate::Transition, Target::Row(_)) => {
+            return Err(format!("table {name} is gated by version: use write(event), not row(key)"))
+        }
+        (Gate::Upsert | Gate::Transition, Target::Aggregate { key, version })
+            if key != event.aggregate_id || *version != event.version =>
+        {
+            return Err(format!(
+                "table {name}: write(event) was given {key} v{version}, not the event being projected"
+            ));
         }
         _ => {}
     }
@@ -244,7 +266,10 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
             return Err(format!("table {name} declares no column {:?}", change.column));
         }
         if change.op == Op::Add && write.table.gate() == Gate::Upsert {
-            return Err(format!("table {name} is state transfer (upsert): set column {}, do not add to it", change.column));
+            return Err(format!(
+                "table {name} is state transfer (upsert): set column {}, do not add to it",
+                change.column
+            ));
         }
     }
     Ok(t)
@@ -278,9 +303,14 @@ fn merge(acc: &mut Vec<Change>, new: &[Change], absolute: bool) -> Result<(), St
                 prev.value = change.value.clone();
             }
             Some(prev) => {
-                prev.value = add(&prev.value, &change.value).ok_or_else(|| format!("column {}: {} + {} overflows", change.column, prev.value, change.value))?;
+                prev.value = add(&prev.value, &change.value)
+                    .ok_or_else(|| format!("column {}: {} + {} overflows", change.column, prev.value, change.value))?;
             }
-            None => acc.push(Change { column: change.column, op: if absolute { Op::Set } else { change.op }, value: change.value.clone() }),
+            None => acc.push(Change {
+                column: change.column,
+                op: if absolute { Op::Set } else { change.op },
+                value: change.value.clone(),
+            }),
         }
     }
     Ok(())
@@ -346,16 +376,16 @@ mod tests {
         assert_eq!(p.rows.len(), 2);
         let a = &p.rows[0];
         assert_eq!((a.key.as_str(), a.expected, a.version), ("a", None, Some(2)));
-        assert_eq!(a.changes.iter().map(|c| (c.column, c.op, c.value.clone())).collect::<Vec<_>>(), vec![
-            ("owner", Op::Set, Value::from("ann")),
-            ("balance", Op::Set, Value::from(150))
-        ]);
+        assert_eq!(
+            a.changes.iter().map(|c| (c.column, c.op, c.value.clone())).collect::<Vec<_>>(),
+            vec![("owner", Op::Set, Value::from("ann")), ("balance", Op::Set, Value::from(150))]
+        );
         let b = &p.rows[1];
         assert_eq!((b.key.as_str(), b.expected, b.version), ("b", Some(3), Some(5)));
-        assert_eq!(b.changes.iter().map(|c| (c.column, c.op, c.value.clone())).collect::<Vec<_>>(), vec![
-            ("balance", Op::Add, Value::from(-10)),
-            ("owner", Op::Set, Value::from("bob"))
-        ]);
+        assert_eq!(
+            b.changes.iter().map(|c| (c.column, c.op, c.value.clone())).collect::<Vec<_>>(),
+            vec![("balance", Op::Add, Value::from(-10)), ("owner", Op::Set, Value::from("bob"))]
+        );
     }
 
     #[test]
@@ -363,9 +393,22 @@ mod tests {
         let w3 = [ACC.write(&env("a", 3)).add("balance", 1)];
         let mut stored = Stored::default();
         stored.rows.insert("acc", HashMap::from([("a".to_owned(), 1)]));
-        let events = [(r("a", 2), Effect::Unhandled), (r("a", 3), Effect::Writes(&w3)), (r("a", 5), Effect::Unhandled), (r("z", 2), Effect::Writes(&[]))];
+        let events = [
+            (r("a", 2), Effect::Unhandled),
+            (r("a", 3), Effect::Writes(&w3)),
+            (r("a", 5), Effect::Unhandled),
+            (r("z", 2), Effect::Writes(&[])),
+        ];
         let p = plan(&[ACC], &stored, &events).unwrap();
-        assert_eq!(p.outcomes, vec![Outcome::Ignored, Outcome::Applied, Outcome::Gap { expected: 4, found: 5 }, Outcome::Gap { expected: 1, found: 2 }]);
+        assert_eq!(
+            p.outcomes,
+            vec![
+                Outcome::Ignored,
+                Outcome::Applied,
+                Outcome::Gap { expected: 4, found: 5 },
+                Outcome::Gap { expected: 1, found: 2 }
+            ]
+        );
         assert_eq!((p.rows[0].expected, p.rows[0].version), (Some(1), Some(3)));
     }
 
@@ -373,14 +416,23 @@ mod tests {
     fn upserts_skip_versions_and_fan_in_follows_the_watermark() {
         let s1 = [SNAP.write(&env("a", 2)).set("owner", "x"), STATS.row("c1").add("n", 1)];
         let s2 = [SNAP.write(&env("a", 1)).set("owner", "old"), STATS.row("c1").add("n", 1)];
-        let events = [(r("a", 2), Effect::Writes(&s1)), (r("a", 2), Effect::Writes(&s1)), (r("a", 1), Effect::Writes(&s2))];
+        let events =
+            [(r("a", 2), Effect::Writes(&s1)), (r("a", 2), Effect::Writes(&s1)), (r("a", 1), Effect::Writes(&s2))];
         let mut stored = Stored::default();
         stored.marks.insert(("account".into(), "a".into()), 1);
         let p = plan(&[SNAP, STATS], &stored, &events).unwrap();
         assert_eq!(p.outcomes, vec![Outcome::Applied, Outcome::Duplicate, Outcome::Stale]);
         assert_eq!(p.rows.len(), 2);
         assert_eq!(p.rows[1].changes[0].value, Value::from(1), "counted once");
-        assert_eq!(p.marks, vec![MarkWrite { aggregate_type: "account".into(), aggregate_id: "a".into(), expected: Some(1), version: 2 }]);
+        assert_eq!(
+            p.marks,
+            vec![MarkWrite {
+                aggregate_type: "account".into(),
+                aggregate_id: "a".into(),
+                expected: Some(1),
+                version: 2
+            }]
+        );
     }
 
     #[test]
@@ -394,7 +446,8 @@ mod tests {
             (vec![ACC.write(&env("a", 1)).add("balance", "x")], "needs a number"),
         ];
         for (writes, want) in cases {
-            let err = plan(&[ACC, SNAP, STATS], &Stored::default(), &[(r("a", 1), Effect::Writes(&writes))]).unwrap_err();
+            let err =
+                plan(&[ACC, SNAP, STATS], &Stored::default(), &[(r("a", 1), Effect::Writes(&writes))]).unwrap_err();
             assert!(err.to_string().contains(want) && err.index == 0, "{err} / {want}");
         }
     }

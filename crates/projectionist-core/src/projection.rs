@@ -88,7 +88,10 @@ pub trait Projection<Tx: ?Sized + Send>: Send + Sync + 'static {
     /// retried by the engine when retryable).
     async fn apply(&self, tx: &mut Tx, event: &Envelope<Self::Event>) -> Result<Outcome, ApplyError> {
         let _ = (tx, event);
-        Err(ApplyError::msg(format!("projection {} returned Writes::custom() but does not implement apply", self.name())))
+        Err(ApplyError::msg(format!(
+            "projection {} returned Writes::custom() but does not implement apply",
+            self.name()
+        )))
     }
 }
 

@@ -177,9 +177,15 @@ mod tests {
     #[test]
     fn ddl_for_each_gate() {
         let stats = Table::fan_in("stats", "customer_id").columns(&[("n", "bigint NOT NULL")]);
-        assert_eq!(stats.ddl(), r#"CREATE TABLE IF NOT EXISTS "stats" ("customer_id" text PRIMARY KEY, "n" bigint NOT NULL)"#);
+        assert_eq!(
+            stats.ddl(),
+            r#"CREATE TABLE IF NOT EXISTS "stats" ("customer_id" text PRIMARY KEY, "n" bigint NOT NULL)"#
+        );
         let t = Table::upsert("read.orders", "id").version_column("v");
-        assert_eq!(t.ddl(), r#"CREATE TABLE IF NOT EXISTS "read"."orders" ("id" text PRIMARY KEY, "v" bigint NOT NULL)"#);
+        assert_eq!(
+            t.ddl(),
+            r#"CREATE TABLE IF NOT EXISTS "read"."orders" ("id" text PRIMARY KEY, "v" bigint NOT NULL)"#
+        );
         assert_eq!(t.identifiers(), vec!["read.orders", "id", "v"]);
         let c = Table::custom("notes", "CREATE TABLE IF NOT EXISTS notes (x int)");
         assert_eq!(c.ddl(), "CREATE TABLE IF NOT EXISTS notes (x int)");

@@ -59,7 +59,10 @@ impl Write {
         if self.error.is_none() {
             match serde_json::to_value(value) {
                 Ok(value) => self.changes.push(Change { column, op, value }),
-                Err(e) => self.error = Some(format!("column {column} of table {}: value does not serialise: {e}", self.table.name())),
+                Err(e) => {
+                    self.error =
+                        Some(format!("column {column} of table {}: value does not serialise: {e}", self.table.name()))
+                }
             }
         }
         self

@@ -2,8 +2,8 @@
 //! the same transaction as the batch they cover. Postgres is the source of truth for
 //! position; Kafka's committed offset follows it for lag tools.
 
-use std::collections::HashMap;
 use sqlx::{PgConnection, PgPool};
+use std::collections::HashMap;
 
 /// One stored checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +19,13 @@ pub struct Checkpoint {
 }
 
 /// Records the next offset in the caller's transaction.
-pub async fn store(conn: &mut PgConnection, projection: &str, topic: &str, partition: i32, next_offset: i64) -> sqlx::Result<()> {
+pub async fn store(
+    conn: &mut PgConnection,
+    projection: &str,
+    topic: &str,
+    partition: i32,
+    next_offset: i64,
+) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
          VALUES ($1, $2, $3, $4, now()) \
@@ -41,11 +47,18 @@ pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<Checkpoint>> {
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().map(|(projection, topic, partition, next_offset)| Checkpoint { projection, topic, partition, next_offset }).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(projection, topic, partition, next_offset)| Checkpoint { projection, topic, partition, next_offset })
+        .collect())
 }
 
 /// The stored next offsets of `partitions` for `projection` (absent: never checkpointed).
-pub async fn read(pool: &PgPool, projection: &str, partitions: &[(String, i32)]) -> sqlx::Result<HashMap<(String, i32), i64>> {
+pub async fn read(
+    pool: &PgPool,
+    projection: &str,
+    partitions: &[(String, i32)],
+) -> sqlx::Result<HashMap<(String, i32), i64>> {
     let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
     let parts: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
     let rows: Vec<(String, i32, i64)> = sqlx::query_as(

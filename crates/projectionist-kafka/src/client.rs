@@ -119,7 +119,9 @@ impl KafkaClientConfig {
                 Some((failure, detail)) if failure.is_definite() => return Err(self.connect_error(failure, detail)),
                 last if Instant::now() >= deadline => {
                     let (failure, detail) = last.unwrap_or((ConnectFailure::Timeout, fetch_error));
-                    return Err(self.connect_error(failure, format!("no metadata within {}s: {detail}", timeout.as_secs())));
+                    return Err(
+                        self.connect_error(failure, format!("no metadata within {}s: {detail}", timeout.as_secs()))
+                    );
                 }
                 _ => {}
             }
@@ -166,7 +168,10 @@ impl From<&KafkaClientConfig> for KafkaClientConfig {
 
 impl fmt::Debug for KafkaClientConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KafkaClientConfig").field("brokers", &redact_userinfo(&self.brokers)).field("properties", &redacted(&self.properties)).finish()
+        f.debug_struct("KafkaClientConfig")
+            .field("brokers", &redact_userinfo(&self.brokers))
+            .field("properties", &redacted(&self.properties))
+            .finish()
     }
 }
 
@@ -194,9 +199,15 @@ impl ConnectFailure {
         // Reasons start with the broker's name (`sasl_ssl://host:port/id: …`), so match
         // phrases, not bare words like "ssl".
         let lower = reason.to_ascii_lowercase();
-        if lower.contains("certificate verify failed") || lower.contains("broker certificate") || lower.contains("hostname mismatch") {
+        if lower.contains("certificate verify failed")
+            || lower.contains("broker certificate")
+            || lower.contains("hostname mismatch")
+        {
             Self::Certificate
-        } else if code == Some(RDKafkaErrorCode::Authentication) || lower.contains("authentication") || lower.contains("oauthbearer token") {
+        } else if code == Some(RDKafkaErrorCode::Authentication)
+            || lower.contains("authentication")
+            || lower.contains("oauthbearer token")
+        {
             Self::Authentication
         } else if code == Some(RDKafkaErrorCode::SSL) || lower.contains("ssl handshake") || lower.contains("tls") {
             Self::TlsHandshake
@@ -260,15 +271,22 @@ mod tests {
             .with_property("sasl.oauthbearer.client.secret", "oauth-hunter2");
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("hunter2") && !shown.contains("bob"), "{shown}");
-        assert!(shown.contains("SASL_SSL") && shown.contains("SCRAM-SHA-512") && shown.contains("broker:9093"), "{shown}");
+        assert!(
+            shown.contains("SASL_SSL") && shown.contains("SCRAM-SHA-512") && shown.contains("broker:9093"),
+            "{shown}"
+        );
         assert!(shown.contains("sasl.oauthbearer.client.secret") && shown.contains("ssl.key.password"), "{shown}");
     }
 
     #[test]
     fn properties_override_defaults_but_not_the_brokers() {
-        let cfg = KafkaClientConfig::new("a:1").with_property("linger.ms", "7").with_property("bootstrap.servers", "b:2");
+        let cfg =
+            KafkaClientConfig::new("a:1").with_property("linger.ms", "7").with_property("bootstrap.servers", "b:2");
         let c = cfg.client_config_with_defaults(&[("linger.ms", "5"), ("acks", "all")]);
-        assert_eq!((c.get("linger.ms"), c.get("acks"), c.get("bootstrap.servers")), (Some("7"), Some("all"), Some("a:1")));
+        assert_eq!(
+            (c.get("linger.ms"), c.get("acks"), c.get("bootstrap.servers")),
+            (Some("7"), Some("all"), Some("a:1"))
+        );
     }
 
     #[test]
@@ -287,7 +305,9 @@ mod tests {
 
     #[test]
     fn scrubs_secret_values_from_messages() {
-        let cfg = KafkaClientConfig::new("b:1").with_property("sasl.password", "hunter2").with_property("security.protocol", "SASL_SSL");
+        let cfg = KafkaClientConfig::new("b:1")
+            .with_property("sasl.password", "hunter2")
+            .with_property("security.protocol", "SASL_SSL");
         assert_eq!(cfg.scrub("bad hunter2 over SASL_SSL".into()), "bad <redacted> over SASL_SSL");
     }
 
@@ -297,9 +317,24 @@ mod tests {
     fn librdkafka_accepts_tls_scram_and_oidc_settings() {
         for props in [
             &[("security.protocol", "SSL"), ("ssl.endpoint.identification.algorithm", "https")][..],
-            &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "SCRAM-SHA-256"), ("sasl.username", "u"), ("sasl.password", "p")][..],
-            &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "SCRAM-SHA-512"), ("sasl.username", "u"), ("sasl.password", "p")][..],
-            &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "PLAIN"), ("sasl.username", "u"), ("sasl.password", "p")][..],
+            &[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-256"),
+                ("sasl.username", "u"),
+                ("sasl.password", "p"),
+            ][..],
+            &[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-512"),
+                ("sasl.username", "u"),
+                ("sasl.password", "p"),
+            ][..],
+            &[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "PLAIN"),
+                ("sasl.username", "u"),
+                ("sasl.password", "p"),
+            ][..],
             &[
                 ("security.protocol", "SASL_SSL"),
                 ("sasl.mechanism", "OAUTHBEARER"),

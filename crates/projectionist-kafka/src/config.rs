@@ -192,14 +192,22 @@ mod tests {
             .with_kafka_property("sasl.oauthbearer.config", "principal=bob token=hunter2");
         let shown = format!("{cfg:?} {:?}", cfg.client());
         assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("sasl.password") && shown.contains("sasl.oauthbearer.client.secret") && shown.contains("broker:9092"), "{shown}");
+        assert!(
+            shown.contains("sasl.password")
+                && shown.contains("sasl.oauthbearer.client.secret")
+                && shown.contains("broker:9092"),
+            "{shown}"
+        );
         assert!(shown.contains("SASL_SSL"), "harmless values stay readable: {shown}");
     }
 
     #[test]
     fn deserialises_with_defaults_and_rejects_unknown_fields() {
         let cfg: EngineConfig = serde_json::from_str(r#"{"brokers": "localhost:9092"}"#).unwrap();
-        assert_eq!((cfg.batch_max_events, cfg.batch_max_bytes, cfg.batch_max_wait_ms, cfg.max_retries), (5000, 4 << 20, 100, 5));
+        assert_eq!(
+            (cfg.batch_max_events, cfg.batch_max_bytes, cfg.batch_max_wait_ms, cfg.max_retries),
+            (5000, 4 << 20, 100, 5)
+        );
         assert_eq!(cfg.group_for("bank_accounts"), "projectionist.bank_accounts");
         let err = serde_json::from_str::<EngineConfig>(r#"{"brokers": "x", "batch_size": 3}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `batch_size`"), "{err}");

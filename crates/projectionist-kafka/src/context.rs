@@ -40,7 +40,8 @@ impl EngineContext {
     }
 
     fn revoke(&self, consumer: &BaseConsumer<Self>, parts: Vec<Tp>) {
-        metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "revoke").increment(1);
+        metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "revoke")
+            .increment(1);
         if self.closing.load(Ordering::SeqCst) || self.events.send(Rebalance::Revoke(parts)).is_err() {
             if let Err(e) = consumer.unassign() {
                 tracing::error!(projection = %self.projection, error = %e, "Unassigning partitions failed.");

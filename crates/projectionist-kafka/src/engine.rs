@@ -127,7 +127,15 @@ impl Engine {
             let name = reg.projection.name().to_owned();
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
             let consumer = Arc::new(self.consumer(reg, EngineContext::new(name.clone(), rebalances_tx))?);
-            let runner = Runner::new(reg.projection.clone(), self.pool.clone(), self.config.clone(), consumer, rebalances, stats.clone(), joined.clone());
+            let runner = Runner::new(
+                reg.projection.clone(),
+                self.pool.clone(),
+                self.config.clone(),
+                consumer,
+                rebalances,
+                stats.clone(),
+                joined.clone(),
+            );
             tracing::info!(projection = %name, topics = ?reg.topics, group = %self.config.group_for(&name), "Projection starting.");
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));

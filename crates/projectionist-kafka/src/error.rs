@@ -15,7 +15,9 @@ pub enum Error {
     Postgres(#[from] projectionist_postgres::Error),
     /// A partition was stopped: an event could not be decoded, left a gap, or failed to
     /// apply after bounded retries. Nothing at or after `offset` was applied or committed.
-    #[error("partition halted: {topic}/{partition}@{offset} in projection {projection}, aggregate {aggregate}: {reason}")]
+    #[error(
+        "partition halted: {topic}/{partition}@{offset} in projection {projection}, aggregate {aggregate}: {reason}"
+    )]
     Halted {
         /// Projection name.
         projection: String,

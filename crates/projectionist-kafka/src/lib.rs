@@ -1,8 +1,8 @@
 #![doc = include_str!("../README.md")]
 
+mod batcher;
 pub mod checkpoint;
 pub mod client;
-mod batcher;
 mod config;
 mod context;
 mod engine;

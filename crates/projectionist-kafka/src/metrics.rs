@@ -44,7 +44,11 @@ pub fn describe() {
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
     describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
     describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a retryable database error.");
-    describe_counter!(BATCH_FALLBACKS, Unit::Count, "Batches applied event by event after a concurrent writer moved their rows.");
+    describe_counter!(
+        BATCH_FALLBACKS,
+        Unit::Count,
+        "Batches applied event by event after a concurrent writer moved their rows."
+    );
     describe_gauge!(CONSUMER_LAG_MESSAGES, Unit::Count, "Messages not yet committed, per partition.");
     describe_gauge!(CONSUMER_LAG_SECONDS, Unit::Seconds, "Age of the last applied event, per partition.");
     describe_counter!(CHECKPOINT_COMMITS, Unit::Count, "Checkpoints committed to PostgreSQL.");

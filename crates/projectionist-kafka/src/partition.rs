@@ -131,7 +131,12 @@ impl Partition {
 
     /// Runs the partition until `stop` says otherwise. A partition that begins halted
     /// reads nothing and only waits to be stopped.
-    pub(crate) async fn run(self, queue: StreamPartitionQueue<EngineContext>, mut stop: watch::Receiver<Stop>, begin: Begin) {
+    pub(crate) async fn run(
+        self,
+        queue: StreamPartitionQueue<EngineContext>,
+        mut stop: watch::Receiver<Stop>,
+        begin: Begin,
+    ) {
         let this = Arc::new(self);
         let mut batcher: Batcher<Msg> = Batcher::new(this.limits);
         match begin {
@@ -250,17 +255,24 @@ impl Partition {
         }
         if target.is_none() {
             let (consumer, (topic, partition)) = (self.consumer.clone(), self.tp.clone());
-            let high = tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)).map(|(_, high)| high)).await;
+            let high = tokio::task::spawn_blocking(move || {
+                consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)).map(|(_, high)| high)
+            })
+            .await;
             match high {
                 Ok(Ok(high)) => *target = Some(high),
-                Ok(Err(e)) => tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot read the high watermark; trying again."),
+                Ok(Err(e)) => {
+                    tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot read the high watermark; trying again.")
+                }
                 Err(e) => tracing::warn!(error = %e, "Watermark query failed."),
             }
         }
         let Some(target) = *target else { return };
-        let position = self.consumer.position().ok().and_then(|p| match p.find_partition(&self.tp.0, self.tp.1).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => Some(o),
-            _ => None,
+        let position = self.consumer.position().ok().and_then(|p| {
+            match p.find_partition(&self.tp.0, self.tp.1).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => Some(o),
+                _ => None,
+            }
         });
         let reached = self.progress.committed.load(Ordering::SeqCst).max(position.unwrap_or(-1));
         if target == 0 || reached >= target {
@@ -299,7 +311,8 @@ impl Partition {
             set.len()
         };
         self.progress.caught_up.store(true, Ordering::SeqCst);
-        metrics::counter!(m::EVENTS_FAILED, "projection" => self.name().to_owned(), "reason" => halt.kind.label()).increment(1);
+        metrics::counter!(m::EVENTS_FAILED, "projection" => self.name().to_owned(), "reason" => halt.kind.label())
+            .increment(1);
         metrics::gauge!(m::PARTITIONS_HALTED, "projection" => self.name().to_owned()).set(halted as f64);
         self.stats.halts.lock().expect("halts lock").push(err.to_string());
     }
@@ -365,7 +378,11 @@ impl Partition {
     /// One transaction: the batch and its checkpoint, set-based; per event when a
     /// concurrent writer moved the batch's rows. `Ok(Err(..))` names the first event that
     /// must not be applied (a gap), after rolling back.
-    async fn try_apply(&self, batch: &[RawEnvelope], next_offset: i64) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
+    async fn try_apply(
+        &self,
+        batch: &[RawEnvelope],
+        next_offset: i64,
+    ) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
         match self.try_apply_in(batch, next_offset, Mode::Batch).await {
             Err(e @ projectionist_postgres::Error::Conflict { .. }) => {
                 tracing::info!(reason = %e, "Rows moved under the batch; applying it event by event.");
@@ -376,7 +393,12 @@ impl Partition {
         }
     }
 
-    async fn try_apply_in(&self, batch: &[RawEnvelope], next_offset: i64, mode: Mode) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
+    async fn try_apply_in(
+        &self,
+        batch: &[RawEnvelope],
+        next_offset: i64,
+        mode: Mode,
+    ) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
         let mut tx = self.pool.begin().await?;
         let outcomes = self.projection.apply_raw(&mut tx, batch, mode).await?;
         if let Some((index, gap)) = outcomes.iter().enumerate().find(|(_, o)| matches!(o, Outcome::Gap { .. })) {
@@ -391,7 +413,10 @@ impl Partition {
     fn record_batch(&self, batch: &[RawEnvelope], counts: &OutcomeCounts, took: Duration) {
         let projection = self.name().to_owned();
         let span = tracing::Span::current();
-        span.record("applied", counts.applied).record("duplicate", counts.duplicate).record("stale", counts.stale).record("ignored", counts.ignored);
+        span.record("applied", counts.applied)
+            .record("duplicate", counts.duplicate)
+            .record("stale", counts.stale)
+            .record("ignored", counts.ignored);
         tracing::debug!(took_ms = took.as_millis() as u64, "Batch committed.");
         metrics::counter!(m::EVENTS_APPLIED, "projection" => projection.clone()).increment(counts.applied);
         for (reason, n) in [("duplicate", counts.duplicate), ("stale", counts.stale), ("ignored", counts.ignored)] {
@@ -438,7 +463,12 @@ pub(crate) fn decode_until_poison(messages: &[Msg]) -> (Vec<RawEnvelope>, Option
         match decode(m) {
             Ok(e) => envelopes.push(e),
             Err(reason) => {
-                let halt = Halt { offset: m.offset, aggregate: m.key.clone().unwrap_or_else(|| "?".into()), reason, kind: HaltKind::Poison };
+                let halt = Halt {
+                    offset: m.offset,
+                    aggregate: m.key.clone().unwrap_or_else(|| "?".into()),
+                    reason,
+                    kind: HaltKind::Poison,
+                };
                 return (envelopes, Some(halt));
             }
         }
@@ -497,7 +527,9 @@ mod tests {
     }
 
     fn envelope(id: &str, version: u64) -> String {
-        format!(r#"{{"id":"00000000-0000-4000-8000-00000000000{version}","aggregate_type":"account","aggregate_id":"{id}","version":{version},"type":"Opened","occurred_at":"2026-01-01T00:00:00Z","data":{{}}}}"#)
+        format!(
+            r#"{{"id":"00000000-0000-4000-8000-00000000000{version}","aggregate_type":"account","aggregate_id":"{id}","version":{version},"type":"Opened","occurred_at":"2026-01-01T00:00:00Z","data":{{}}}}"#
+        )
     }
 
     #[test]

@@ -25,7 +25,12 @@ impl RetryPolicy {
 
     /// Runs `attempt` until it succeeds, fails with an error `retryable` rejects, or the
     /// retries are spent; `on_retry` sees each failure that is retried, with its delay.
-    pub async fn run<T, E, F, Fut>(&self, mut attempt: F, retryable: impl Fn(&E) -> bool, mut on_retry: impl FnMut(&E, u32, Duration)) -> Result<T, E>
+    pub async fn run<T, E, F, Fut>(
+        &self,
+        mut attempt: F,
+        retryable: impl Fn(&E) -> bool,
+        mut on_retry: impl FnMut(&E, u32, Duration),
+    ) -> Result<T, E>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -62,15 +67,49 @@ mod tests {
         let p = RetryPolicy { max_retries: 2, backoff: Duration::from_millis(10) };
         let calls = Cell::new(0);
         let seen = Cell::new(0);
-        let r: Result<(), &str> = p.run(|| { calls.set(calls.get() + 1); async { Err("transient") } }, |_| true, |_, _, _| seen.set(seen.get() + 1)).await;
+        let r: Result<(), &str> = p
+            .run(
+                || {
+                    calls.set(calls.get() + 1);
+                    async { Err("transient") }
+                },
+                |_| true,
+                |_, _, _| seen.set(seen.get() + 1),
+            )
+            .await;
         assert_eq!((r, calls.get(), seen.get()), (Err("transient"), 3, 2));
 
         calls.set(0);
-        let r: Result<(), &str> = p.run(|| { calls.set(calls.get() + 1); async { Err("fatal") } }, |e| *e != "fatal", |_, _, _| {}).await;
+        let r: Result<(), &str> = p
+            .run(
+                || {
+                    calls.set(calls.get() + 1);
+                    async { Err("fatal") }
+                },
+                |e| *e != "fatal",
+                |_, _, _| {},
+            )
+            .await;
         assert_eq!((r, calls.get()), (Err("fatal"), 1));
 
         calls.set(0);
-        let r: Result<u8, &str> = p.run(|| { calls.set(calls.get() + 1); let n = calls.get(); async move { if n < 2 { Err("transient") } else { Ok(7) } } }, |_| true, |_, _, _| {}).await;
+        let r: Result<u8, &str> = p
+            .run(
+                || {
+                    calls.set(calls.get() + 1);
+                    let n = calls.get();
+                    async move {
+                        if n < 2 {
+                            Err("transient")
+                        } else {
+                            Ok(7)
+                        }
+                    }
+                },
+                |_| true,
+                |_, _, _| {},
+            )
+            .await;
         assert_eq!((r, calls.get()), (Ok(7), 2));
     }
 }

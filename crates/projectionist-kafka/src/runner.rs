@@ -95,7 +95,17 @@ impl Runner {
         stats: Arc<Stats>,
         joined: Arc<AtomicBool>,
     ) -> Self {
-        Self { projection, pool, config, consumer, rebalances, stats, joined, tasks: HashMap::new(), replayed: HashSet::new() }
+        Self {
+            projection,
+            pool,
+            config,
+            consumer,
+            rebalances,
+            stats,
+            joined,
+            tasks: HashMap::new(),
+            replayed: HashSet::new(),
+        }
     }
 
     fn name(&self) -> &str {
@@ -103,7 +113,10 @@ impl Runner {
     }
 
     fn retry(&self) -> RetryPolicy {
-        RetryPolicy { max_retries: self.config.max_retries, backoff: Duration::from_millis(self.config.retry_backoff_ms) }
+        RetryPolicy {
+            max_retries: self.config.max_retries,
+            backoff: Duration::from_millis(self.config.retry_backoff_ms),
+        }
     }
 
     pub(crate) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
@@ -205,14 +218,23 @@ impl Runner {
             Ok(Err(e)) => tracing::error!(projection = %name, error = %e, "Assigning partitions failed."),
             Err(e) => tracing::error!(projection = %name, error = %e, "Assigning partitions failed."),
         }
-        let limits = Limits { max_events: self.config.batch_max_events, max_bytes: self.config.batch_max_bytes, max_wait: self.config.batch_max_wait() };
+        let limits = Limits {
+            max_events: self.config.batch_max_events,
+            max_bytes: self.config.batch_max_bytes,
+            max_wait: self.config.batch_max_wait(),
+        };
         for (tp, start, queue) in queues {
             let begin = if self.stats.halted.lock().expect("halted lock").contains(&tp) {
                 tracing::warn!(projection = %name, topic = %tp.0, partition = tp.1, "Partition assigned again, but it halted in this process: it stays halted until restarted.");
                 Begin::Halted
             } else {
                 match &start {
-                    Err(reason) => Begin::Halt(Halt { offset: -1, aggregate: "?".into(), reason: reason.clone(), kind: HaltKind::Error }),
+                    Err(reason) => Begin::Halt(Halt {
+                        offset: -1,
+                        aggregate: "?".into(),
+                        reason: reason.clone(),
+                        kind: HaltKind::Error,
+                    }),
                     Ok(_) => Begin::Run,
                 }
             };
@@ -293,10 +315,19 @@ impl Runner {
         let committed = self.stop(std::slice::from_ref(&tp), Stop::Revoke).await;
         let at = committed.first().map_or(offset, |(_, next)| *next);
         crate::partition::pause(&self.consumer, &tp);
-        let reason = "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
+        let reason =
+            "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
         self.stats.halted.lock().expect("halted lock").insert(tp.clone());
         self.stats.halts.lock().expect("halts lock").push(
-            crate::Error::Halted { projection: self.name().to_owned(), topic: tp.0.clone(), partition: tp.1, offset: at, aggregate: "?".into(), reason }.to_string(),
+            crate::Error::Halted {
+                projection: self.name().to_owned(),
+                topic: tp.0.clone(),
+                partition: tp.1,
+                offset: at,
+                aggregate: "?".into(),
+                reason,
+            }
+            .to_string(),
         );
         metrics::counter!(crate::metrics::EVENTS_FAILED, "projection" => self.name().to_owned(), "reason" => HaltKind::Error.label()).increment(1);
     }

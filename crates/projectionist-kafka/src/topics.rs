@@ -12,10 +12,17 @@ use crate::{Error, KafkaClientConfig, Result};
 /// Creates `topics` with `partitions` partitions through the admin API; topics that exist
 /// already are left as they are. Returns the topics created. `client` is a
 /// [`KafkaClientConfig`] (security settings included) or bare brokers.
-pub async fn create_topics(client: impl Into<KafkaClientConfig>, topics: &[&str], partitions: i32, replication: i32) -> Result<Vec<String>> {
+pub async fn create_topics(
+    client: impl Into<KafkaClientConfig>,
+    topics: &[&str],
+    partitions: i32,
+    replication: i32,
+) -> Result<Vec<String>> {
     let admin: AdminClient<DefaultClientContext> = client.into().client_config().create()?;
-    let new: Vec<NewTopic<'_>> = topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect();
-    let results = admin.create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))).await?;
+    let new: Vec<NewTopic<'_>> =
+        topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect();
+    let results =
+        admin.create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))).await?;
     let mut created = Vec::new();
     for result in results {
         match result {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use projectionist_core::plan::{Effect, EventRef};
-use projectionist_core::{event_types, validate_projection_name, Decoded, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
+use projectionist_core::{
+    event_types, validate_projection_name, Decoded, Envelope, Outcome, Projection, RawEnvelope, Table, Writes,
+};
 use sqlx::{PgConnection, PgPool};
 
 use crate::{batch, Error, Ident, Result};
@@ -87,12 +89,17 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         let mut start = 0;
         // Runs of planned events go set-based; a custom event goes to `apply` between them.
         while start < items.len() {
-            let end = items[start..].iter().position(|i| matches!(i, Item::Custom(_))).map_or(items.len(), |p| start + p);
+            let end =
+                items[start..].iter().position(|i| matches!(i, Item::Custom(_))).map_or(items.len(), |p| start + p);
             if end > start {
                 let run: Vec<(EventRef<'_>, Effect<'_>)> = (start..end)
                     .map(|i| {
                         let raw = &batch[i];
-                        let event = EventRef { aggregate_type: &raw.aggregate_type, aggregate_id: &raw.aggregate_id, version: raw.version };
+                        let event = EventRef {
+                            aggregate_type: &raw.aggregate_type,
+                            aggregate_id: &raw.aggregate_id,
+                            version: raw.version,
+                        };
                         let effect = match &items[i] {
                             Item::Writes(w) => Effect::Writes(w.writes()),
                             _ => Effect::Unhandled,
@@ -105,12 +112,15 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                     Mode::PerEvent => batch::apply_per_event(conn, name, tables, &run).await,
                 };
                 outcomes.extend(applied.map_err(|e| match e {
-                    Error::Invalid { index, aggregate_id, version, problem } => Error::Invalid { index: start + index, aggregate_id, version, problem },
+                    Error::Invalid { index, aggregate_id, version, problem } => {
+                        Error::Invalid { index: start + index, aggregate_id, version, problem }
+                    }
                     other => other,
                 })?);
             }
             if let Some(Item::Custom(env)) = items.get(end) {
-                let outcome = self.apply(conn, env).await.map_err(|error| Error::Apply { projection: name.into(), error })?;
+                let outcome =
+                    self.apply(conn, env).await.map_err(|error| Error::Apply { projection: name.into(), error })?;
                 outcomes.push(outcome);
             }
             start = end + 1;
@@ -146,7 +156,12 @@ pub async fn apply_batch(pool: &PgPool, projection: &dyn PgProjection, batch: &[
 }
 
 /// As [`apply_batch`], always in the given mode.
-pub async fn apply_batch_in(pool: &PgPool, projection: &dyn PgProjection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>> {
+pub async fn apply_batch_in(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    batch: &[RawEnvelope],
+    mode: Mode,
+) -> Result<Vec<Outcome>> {
     let mut tx = pool.begin().await?;
     let outcomes = projection.apply_raw(&mut tx, batch, mode).await?;
     tx.commit().await?;
@@ -174,11 +189,18 @@ pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
     validate(projection)?;
     let mut tx = pool.begin().await?;
     if !projection.tables().is_empty() {
-        let tables = projection.tables().iter().map(|t| Ident::new(t.name()).map(|i| i.to_string())).collect::<Result<Vec<_>>>()?;
+        let tables = projection
+            .tables()
+            .iter()
+            .map(|t| Ident::new(t.name()).map(|i| i.to_string()))
+            .collect::<Result<Vec<_>>>()?;
         sqlx::raw_sql(&format!("TRUNCATE {}", tables.join(", "))).execute(&mut *tx).await?;
     }
     for table in ["projectionist_watermarks", "projectionist_checkpoints"] {
-        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1")).bind(projection.name()).execute(&mut *tx).await?;
+        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
+            .bind(projection.name())
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     Ok(())

@@ -22,7 +22,12 @@ const PER_EVENT_TRIES: usize = 5;
 /// Plans and writes `events` set-based in the caller's transaction. A statement that
 /// changes another number of rows than planned (a concurrent writer moved a row, or
 /// inserted one) is [`Error::Conflict`]: roll back and take the per-event path.
-pub(crate) async fn apply(conn: &mut PgConnection, projection: &str, tables: &[Table], events: &[(EventRef<'_>, Effect<'_>)]) -> Result<Vec<Outcome>> {
+pub(crate) async fn apply(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+) -> Result<Vec<Outcome>> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
@@ -45,7 +50,12 @@ pub(crate) async fn apply(conn: &mut PgConnection, projection: &str, tables: &[T
 /// The per-event path: each event planned and written alone under a savepoint, re-planned
 /// when a concurrent writer moved its rows (its statements then wait on that writer's row
 /// locks and see its commit). Slower, and exact under any concurrency.
-pub(crate) async fn apply_per_event(conn: &mut PgConnection, projection: &str, tables: &[Table], events: &[(EventRef<'_>, Effect<'_>)]) -> Result<Vec<Outcome>> {
+pub(crate) async fn apply_per_event(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(events.len());
     for (index, event) in events.iter().enumerate() {
         let mut tries = 0;
@@ -71,7 +81,9 @@ pub(crate) async fn apply_per_event(conn: &mut PgConnection, projection: &str, t
                         });
                     }
                 }
-                Err(Error::Invalid { problem, aggregate_id, version, .. }) => return Err(Error::Invalid { index, aggregate_id, version, problem }),
+                Err(Error::Invalid { problem, aggregate_id, version, .. }) => {
+                    return Err(Error::Invalid { index, aggregate_id, version, problem })
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -79,7 +91,12 @@ pub(crate) async fn apply_per_event(conn: &mut PgConnection, projection: &str, t
     Ok(outcomes)
 }
 
-async fn read_stored(conn: &mut PgConnection, projection: &str, tables: &[Table], events: &[(EventRef<'_>, Effect<'_>)]) -> Result<Stored> {
+async fn read_stored(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+) -> Result<Stored> {
     let mut stored = Stored::default();
     let mut ids: Vec<&str> = events.iter().map(|(e, _)| e.aggregate_id).collect();
     ids.sort_unstable();
@@ -92,7 +109,8 @@ async fn read_stored(conn: &mut PgConnection, projection: &str, tables: &[Table]
         stored.rows.insert(table.name(), found.into_iter().collect());
     }
     if tables.iter().any(|t| t.gate() == Gate::FanIn) {
-        let mut aggregates: Vec<(&str, &str)> = events.iter().map(|(e, _)| (e.aggregate_type, e.aggregate_id)).collect();
+        let mut aggregates: Vec<(&str, &str)> =
+            events.iter().map(|(e, _)| (e.aggregate_type, e.aggregate_id)).collect();
         aggregates.sort_unstable();
         aggregates.dedup();
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.into_iter().unzip();
@@ -156,7 +174,10 @@ struct Shape {
 fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<&RowWrite>)> {
     let mut groups: Vec<(Table, Shape, Vec<&RowWrite>)> = Vec::new();
     for row in rows {
-        let shape = Shape { insert: row.table.is_gated() && row.expected.is_none(), columns: row.changes.iter().map(|c| (c.column, c.op)).collect() };
+        let shape = Shape {
+            insert: row.table.is_gated() && row.expected.is_none(),
+            columns: row.changes.iter().map(|c| (c.column, c.op)).collect(),
+        };
         match groups.iter_mut().find(|(t, s, _)| *t == row.table && *s == shape) {
             Some((_, _, members)) => members.push(row),
             None => groups.push((row.table, shape, vec![row])),
@@ -215,7 +236,10 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
 /// `INSERT INTO name AS t (cols) SELECT r.cols FROM` the JSON array `$1` read as rows of `name`.
 fn insert_from_json(name: &Ident, cols: &[String]) -> String {
     let selected = cols.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
-    format!("INSERT INTO {name} AS t ({}) SELECT {selected} FROM jsonb_populate_recordset(NULL::{name}, $1) AS r", cols.join(", "))
+    format!(
+        "INSERT INTO {name} AS t ({}) SELECT {selected} FROM jsonb_populate_recordset(NULL::{name}, $1) AS r",
+        cols.join(", ")
+    )
 }
 
 /// One row as the JSON object `jsonb_populate_record` reads: key, changed columns, version,

@@ -132,7 +132,12 @@ impl<'q> Write<'q> {
     /// Runs `write` and reads the stored version in one round trip; a second read, with a
     /// fresh snapshot, only when the first cannot classify (another transaction moved the
     /// row while this one waited on its lock).
-    async fn run(self, conn: &mut PgConnection, write: String, classify: fn(Option<i64>, i64) -> Option<Outcome>) -> Result<Outcome> {
+    async fn run(
+        self,
+        conn: &mut PgConnection,
+        write: String,
+        classify: fn(Option<i64>, i64) -> Option<Outcome>,
+    ) -> Result<Outcome> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -151,7 +156,11 @@ impl<'q> Write<'q> {
             return Ok(outcome);
         }
         let stored = t.stored_version(conn, &self.key).await?;
-        classify(stored, self.version).ok_or_else(|| Error::Race { table: t.name.as_str().into(), key: self.key, version: self.version })
+        classify(stored, self.version).ok_or_else(|| Error::Race {
+            table: t.name.as_str().into(),
+            key: self.key,
+            version: self.version,
+        })
     }
 }
 
@@ -228,7 +237,13 @@ impl<'q> Transition<'q> {
                 })
                 .collect();
             sets.push(format!("{} = $2", t.version));
-            format!("UPDATE {} AS t SET {} WHERE t.{} = $1 AND t.{v} = $2 - 1", t.name, sets.join(", "), t.key, v = t.version)
+            format!(
+                "UPDATE {} AS t SET {} WHERE t.{} = $1 AND t.{v} = $2 - 1",
+                t.name,
+                sets.join(", "),
+                t.key,
+                v = t.version
+            )
         };
         self.0.run(conn, sql, Outcome::of_failed_transition).await
     }
@@ -261,8 +276,12 @@ pub async fn watermark<E>(conn: &mut PgConnection, projection: &str, event: &Env
     if let Some(outcome) = Outcome::of_failed_transition(before, event.version) {
         return Ok(outcome);
     }
-    let stored: Option<i64> =
-        sqlx::query_scalar(STORED).bind(projection).bind(&event.aggregate_type).bind(&event.aggregate_id).fetch_optional(&mut *conn).await?;
+    let stored: Option<i64> = sqlx::query_scalar(STORED)
+        .bind(projection)
+        .bind(&event.aggregate_type)
+        .bind(&event.aggregate_id)
+        .fetch_optional(&mut *conn)
+        .await?;
     Outcome::of_failed_transition(stored, event.version).ok_or_else(|| Error::Race {
         table: "projectionist_watermarks".into(),
         key: event.aggregate_id.clone(),

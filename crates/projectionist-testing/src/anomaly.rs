@@ -30,7 +30,8 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the order the check runs them.
-    pub const ALL: [Variant; 5] = [Self::Duplicated, Self::FreshIds, Self::Shuffled, Self::ReplayedTwice, Self::Everything];
+    pub const ALL: [Variant; 5] =
+        [Self::Duplicated, Self::FreshIds, Self::Shuffled, Self::ReplayedTwice, Self::Everything];
 
     fn deliver(self, events: &[RawEnvelope], rng: &mut StdRng) -> Vec<RawEnvelope> {
         match self {
@@ -67,7 +68,12 @@ pub struct AnomalyReport {
 /// in batches of random size, and asserts every variant ends with table contents (and
 /// fan-in watermarks) identical to the clean run, applies exactly as many events, and
 /// reports no gap. Panics naming the variant and the first differing table otherwise.
-pub async fn assert_anomaly_equivalence(pool: &PgPool, projection: &dyn PgProjection, events: &[RawEnvelope], seed: u64) -> AnomalyReport {
+pub async fn assert_anomaly_equivalence(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    events: &[RawEnvelope],
+    seed: u64,
+) -> AnomalyReport {
     migrate(pool, &[projection]).await.expect("migrating the test database");
     let mut rng = StdRng::seed_from_u64(seed);
     let name = projection.name().to_owned();
@@ -84,23 +90,37 @@ pub async fn assert_anomaly_equivalence(pool: &PgPool, projection: &dyn PgProjec
         let stream = variant.deliver(events, &mut rng);
         let counts = run(pool, projection, &stream, &mut rng, &variant.to_string()).await;
         assert_eq!(counts.gap, 0, "variant {variant}: reported gaps");
-        assert_eq!(counts.applied, clean.applied, "variant {variant}: applied a different number of events than the clean run");
+        assert_eq!(
+            counts.applied, clean.applied,
+            "variant {variant}: applied a different number of events than the clean run"
+        );
         let actual = dump_tables(pool, projection).await;
         if actual != expected {
-            panic!("variant {variant}: read model differs from the clean run\n{}", first_difference(&expected, &actual));
+            panic!(
+                "variant {variant}: read model differs from the clean run\n{}",
+                first_difference(&expected, &actual)
+            );
         }
         variants.push((variant, counts));
     }
     AnomalyReport { clean, variants }
 }
 
-async fn run(pool: &PgPool, projection: &dyn PgProjection, stream: &[RawEnvelope], rng: &mut StdRng, label: &str) -> OutcomeCounts {
+async fn run(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    stream: &[RawEnvelope],
+    rng: &mut StdRng,
+    label: &str,
+) -> OutcomeCounts {
     let mut counts = OutcomeCounts::default();
     let mut rest = stream;
     while !rest.is_empty() {
         let size = rng.gen_range(1..=64).min(rest.len());
         let (batch, tail) = rest.split_at(size);
-        let outcomes = apply_batch(pool, projection, batch).await.unwrap_or_else(|e| panic!("{label} run: applying a batch failed: {e}"));
+        let outcomes = apply_batch(pool, projection, batch)
+            .await
+            .unwrap_or_else(|e| panic!("{label} run: applying a batch failed: {e}"));
         for (event, outcome) in batch.iter().zip(&outcomes) {
             assert!(outcome.is_ok(), "{label} run: {} v{} reported {outcome}", event.aggregate_id, event.version);
             counts.add(outcome);

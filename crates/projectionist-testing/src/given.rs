@@ -70,15 +70,26 @@ impl<P: PgProjection> ProjectionTest<P> {
             let outcome = apply_batch(&self.pool, &self.projection, std::slice::from_ref(event))
                 .await
                 .unwrap_or_else(|e| panic!("given event #{i} ({} v{}) failed: {e}", event.aggregate_id, event.version));
-            assert!(outcome[0].is_ok(), "given event #{i} ({} v{}) reported {}", event.aggregate_id, event.version, outcome[0]);
+            assert!(
+                outcome[0].is_ok(),
+                "given event #{i} ({} v{}) reported {}",
+                event.aggregate_id,
+                event.version,
+                outcome[0]
+            );
         }
-        let outcomes = apply_batch(&self.pool, &self.projection, &self.when).await.unwrap_or_else(|e| panic!("when events failed: {e}"));
+        let outcomes = apply_batch(&self.pool, &self.projection, &self.when)
+            .await
+            .unwrap_or_else(|e| panic!("when events failed: {e}"));
         if let Some(expected) = &self.outcomes {
             assert_eq!(&outcomes, expected, "outcomes of the `when` events");
         }
         for (sql, expected) in &self.rows {
             let wrapped = format!("SELECT coalesce(jsonb_agg(to_jsonb(q)), '[]') FROM ({sql}) q");
-            let actual: Value = sqlx::query_scalar(&wrapped).fetch_one(&self.pool).await.unwrap_or_else(|e| panic!("query {sql:?} failed: {e}"));
+            let actual: Value = sqlx::query_scalar(&wrapped)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap_or_else(|e| panic!("query {sql:?} failed: {e}"));
             assert_eq!(&actual, expected, "rows of {sql:?}");
         }
     }

@@ -28,7 +28,8 @@ pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value 
     for table in projection.tables().iter().map(|t| t.name()) {
         let ident = projectionist_postgres::Ident::new(table).expect("valid table name");
         let sql = format!("SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY to_jsonb(t)::text), '[]') FROM {ident} t");
-        let rows: Value = sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("dumping {table}: {e}"));
+        let rows: Value =
+            sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("dumping {table}: {e}"));
         dump.insert(table.to_owned(), rows);
     }
     let marks: Value = sqlx::query_scalar(

@@ -8,7 +8,8 @@ use rand::{Rng, SeedableRng};
 /// order (what a partitioned topic keyed by aggregate id delivers). Deterministic per seed.
 pub fn interleave(per_aggregate: Vec<Vec<RawEnvelope>>, seed: u64) -> Vec<RawEnvelope> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut queues: Vec<std::vec::IntoIter<RawEnvelope>> = per_aggregate.into_iter().filter(|s| !s.is_empty()).map(Vec::into_iter).collect();
+    let mut queues: Vec<std::vec::IntoIter<RawEnvelope>> =
+        per_aggregate.into_iter().filter(|s| !s.is_empty()).map(Vec::into_iter).collect();
     let mut out = Vec::with_capacity(queues.iter().map(|q| q.len()).sum());
     while !queues.is_empty() {
         let k = rng.gen_range(0..queues.len());

@@ -66,7 +66,8 @@ pub fn envelope(account_id: &str, version: i64, event: &AccountEvent) -> RawEnve
 pub fn expected(events: &[RawEnvelope]) -> BTreeMap<String, ExpectedAccount> {
     let mut by_account: BTreeMap<String, BTreeMap<i64, AccountEvent>> = BTreeMap::new();
     for e in events {
-        let event: AccountEvent = serde_json::from_value(serde_json::json!({"type": e.event_type, "data": e.data})).expect("valid event");
+        let event: AccountEvent =
+            serde_json::from_value(serde_json::json!({"type": e.event_type, "data": e.data})).expect("valid event");
         by_account.entry(e.aggregate_id.clone()).or_default().insert(e.version, event);
     }
     by_account
@@ -87,6 +88,5 @@ pub fn expected(events: &[RawEnvelope]) -> BTreeMap<String, ExpectedAccount> {
         })
         .collect()
 }
-
 
 pub use projectionist_testing::with_redeliveries;

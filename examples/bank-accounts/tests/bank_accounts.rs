@@ -21,9 +21,12 @@ async fn a_redelivered_deposit_is_counted_once(pool: PgPool) {
         .given([opened("acc-1")])
         .when([deposit.clone(), deposit, resent])
         .then_outcomes([Outcome::Applied, Outcome::Duplicate, Outcome::Duplicate])
-        .then_rows("SELECT account_id, owner, balance, status, version FROM bank_accounts", json!([
-            {"account_id": "acc-1", "owner": "ann", "balance": 500, "status": "open", "version": 2}
-        ]))
+        .then_rows(
+            "SELECT account_id, owner, balance, status, version FROM bank_accounts",
+            json!([
+                {"account_id": "acc-1", "owner": "ann", "balance": 500, "status": "open", "version": 2}
+            ]),
+        )
         .run()
         .await;
 }
@@ -41,8 +44,17 @@ async fn every_outcome_is_reported(pool: PgPool) {
             envelope("acc-1", 5, &AccountEvent::AccountClosed {}),
             unknown,
         ])
-        .then_outcomes([Outcome::Applied, Outcome::Duplicate, Outcome::Stale, Outcome::Gap { expected: 4, found: 5 }, Outcome::Ignored])
-        .then_rows("SELECT balance, status, version FROM bank_accounts", json!([{"balance": 50, "status": "open", "version": 3}]))
+        .then_outcomes([
+            Outcome::Applied,
+            Outcome::Duplicate,
+            Outcome::Stale,
+            Outcome::Gap { expected: 4, found: 5 },
+            Outcome::Ignored,
+        ])
+        .then_rows(
+            "SELECT balance, status, version FROM bank_accounts",
+            json!([{"balance": 50, "status": "open", "version": 3}]),
+        )
         .run()
         .await;
 }
@@ -95,6 +107,10 @@ async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
     assert_eq!(rows.len(), want.len());
     for (id, owner, balance, status, version) in rows {
         let w = &want[&id];
-        assert_eq!((owner, balance, status, version), (w.owner.clone(), w.balance, w.status.clone(), w.version), "{id}");
+        assert_eq!(
+            (owner, balance, status, version),
+            (w.owner.clone(), w.balance, w.status.clone(), w.version),
+            "{id}"
+        );
     }
 }

@@ -42,7 +42,12 @@ impl Env {
         let database_url = format!("{}/{db}", base.rsplit_once('/').expect("URL with a database").0);
         let dir = std::env::temp_dir().join(format!("projectionist-e2e-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
-        let env = Self { database_url, topic: rand_test_topic(name), group: format!("e2e-{}", uuid::Uuid::new_v4().simple()), dir };
+        let env = Self {
+            database_url,
+            topic: rand_test_topic(name),
+            group: format!("e2e-{}", uuid::Uuid::new_v4().simple()),
+            dir,
+        };
         let out = env.cli(&["migrate"]).output().await.unwrap();
         assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
         env
@@ -86,7 +91,16 @@ impl Env {
         let text: String = events.iter().map(|e| String::from_utf8(e.to_json()).unwrap() + "\n").collect();
         std::fs::write(&file, text).unwrap();
         let out = self
-            .cli(&["publish", "--topic", &self.topic, "--chunk-size", "500", "--partitions", "4", file.to_str().unwrap()])
+            .cli(&[
+                "publish",
+                "--topic",
+                &self.topic,
+                "--chunk-size",
+                "500",
+                "--partitions",
+                "4",
+                file.to_str().unwrap(),
+            ])
             .output()
             .await
             .unwrap();
@@ -99,15 +113,25 @@ impl Env {
     async fn run_until_caught_up(&self, extra: &[&str]) -> (ExitStatus, String, String) {
         let mut args = self.run_args(extra);
         args.push("--exit-when-caught-up");
-        let out = tokio::time::timeout(Duration::from_secs(120), self.cli(&args).output()).await.expect("runner timed out").unwrap();
-        (out.status, String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        let out = tokio::time::timeout(Duration::from_secs(120), self.cli(&args).output())
+            .await
+            .expect("runner timed out")
+            .unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// Starts a runner in the background, collecting its stderr.
     fn spawn(&self, extra: &[&str]) -> (Child, Arc<Mutex<String>>) {
         let mut child = self.cli(&self.run_args(extra)).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
-        for pipe in [Box::new(child.stderr.take().unwrap()) as Box<dyn tokio::io::AsyncRead + Unpin + Send>, Box::new(child.stdout.take().unwrap())] {
+        for pipe in [
+            Box::new(child.stderr.take().unwrap()) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            Box::new(child.stdout.take().unwrap()),
+        ] {
             let log = log.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(pipe).lines();
@@ -128,8 +152,13 @@ impl Drop for Env {
 
 async fn read_model(pool: &PgPool) -> BTreeMap<String, ExpectedAccount> {
     let rows: Vec<(String, String, i64, String, i64)> =
-        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id").fetch_all(pool).await.unwrap();
-    rows.into_iter().map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version })).collect()
+        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
+        .collect()
 }
 
 async fn applied_so_far(pool: &PgPool) -> i64 {
@@ -154,7 +183,11 @@ async fn published_events_build_the_expected_read_model(pool: PgPool) {
     assert_eq!(summary_number(&stdout, "applied"), events.len() as u64, "{stdout}");
     let skipped = summary_number(&stdout, "duplicates skipped") + summary_number(&stdout, "stale skipped");
     assert_eq!(skipped, (delivered.len() - events.len()) as u64, "{stdout}");
-    let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_checkpoints WHERE topic = $1").bind(&env.topic).fetch_one(&pool).await.unwrap();
+    let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_checkpoints WHERE topic = $1")
+        .bind(&env.topic)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(checkpoints, 4, "one checkpoint per partition");
 }
 
@@ -192,7 +225,11 @@ async fn replay_from_the_beginning_over_a_current_model_changes_nothing(pool: Pg
     let (status, _, stderr) = env.run_until_caught_up(&[]).await;
     assert!(status.success(), "{stderr}");
     let dump = |pool: PgPool| async move {
-        let v: serde_json::Value = sqlx::query_scalar("SELECT jsonb_agg(to_jsonb(b) ORDER BY account_id) FROM bank_accounts b").fetch_one(&pool).await.unwrap();
+        let v: serde_json::Value =
+            sqlx::query_scalar("SELECT jsonb_agg(to_jsonb(b) ORDER BY account_id) FROM bank_accounts b")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
         v
     };
     let before = dump(pool.clone()).await;
@@ -217,7 +254,8 @@ async fn two_runners_in_one_group_share_the_partitions(pool: PgPool) {
     let owned = |log: &str| {
         let mut owned = std::collections::BTreeSet::new();
         for line in log.lines() {
-            let partition = || line.rsplit("partition=").next().and_then(|p| p.split_whitespace().next()).map(str::to_owned);
+            let partition =
+                || line.rsplit("partition=").next().and_then(|p| p.split_whitespace().next()).map(str::to_owned);
             if line.contains("Partition assigned.") {
                 owned.extend(partition());
             } else if line.contains("Partition revoked.") {
@@ -232,7 +270,12 @@ async fn two_runners_in_one_group_share_the_partitions(pool: PgPool) {
         if !oa.is_empty() && !ob.is_empty() && oa.len() + ob.len() == 4 && oa.is_disjoint(&ob) {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(90), "no split:\nA:\n{}\nB:\n{}", log_a.lock().unwrap(), log_b.lock().unwrap());
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "no split:\nA:\n{}\nB:\n{}",
+            log_a.lock().unwrap(),
+            log_b.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -265,7 +308,8 @@ async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let opened = generate::envelope("acc-p", 1, &AccountEvent::AccountOpened { owner: "p".into() });
     let after = generate::envelope("acc-p", 2, &AccountEvent::MoneyDeposited { amount: 5 });
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
     let poison = br#"{"id": "not-a-uuid", "aggregate_type": "account"}"#.to_vec();
     for payload in [opened.to_json(), poison, after.to_json()] {
         producer.send(BaseRecord::to(&env.topic).key("acc-p").payload(&payload)).map_err(|(e, _)| e).unwrap();
@@ -276,7 +320,11 @@ async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
     assert_eq!(status.code(), Some(2), "a halted partition fails the run:\n{stderr}");
     let expected = format!("partition halted: {}/0@1 in projection bank_accounts, aggregate acc-p: undecodable envelope: field `id`: not a UUID", env.topic);
     assert!(stderr.contains(&expected), "expected {expected:?} in:\n{stderr}");
-    let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints WHERE topic = $1").bind(&env.topic).fetch_one(&pool).await.unwrap();
+    let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints WHERE topic = $1")
+        .bind(&env.topic)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(next, 1, "checkpoint stops at the poison event, never past it");
     assert_eq!(applied_so_far(&pool).await, 1, "the event after the poison one is not applied");
 }
@@ -373,22 +421,34 @@ async fn aborted_transactions_never_reach_the_read_model(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn publish_reports_malformed_lines_and_commits_nothing_of_their_chunk(pool: PgPool) {
     let env = Env::new(&pool, "publish").await;
-    let opened = |id: &str| String::from_utf8(generate::envelope(id, 1, &AccountEvent::AccountOpened { owner: id.into() }).to_json()).unwrap();
+    let opened = |id: &str| {
+        String::from_utf8(generate::envelope(id, 1, &AccountEvent::AccountOpened { owner: id.into() }).to_json())
+            .unwrap()
+    };
     let mut bad_version = serde_json::from_str::<serde_json::Value>(&opened("acc-bad")).unwrap();
     bad_version["version"] = 0.into();
     // Chunks of 2 lines: [a, b] [c, bad] [d, e]; the middle chunk must not be published.
-    let lines = [opened("acc-a"), opened("acc-b"), opened("acc-c"), bad_version.to_string(), opened("acc-d"), opened("acc-e")];
+    let lines =
+        [opened("acc-a"), opened("acc-b"), opened("acc-c"), bad_version.to_string(), opened("acc-d"), opened("acc-e")];
     let file = env.dir.join("mixed.ndjson");
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let out = env.cli(&["publish", "--topic", &env.topic, "--chunk-size", "2", file.to_str().unwrap()]).output().await.unwrap();
+    let out = env
+        .cli(&["publish", "--topic", &env.topic, "--chunk-size", "2", file.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "malformed input fails the command");
     assert!(stderr.contains("line 4: field `version`: must be >= 1, got 0"), "{stderr}");
-    assert!(stdout.contains("Published 4 events") && stdout.contains("1 malformed line(s), 1 chunk(s) not published"), "{stdout}");
+    assert!(
+        stdout.contains("Published 4 events") && stdout.contains("1 malformed line(s), 1 chunk(s) not published"),
+        "{stdout}"
+    );
 
     let (status, _, stderr) = env.run_until_caught_up(&[]).await;
     assert!(status.success(), "{stderr}");
-    let ids: Vec<String> = sqlx::query_scalar("SELECT account_id FROM bank_accounts ORDER BY 1").fetch_all(&pool).await.unwrap();
+    let ids: Vec<String> =
+        sqlx::query_scalar("SELECT account_id FROM bank_accounts ORDER BY 1").fetch_all(&pool).await.unwrap();
     assert_eq!(ids, ["acc-a", "acc-b", "acc-d", "acc-e"], "nothing of the malformed line's chunk was committed");
 }
 
@@ -436,7 +496,13 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
     let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
     let started = Instant::now();
     let addr = loop {
-        let found = log.lock().unwrap().lines().find(|l| l.contains("Serving /metrics")).and_then(|l| l.split("address=").nth(1)).map(|a| a.split_whitespace().next().unwrap().to_owned());
+        let found = log
+            .lock()
+            .unwrap()
+            .lines()
+            .find(|l| l.contains("Serving /metrics"))
+            .and_then(|l| l.split("address=").nth(1))
+            .map(|a| a.split_whitespace().next().unwrap().to_owned());
         if let Some(a) = found {
             break a;
         }
@@ -466,7 +532,11 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
     // partition reports, after the last batch's offset commit.
     let topic = format!("topic=\"{}\"", env.topic);
     let lag_of = |metrics: &str, partition: i32| {
-        sample(metrics, "projectionist_consumer_lag_messages", &["projection=\"bank_accounts\"", &topic, &format!("partition=\"{partition}\"")])
+        sample(
+            metrics,
+            "projectionist_consumer_lag_messages",
+            &["projection=\"bank_accounts\"", &topic, &format!("partition=\"{partition}\"")],
+        )
     };
     let metrics = loop {
         let (status, metrics) = http_get(&addr, "/metrics").await;
@@ -479,16 +549,33 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
     };
     let p = "projection=\"bank_accounts\"";
     assert_eq!(sample(&metrics, "projectionist_events_applied_total", &[p]), Some(applied as f64), "{metrics}");
-    assert_eq!(sample(&metrics, "projectionist_events_skipped_total", &[p, "reason=\"duplicate\""]), Some(duplicate as f64), "{metrics}");
-    assert_eq!(sample(&metrics, "projectionist_events_skipped_total", &[p, "reason=\"stale\""]), Some(stale as f64), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "projectionist_events_skipped_total", &[p, "reason=\"duplicate\""]),
+        Some(duplicate as f64),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "projectionist_events_skipped_total", &[p, "reason=\"stale\""]),
+        Some(stale as f64),
+        "{metrics}"
+    );
     let batches = sample(&metrics, "projectionist_checkpoint_commits_total", &[p]).expect("checkpoint commits");
     assert!(batches >= 4.0, "at least one batch per partition: {batches}");
-    assert_eq!(sample(&metrics, "projectionist_batch_duration_seconds_count", &[p]), Some(batches), "one duration per batch");
-    assert_eq!(sample(&metrics, "projectionist_batch_size_events_sum", &[p]), Some(delivered.len() as f64), "batch sizes add up to the events read");
+    assert_eq!(
+        sample(&metrics, "projectionist_batch_duration_seconds_count", &[p]),
+        Some(batches),
+        "one duration per batch"
+    );
+    assert_eq!(
+        sample(&metrics, "projectionist_batch_size_events_sum", &[p]),
+        Some(delivered.len() as f64),
+        "batch sizes add up to the events read"
+    );
     assert!(sample(&metrics, "projectionist_rebalances_total", &[p, "kind=\"assign\""]).unwrap_or(0.0) >= 1.0);
     for partition in 0..4 {
         let part = format!("partition=\"{partition}\"");
-        let age = sample(&metrics, "projectionist_consumer_lag_seconds", &[p, &topic, &part]).expect("lag in seconds per partition");
+        let age = sample(&metrics, "projectionist_consumer_lag_seconds", &[p, &topic, &part])
+            .expect("lag in seconds per partition");
         assert!(age > 0.0, "events occurred in the past");
     }
     assert!(sample(&metrics, "projectionist_pg_pool_connections", &["state=\"idle\""]).is_some());
@@ -514,17 +601,38 @@ async fn passwords_never_reach_the_logs(pool: PgPool) {
 
     let sasl = format!("sasl.password={SECRET}");
     let mut logs = String::new();
-    for (database_url, format) in [(url.clone(), "text"), (url.clone(), "json"), (url.replacen(":5432/", ":1/", 1), "text")] {
-        let mut args = env.run_args(&["--exit-when-caught-up", "--kafka-property", &sasl, "--kafka-property", "sasl.username=bob", "--kafka-property", "debug=all"]);
+    for (database_url, format) in
+        [(url.clone(), "text"), (url.clone(), "json"), (url.replacen(":5432/", ":1/", 1), "text")]
+    {
+        let mut args = env.run_args(&[
+            "--exit-when-caught-up",
+            "--kafka-property",
+            &sasl,
+            "--kafka-property",
+            "sasl.username=bob",
+            "--kafka-property",
+            "debug=all",
+        ]);
         args.retain(|a| *a != "run");
         let mut cmd = Command::new(BIN);
-        cmd.arg("run").args(&args).env("DATABASE_URL", &database_url).env("KAFKA_BROKERS", brokers()).env("BANK_ACCOUNTS_TOPIC", &env.topic)
-            .env("RUST_LOG", "trace").env("LOG_FORMAT", format).stdin(Stdio::null()).kill_on_drop(true);
+        cmd.arg("run")
+            .args(&args)
+            .env("DATABASE_URL", &database_url)
+            .env("KAFKA_BROKERS", brokers())
+            .env("BANK_ACCOUNTS_TOPIC", &env.topic)
+            .env("RUST_LOG", "trace")
+            .env("LOG_FORMAT", format)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
         let out = tokio::time::timeout(Duration::from_secs(90), cmd.output()).await.expect("runner timed out").unwrap();
         logs.push_str(&String::from_utf8_lossy(&out.stdout));
         logs.push_str(&String::from_utf8_lossy(&out.stderr));
     }
     assert!(logs.contains("TRACE") || logs.contains("\"level\":\"TRACE\""), "trace logging was on");
     assert!(logs.contains("cannot connect to PostgreSQL"), "the run against a closed port failed as expected:\n{logs}");
-    assert!(!logs.contains(SECRET), "a password reached the logs:\n{}", logs.lines().filter(|l| l.contains(SECRET)).collect::<Vec<_>>().join("\n"));
+    assert!(
+        !logs.contains(SECRET),
+        "a password reached the logs:\n{}",
+        logs.lines().filter(|l| l.contains(SECRET)).collect::<Vec<_>>().join("\n")
+    );
 }

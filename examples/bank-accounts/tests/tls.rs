@@ -37,7 +37,15 @@ struct Tls {
 
 impl Tls {
     fn from_env(test: &str) -> Option<Self> {
-        let found = (|| Some(Self { brokers: var("KAFKA_TLS_BROKERS")?, ca: var("KAFKA_TLS_CA")?, wrong_ca: var("KAFKA_TLS_WRONG_CA")?, cert: var("KAFKA_TLS_CLIENT_CERT")?, key: var("KAFKA_TLS_CLIENT_KEY")? }))();
+        let found = (|| {
+            Some(Self {
+                brokers: var("KAFKA_TLS_BROKERS")?,
+                ca: var("KAFKA_TLS_CA")?,
+                wrong_ca: var("KAFKA_TLS_WRONG_CA")?,
+                cert: var("KAFKA_TLS_CLIENT_CERT")?,
+                key: var("KAFKA_TLS_CLIENT_KEY")?,
+            })
+        })();
         if found.is_none() {
             skip(test, "no TLS broker: KAFKA_TLS_* unset (run scripts/test.sh, which starts one)");
         }
@@ -83,7 +91,9 @@ async fn output(mut c: Command) -> (Output, String) {
 
 #[sqlx::test(migrations = false)]
 async fn a_projection_runs_end_to_end_over_mutual_tls_with_postgres_over_tls(pool: PgPool) {
-    let Some(tls) = Tls::from_env("a_projection_runs_end_to_end_over_mutual_tls_with_postgres_over_tls") else { return };
+    let Some(tls) = Tls::from_env("a_projection_runs_end_to_end_over_mutual_tls_with_postgres_over_tls") else {
+        return;
+    };
     let app = format!("tls-e2e-{}", uuid::Uuid::new_v4().simple());
     let url = database_url(&pool, &format!("sslmode=require&application_name={app}"));
     let topic = format!("test.tls.{}", uuid::Uuid::new_v4().simple());
@@ -95,11 +105,15 @@ async fn a_projection_runs_end_to_end_over_mutual_tls_with_postgres_over_tls(poo
     let events = generate::stream(60, 10, 7);
     let delivered = generate::with_redeliveries(&events, 0.2, 0.1, 7);
     let file = dir.join("events.ndjson");
-    std::fs::write(&file, delivered.iter().map(|e| String::from_utf8(e.to_json()).unwrap() + "\n").collect::<String>()).unwrap();
+    std::fs::write(&file, delivered.iter().map(|e| String::from_utf8(e.to_json()).unwrap() + "\n").collect::<String>())
+        .unwrap();
     let mut publish = cli(&url, &topic, &["publish", "--topic", &topic, file.to_str().unwrap()]);
     over_tls(&mut publish, &tls, &tls.ca);
     let (out, text) = output(publish).await;
-    assert!(out.status.success() && text.contains(&format!("Published {} events", delivered.len())), "publish over TLS: {text}");
+    assert!(
+        out.status.success() && text.contains(&format!("Published {} events", delivered.len())),
+        "publish over TLS: {text}"
+    );
 
     let mut run = cli(&url, &topic, &["run", "--group-id", &app, "--kafka-property", "session.timeout.ms=6000"]);
     over_tls(&mut run, &tls, &tls.ca);
@@ -107,12 +121,18 @@ async fn a_projection_runs_end_to_end_over_mutual_tls_with_postgres_over_tls(poo
     let expected = generate::expected(&events);
     let started = Instant::now();
     loop {
-        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account_id, version FROM bank_accounts").fetch_all(&pool).await.unwrap_or_default();
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT account_id, version FROM bank_accounts").fetch_all(&pool).await.unwrap_or_default();
         if rows.len() == expected.len() && rows.iter().all(|(id, v)| expected[id].version == *v) {
             break;
         }
         assert!(child.try_wait().unwrap().is_none(), "the runner exited early");
-        assert!(started.elapsed() < Duration::from_secs(90), "read model not complete over TLS: {} of {} accounts", rows.len(), expected.len());
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "read model not complete over TLS: {} of {} accounts",
+            rows.len(),
+            expected.len()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Every connection of the running engine (pool and checkpoint reader) is encrypted.
@@ -150,7 +170,10 @@ async fn a_broker_certificate_from_the_wrong_ca_fails_clearly(pool: PgPool) {
     let started = Instant::now();
     let (out, text) = output(run).await;
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains(&format!("cannot connect to Kafka at {}: broker certificate not trusted", tls.brokers)), "{text}");
+    assert!(
+        text.contains(&format!("cannot connect to Kafka at {}: broker certificate not trusted", tls.brokers)),
+        "{text}"
+    );
     assert!(text.contains("certificate verify failed"), "librdkafka's reason is kept: {text}");
     assert!(started.elapsed() < Duration::from_secs(15), "failed fast, not after the timeout: {:?}", started.elapsed());
 
@@ -191,12 +214,19 @@ async fn sasl_and_oauth_secrets_never_reach_the_logs_and_bad_credentials_fail_cl
         }
         let (out, text) = output(run).await;
         assert_eq!(out.status.code(), Some(1), "{mechanism}: {text}");
-        assert!(text.contains(&format!("cannot connect to Kafka at {brokers}: SASL authentication failed")), "{mechanism}: {text}");
+        assert!(
+            text.contains(&format!("cannot connect to Kafka at {brokers}: SASL authentication failed")),
+            "{mechanism}: {text}"
+        );
         logs.push_str(&text);
     }
     assert!(logs.contains("TRACE"), "trace logging was on");
     for secret in [PASSWORD, CLIENT_SECRET] {
-        assert!(!logs.contains(secret), "a secret reached the logs:\n{}", logs.lines().filter(|l| l.contains(secret)).collect::<Vec<_>>().join("\n"));
+        assert!(
+            !logs.contains(secret),
+            "a secret reached the logs:\n{}",
+            logs.lines().filter(|l| l.contains(secret)).collect::<Vec<_>>().join("\n")
+        );
     }
 }
 
@@ -219,7 +249,10 @@ async fn engine_connections_use_tls_with_sslmode_require(pool: PgPool) {
             if let Some(ssl) = ssl {
                 break ssl;
             }
-            assert!(started.elapsed() < Duration::from_secs(30), "no connection of the engine seen with sslmode={mode}");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no connection of the engine seen with sslmode={mode}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         child.start_kill().unwrap();
@@ -234,7 +267,10 @@ async fn engine_connections_use_tls_with_sslmode_require(pool: PgPool) {
 async fn postgres_verify_ca_verify_full_and_client_certificates() {
     let test = "postgres_verify_ca_verify_full_and_client_certificates";
     let Some(base) = var("PG_TLS_URL") else {
-        skip(test, "no TLS PostgreSQL cluster (PG_TLS_URL unset: PostgreSQL is not local, or scripts/test.sh was not used)");
+        skip(
+            test,
+            "no TLS PostgreSQL cluster (PG_TLS_URL unset: PostgreSQL is not local, or scripts/test.sh was not used)",
+        );
         return;
     };
     let Some(tls) = Tls::from_env(test) else { return };
@@ -243,7 +279,9 @@ async fn postgres_verify_ca_verify_full_and_client_certificates() {
     // A fresh database of its own.
     let db = format!("tls_{}", uuid::Uuid::new_v4().simple());
     let url = |db: &str, params: &str| format!("{}/{db}?{params}", base.rsplit_once('/').unwrap().0);
-    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url("postgres", &good)).await.expect("admin connection with the client certificate");
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url("postgres", &good))
+        .await
+        .expect("admin connection with the client certificate");
     sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut admin).await.unwrap();
     let migrate = |params: String| {
         let url = url(&db, &params);
@@ -256,10 +294,18 @@ async fn postgres_verify_ca_verify_full_and_client_certificates() {
     assert!(out.status.success(), "verify-ca: {text}");
     let (out, text) = migrate(format!("sslmode=verify-full&sslrootcert={}&{client}", tls.wrong_ca)).await;
     assert!(!out.status.success(), "verify-full against the wrong CA: {text}");
-    assert!(text.contains("cannot connect to PostgreSQL at 127.0.0.1") && text.contains("TLS") && text.contains("certificate verify failed"), "{text}");
+    assert!(
+        text.contains("cannot connect to PostgreSQL at 127.0.0.1")
+            && text.contains("TLS")
+            && text.contains("certificate verify failed"),
+        "{text}"
+    );
     assert!(!text.contains("projectionist:projectionist"), "no password in the error: {text}");
     let (out, text) = migrate(format!("sslmode=verify-full&sslrootcert={}", tls.ca)).await;
-    assert!(!out.status.success() && text.contains("requires a valid client certificate"), "no client certificate: {text}");
+    assert!(
+        !out.status.success() && text.contains("requires a valid client certificate"),
+        "no client certificate: {text}"
+    );
 
     sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)")).execute(&mut admin).await.unwrap();
 }

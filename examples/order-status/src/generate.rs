@@ -18,7 +18,10 @@ pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
         .map(|n| {
             let id = format!("ord-{n:05}");
             let total = rng.gen_range(100..=50_000_i64);
-            let mut events = vec![OrderEvent::OrderPlaced { customer_id: format!("cust-{}", rng.gen_range(1..=customers.max(1))), total_cents: total }];
+            let mut events = vec![OrderEvent::OrderPlaced {
+                customer_id: format!("cust-{}", rng.gen_range(1..=customers.max(1))),
+                total_cents: total,
+            }];
             if rng.gen_bool(0.15) {
                 events.push(OrderEvent::OrderCancelled { reason: "changed mind".into() });
             } else {

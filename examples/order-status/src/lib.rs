@@ -78,7 +78,9 @@ impl Projection<PgConnection> for OrderStatus {
                 .set("paid_cents", 0)
                 .set("status", "placed")
                 .and(CUSTOMER_STATS.row(customer_id).add("orders_placed", 1).add("total_cents", total_cents)),
-            OrderEvent::OrderPaid { amount_cents } => order.add("paid_cents", amount_cents).set("status", "paid").into(),
+            OrderEvent::OrderPaid { amount_cents } => {
+                order.add("paid_cents", amount_cents).set("status", "paid").into()
+            }
             OrderEvent::OrderShipped {} => order.set("status", "shipped").into(),
             OrderEvent::OrderCancelled { .. } => order.set("status", "cancelled").into(),
         }

@@ -34,13 +34,19 @@ async fn fan_in_totals_count_each_order_once(pool: PgPool) {
             Outcome::Applied,
             Outcome::Stale,
         ])
-        .then_rows("SELECT customer_id, orders_placed, total_cents FROM customer_order_stats", json!([
-            {"customer_id": "c-1", "orders_placed": 2, "total_cents": 1250}
-        ]))
-        .then_rows("SELECT order_id, status, paid_cents, version FROM orders ORDER BY order_id", json!([
-            {"order_id": "o-1", "status": "shipped", "paid_cents": 1000, "version": 3},
-            {"order_id": "o-2", "status": "cancelled", "paid_cents": 0, "version": 2}
-        ]))
+        .then_rows(
+            "SELECT customer_id, orders_placed, total_cents FROM customer_order_stats",
+            json!([
+                {"customer_id": "c-1", "orders_placed": 2, "total_cents": 1250}
+            ]),
+        )
+        .then_rows(
+            "SELECT order_id, status, paid_cents, version FROM orders ORDER BY order_id",
+            json!([
+                {"order_id": "o-1", "status": "shipped", "paid_cents": 1000, "version": 3},
+                {"order_id": "o-2", "status": "cancelled", "paid_cents": 0, "version": 2}
+            ]),
+        )
         .run()
         .await;
 }

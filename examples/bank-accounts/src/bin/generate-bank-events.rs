@@ -37,9 +37,18 @@ fn main() -> std::io::Result<()> {
         out.write_all(b"\n")?;
     }
     out.flush()?;
-    eprintln!("Generated {} distinct events for {} accounts, {} deliveries in all.", events.len(), args.accounts, delivered.len());
+    eprintln!(
+        "Generated {} distinct events for {} accounts, {} deliveries in all.",
+        events.len(),
+        args.accounts,
+        delivered.len()
+    );
     let expected = bank_accounts::generate::expected(&events);
     let balance: i64 = expected.values().map(|a| a.balance).sum();
-    eprintln!("Expected read model: {} accounts, total balance {balance} cents, {} events applied.", expected.len(), events.len());
+    eprintln!(
+        "Expected read model: {} accounts, total balance {balance} cents, {} events applied.",
+        expected.len(),
+        events.len()
+    );
     Ok(())
 }
