@@ -119,6 +119,11 @@ impl<M> Batcher<M> {
         self.in_flight
     }
 
+    /// The oldest buffered message.
+    pub(crate) fn first(&self) -> Option<&M> {
+        self.buffer.first()
+    }
+
     /// Whether nothing is buffered.
     pub(crate) fn is_empty(&self) -> bool {
         self.buffer.is_empty()

@@ -2,7 +2,7 @@
 //! consumer, so it only reports the change to the projection's runner, which reads the
 //! checkpoints (async), assigns, and starts or stops the partition tasks.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -11,6 +11,8 @@ use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
+
+use crate::partition::Progress;
 
 /// A topic and partition.
 pub(crate) type Tp = (String, i32);
@@ -27,8 +29,9 @@ pub(crate) enum Rebalance {
 pub(crate) struct EngineContext {
     projection: String,
     events: mpsc::UnboundedSender<Rebalance>,
-    /// Partitions owned now, kept by the runner (read by the statistics callback).
-    pub(crate) owned: Arc<Mutex<HashSet<Tp>>>,
+    /// Partitions owned now and their progress, kept by the runner (read by the statistics
+    /// callback).
+    pub(crate) owned: Arc<Mutex<HashMap<Tp, Arc<Progress>>>>,
     /// Set once the runner stops: a revocation (from closing the consumer) is then
     /// completed here, as nobody else will.
     pub(crate) closing: AtomicBool,
@@ -51,17 +54,27 @@ impl EngineContext {
 }
 
 impl ClientContext for EngineContext {
-    /// librdkafka's periodic statistics (`statistics.interval.ms`): the lag per owned
-    /// partition, from the broker's high (or, read_committed, last stable) offset.
+    /// librdkafka's periodic statistics (`statistics.interval.ms`): the lag of every owned
+    /// partition, in offsets and in time, against the head a `read_committed` reader can
+    /// reach (the last stable offset). Exported whether or not anything arrives, so a
+    /// caught-up projection reads 0 rather than "no data".
     fn stats(&self, statistics: rdkafka::Statistics) {
         let owned = self.owned.lock().expect("owned lock").clone();
+        let now = crate::partition::now_ms();
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
-                if *partition < 0 || !owned.contains(&(topic.clone(), *partition)) || p.consumer_lag < 0 {
-                    continue;
+                let Some(progress) = owned.get(&(topic.clone(), *partition)) else { continue };
+                let head = if p.ls_offset >= 0 { p.ls_offset } else { p.hi_offset };
+                let Some((messages, seconds)) = progress.lag(head, p.lo_offset, now) else { continue };
+                let labels = [
+                    ("projection", self.projection.clone()),
+                    ("topic", topic.clone()),
+                    ("partition", partition.to_string()),
+                ];
+                metrics::gauge!(crate::metrics::CONSUMER_LAG_MESSAGES, &labels).set(messages as f64);
+                if let Some(seconds) = seconds {
+                    metrics::gauge!(crate::metrics::CONSUMER_LAG_SECONDS, &labels).set(seconds);
                 }
-                metrics::gauge!(crate::metrics::CONSUMER_LAG_MESSAGES, "projection" => self.projection.clone(), "topic" => topic.clone(), "partition" => partition.to_string())
-                    .set(p.consumer_lag as f64);
             }
         }
     }

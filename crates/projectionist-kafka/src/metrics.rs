@@ -21,12 +21,20 @@ pub const BATCH_RETRIES: &str = "projectionist_batch_retries_total";
 /// Batches applied event by event because a concurrent writer moved their rows (another
 /// process applying an overlapping batch). Labels: `projection`.
 pub const BATCH_FALLBACKS: &str = "projectionist_batch_fallbacks_total";
-/// Messages between the broker's high (or last stable) offset and the committed
-/// position. Labels: `projection`, `topic`, `partition`.
+/// Offsets between the projection's checkpoint and the partition's head (its last stable
+/// offset: what a `read_committed` reader can reach): 0 when caught up. Refreshed for every
+/// assigned partition with librdkafka's statistics (`statistics.interval.ms`), whether or
+/// not anything arrives. Labels: `projection`, `topic`, `partition`.
 pub const CONSUMER_LAG_MESSAGES: &str = "projectionist_consumer_lag_messages";
-/// Age of the last applied event (now − `occurred_at`). Labels: `projection`, `topic`,
-/// `partition`.
+/// How far behind the head the projection is, in time: 0 when caught up, otherwise the age
+/// of the oldest message read but not yet applied, by its broker timestamp (as Kafka lag
+/// exporters measure it; a halted partition's age keeps growing). Refreshed with
+/// [`CONSUMER_LAG_MESSAGES`]. Labels: `projection`, `topic`, `partition`.
 pub const CONSUMER_LAG_SECONDS: &str = "projectionist_consumer_lag_seconds";
+/// Age of the last applied event when it was applied (now − its `occurred_at`, set by the
+/// producer): the end-to-end delay from the event to the read model. Not a lag: an old
+/// stream replayed shows old events. Labels: `projection`, `topic`, `partition`.
+pub const APPLIED_EVENT_AGE_SECONDS: &str = "projectionist_applied_event_age_seconds";
 /// Checkpoints committed to PostgreSQL (one per batch). Labels: `projection`.
 pub const CHECKPOINT_COMMITS: &str = "projectionist_checkpoint_commits_total";
 /// Partition assignments and revocations. Labels: `projection`, `kind` (`assign`, `revoke`).
@@ -49,8 +57,17 @@ pub fn describe() {
         Unit::Count,
         "Batches applied event by event after a concurrent writer moved their rows."
     );
-    describe_gauge!(CONSUMER_LAG_MESSAGES, Unit::Count, "Messages not yet committed, per partition.");
-    describe_gauge!(CONSUMER_LAG_SECONDS, Unit::Seconds, "Age of the last applied event, per partition.");
+    describe_gauge!(CONSUMER_LAG_MESSAGES, Unit::Count, "Offsets between the checkpoint and the partition's head.");
+    describe_gauge!(
+        CONSUMER_LAG_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest message not yet applied (broker time); 0 when caught up."
+    );
+    describe_gauge!(
+        APPLIED_EVENT_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the last applied event's occurred_at when applied."
+    );
     describe_counter!(CHECKPOINT_COMMITS, Unit::Count, "Checkpoints committed to PostgreSQL.");
     describe_counter!(REBALANCES, Unit::Count, "Partition assignments and revocations.");
     describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");

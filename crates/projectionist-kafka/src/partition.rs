@@ -52,6 +52,8 @@ impl HaltKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Halt {
     pub offset: i64,
+    /// The stopped message's broker timestamp (ms), when there is one.
+    pub timestamp: Option<i64>,
     pub aggregate: String,
     pub reason: String,
     pub kind: HaltKind,
@@ -80,13 +82,46 @@ pub(crate) enum Begin {
     Halted,
 }
 
-/// A partition's progress, shared with the runner.
+/// A partition's progress, shared with the runner and the statistics callback.
 #[derive(Debug)]
 pub(crate) struct Progress {
-    /// Next offset committed (−1 before the first batch).
+    /// Next offset the checkpoint holds: the start checkpoint, then each commit's (−1 while
+    /// unknown: no checkpoint yet).
     pub committed: AtomicI64,
     /// Reached the high watermark it had when assigned (or halted: it cannot move).
     pub caught_up: AtomicBool,
+    /// Broker timestamp (ms since the epoch) of the oldest message read and not applied —
+    /// in the batch in flight, buffered, or the one a halt stopped at; −1 when none.
+    pub oldest_unapplied_ms: AtomicI64,
+}
+
+impl Progress {
+    /// A partition starting at `checkpoint` (none: from the beginning).
+    pub(crate) fn new(checkpoint: Option<i64>) -> Self {
+        Self {
+            committed: AtomicI64::new(checkpoint.unwrap_or(-1)),
+            caught_up: AtomicBool::new(false),
+            oldest_unapplied_ms: AtomicI64::new(-1),
+        }
+    }
+
+    /// Lag against the partition's `head` (the next offset a `read_committed` reader can
+    /// reach) and its `low` watermark: offsets between the checkpoint and the head, and
+    /// seconds — 0 when caught up, else the age of the oldest message read and not applied
+    /// (`None` while no such message is known). `None` when the head is unknown yet.
+    pub(crate) fn lag(&self, head: i64, low: i64, now_ms: i64) -> Option<(i64, Option<f64>)> {
+        if head < 0 {
+            return None;
+        }
+        let committed = self.committed.load(Ordering::SeqCst);
+        let applied_to = if committed >= 0 { committed } else { low.max(0) };
+        let messages = (head - applied_to).max(0);
+        if messages == 0 {
+            return Some((0, Some(0.0)));
+        }
+        let oldest = self.oldest_unapplied_ms.load(Ordering::SeqCst);
+        Some((messages, (oldest >= 0).then(|| (now_ms - oldest).max(0) as f64 / 1000.0)))
+    }
 }
 
 /// A consumed message, owned.
@@ -95,6 +130,8 @@ pub(crate) struct Msg {
     pub offset: i64,
     pub key: Option<String>,
     pub payload: Option<Vec<u8>>,
+    /// The broker's timestamp (create or log-append time), ms since the epoch.
+    pub timestamp: Option<i64>,
 }
 
 impl Msg {
@@ -103,6 +140,7 @@ impl Msg {
             offset: message.offset(),
             key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
             payload: message.payload().map(<[u8]>::to_vec),
+            timestamp: message.timestamp().to_millis(),
         }
     }
 
@@ -153,8 +191,11 @@ impl Partition {
         }
         let mut stream = queue.stream();
         let mut in_flight: Option<JoinHandle<Applied>> = None;
+        // Broker timestamp of the in-flight batch's first message, and of a halt's message.
+        let (mut in_flight_oldest, mut halted_at) = (None, None);
         let mut stopping = Stop::No;
         let mut target = None;
+        // Wakes an idle partition: checkpoint past trailing transaction markers, caught-up check.
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -174,25 +215,51 @@ impl Partition {
                     Stop::Revoke => None,
                 };
                 match batch {
-                    Some(batch) => in_flight = Some(tokio::spawn(this.clone().apply(batch))),
+                    Some(batch) => {
+                        // Everything read is in this batch: it may end past the last message,
+                        // at the position after the transaction markers read with it.
+                        let through = if drained && batcher.is_empty() { this.position() } else { None };
+                        in_flight_oldest = batch.first().and_then(|m| m.timestamp);
+                        in_flight = Some(tokio::spawn(this.clone().apply(batch, through)));
+                    }
                     None if stopping != Stop::No => break,
                     None => {}
                 }
             }
-            if this.exit_when_caught_up && !batcher.in_flight() && batcher.is_empty() && drained {
+            let idle = in_flight.is_none() && batcher.is_empty() && drained;
+            if idle && stopping == Stop::No && !batcher.is_halted() {
+                this.checkpoint_past_markers().await;
+            }
+            if this.exit_when_caught_up && idle {
                 this.check_caught_up(&mut target, batcher.is_halted()).await;
             }
+            let oldest = match in_flight {
+                Some(_) => in_flight_oldest,
+                None if batcher.is_halted() => halted_at,
+                None => batcher.first().and_then(|m| m.timestamp),
+            };
+            this.progress.oldest_unapplied_ms.store(oldest.unwrap_or(-1), Ordering::SeqCst);
             let deadline = if batcher.in_flight() { None } else { batcher.deadline() };
             tokio::select! {
                 biased;
                 applied = join(&mut in_flight) => {
                     in_flight = None;
                     match applied {
-                        Ok(applied) => this.settle(applied, &mut batcher),
+                        Ok(applied) => {
+                            halted_at = applied.halt.as_ref().and_then(|h| h.timestamp).or(halted_at);
+                            this.settle(applied, &mut batcher);
+                        }
                         Err(e) => {
                             // A panic in projection code: the batch rolled back with its transaction.
                             batcher.halt();
-                            this.halt(Halt { offset: this.progress.committed.load(Ordering::SeqCst).max(0), aggregate: "?".into(), reason: format!("the projection's task failed: {e}"), kind: HaltKind::Error });
+                            halted_at = in_flight_oldest;
+                            this.halt(Halt {
+                                offset: this.progress.committed.load(Ordering::SeqCst).max(0),
+                                timestamp: in_flight_oldest,
+                                aggregate: "?".into(),
+                                reason: format!("the projection's task failed: {e}"),
+                                kind: HaltKind::Error,
+                            });
                         }
                     }
                 }
@@ -203,7 +270,43 @@ impl Partition {
                     this.receive(received, &mut batcher);
                 }
                 () = sleep_until(deadline) => {}
-                _ = tick.tick(), if this.exit_when_caught_up => {}
+                _ = tick.tick() => {}
+            }
+        }
+    }
+
+    /// The consumer's position in this partition: the next offset to read, past the
+    /// transaction markers (and, on brokers that filter them, aborted records) read so far.
+    /// Only this task reads the partition's queue, so with nothing buffered or in flight
+    /// every message before it is applied.
+    fn position(&self) -> Option<i64> {
+        let positions = self.consumer.position().ok()?;
+        match positions.find_partition(&self.tp.0, self.tp.1).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// With everything read applied, moves the checkpoint (and the Kafka offset) past what
+    /// followed the last applied message without being one: a transaction's commit marker
+    /// takes an offset of its own, so without this a caught-up projection would show lag.
+    /// A failure is logged and tried again at the next idle moment.
+    async fn checkpoint_past_markers(&self) {
+        let Some(position) = self.position() else { return };
+        if position <= self.progress.committed.load(Ordering::SeqCst) {
+            return;
+        }
+        let stored = async {
+            let mut conn = self.pool.acquire().await?;
+            crate::checkpoint::store(&mut conn, self.projection.name(), &self.tp.0, self.tp.1, position).await
+        };
+        match stored.await {
+            Ok(()) => {
+                tracing::debug!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, position, "Checkpoint moved past transaction markers.");
+                self.committed(position, position);
+            }
+            Err(e) => {
+                tracing::warn!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot move the checkpoint past transaction markers; trying again.")
             }
         }
     }
@@ -230,8 +333,7 @@ impl Partition {
     /// Takes a committed or halted batch's result.
     fn settle(&self, applied: Applied, batcher: &mut Batcher<Msg>) {
         if let Some(next) = applied.next_offset {
-            self.progress.committed.store(next, Ordering::SeqCst);
-            self.commit_kafka(next);
+            self.committed(applied.first_offset, next);
         }
         match applied.halt {
             Some(halt) => {
@@ -268,16 +370,20 @@ impl Partition {
             }
         }
         let Some(target) = *target else { return };
-        let position = self.consumer.position().ok().and_then(|p| {
-            match p.find_partition(&self.tp.0, self.tp.1).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => Some(o),
-                _ => None,
-            }
-        });
-        let reached = self.progress.committed.load(Ordering::SeqCst).max(position.unwrap_or(-1));
-        if target == 0 || reached >= target {
+        // The checkpoint, not the position: at an idle moment it is moved past the markers
+        // read, so it reaches the watermark exactly when everything before it is applied.
+        if target == 0 || self.progress.committed.load(Ordering::SeqCst) >= target {
             self.progress.caught_up.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// The checkpoint moved to `next` (from the batch starting at `first`, when it is the
+    /// first since the partition started without one): progress, then Kafka's copy.
+    fn committed(&self, first: i64, next: i64) {
+        let previous = self.progress.committed.swap(next, Ordering::SeqCst);
+        let from = if previous >= 0 { previous } else { first };
+        self.stats.advanced.fetch_add((next - from).max(0) as u64, Ordering::Relaxed);
+        self.commit_kafka(next);
     }
 
     fn commit_kafka(&self, next_offset: i64) {
@@ -319,7 +425,9 @@ impl Partition {
 
     /// Applies one batch with bounded retries; a gap, a poison event or a failure retries do
     /// not cure halts at that event after applying (and committing) what precedes it.
-    async fn apply(self: Arc<Self>, messages: Vec<Msg>) -> Applied {
+    /// `through`: the position after the batch when it holds everything read (its
+    /// checkpoint then also covers the transaction markers that followed it).
+    async fn apply(self: Arc<Self>, messages: Vec<Msg>, through: Option<i64>) -> Applied {
         let span = tracing::info_span!(
             "batch",
             projection = %self.name(),
@@ -339,7 +447,11 @@ impl Partition {
             let mut end = envelopes.len();
             while end > 0 {
                 let batch = &envelopes[..end];
-                let next_offset = messages[end - 1].offset + 1;
+                let after_last = messages[end - 1].offset + 1;
+                let next_offset = match through {
+                    Some(position) if end == messages.len() => position.max(after_last),
+                    _ => after_last,
+                };
                 let started = Instant::now();
                 let result = this
                     .retry
@@ -356,20 +468,20 @@ impl Partition {
                     Ok(Ok(counts)) => {
                         this.stats.add(&counts);
                         this.record_batch(batch, &counts, started.elapsed());
-                        return Applied { next_offset: Some(next_offset), halt };
+                        return Applied { first_offset: messages[0].offset, next_offset: Some(next_offset), halt };
                     }
                     Ok(Err((index, reason))) => {
-                        halt = Some(Halt { offset: messages[index].offset, aggregate: envelopes[index].aggregate_id.clone(), reason, kind: HaltKind::Gap });
+                        halt = Some(Halt { offset: messages[index].offset, timestamp: messages[index].timestamp, aggregate: envelopes[index].aggregate_id.clone(), reason, kind: HaltKind::Gap });
                         end = index;
                     }
                     Err(e) => {
                         let (index, reason, kind) = classify(&e, this.retry.max_retries);
-                        halt = Some(Halt { offset: messages[index].offset, aggregate: envelopes[index].aggregate_id.clone(), reason, kind });
+                        halt = Some(Halt { offset: messages[index].offset, timestamp: messages[index].timestamp, aggregate: envelopes[index].aggregate_id.clone(), reason, kind });
                         end = index;
                     }
                 }
             }
-            Applied { next_offset: None, halt }
+            Applied { first_offset: messages.first().map_or(-1, |m| m.offset), next_offset: None, halt }
         }
         .instrument(span)
         .await
@@ -427,7 +539,7 @@ impl Partition {
         metrics::counter!(m::CHECKPOINT_COMMITS, "projection" => projection.clone()).increment(1);
         if let Some(last) = batch.last() {
             let age = (now_ms() - last.occurred_at.timestamp_millis()).max(0) as f64 / 1000.0;
-            metrics::gauge!(m::CONSUMER_LAG_SECONDS, "projection" => projection, "topic" => self.tp.0.clone(), "partition" => self.tp.1.to_string()).set(age);
+            metrics::gauge!(m::APPLIED_EVENT_AGE_SECONDS, "projection" => projection, "topic" => self.tp.0.clone(), "partition" => self.tp.1.to_string()).set(age);
         }
         let (size, idle) = (self.pool.size(), self.pool.num_idle() as u32);
         metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "in_use").set(size.saturating_sub(idle) as f64);
@@ -452,6 +564,7 @@ pub(crate) fn pause(consumer: &Arc<StreamConsumer<EngineContext>>, tp: &Tp) {
 /// halt, if one stopped the partition within the batch.
 #[derive(Debug)]
 pub(crate) struct Applied {
+    first_offset: i64,
     next_offset: Option<i64>,
     halt: Option<Halt>,
 }
@@ -465,6 +578,7 @@ pub(crate) fn decode_until_poison(messages: &[Msg]) -> (Vec<RawEnvelope>, Option
             Err(reason) => {
                 let halt = Halt {
                     offset: m.offset,
+                    timestamp: m.timestamp,
                     aggregate: m.key.clone().unwrap_or_else(|| "?".into()),
                     reason,
                     kind: HaltKind::Poison,
@@ -514,7 +628,8 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-fn now_ms() -> i64 {
+/// Now, in ms since the epoch.
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
@@ -523,13 +638,29 @@ mod tests {
     use super::*;
 
     fn msg(offset: i64, key: &str, payload: &str) -> Msg {
-        Msg { offset, key: Some(key.into()), payload: Some(payload.as_bytes().to_vec()) }
+        Msg { offset, key: Some(key.into()), payload: Some(payload.as_bytes().to_vec()), timestamp: Some(offset) }
     }
 
     fn envelope(id: &str, version: u64) -> String {
         format!(
             r#"{{"id":"00000000-0000-4000-8000-00000000000{version}","aggregate_type":"account","aggregate_id":"{id}","version":{version},"type":"Opened","occurred_at":"2026-01-01T00:00:00Z","data":{{}}}}"#
         )
+    }
+
+    #[test]
+    fn lag_is_zero_at_the_head_and_else_the_age_of_the_oldest_unapplied_message() {
+        let now = 1_000_000;
+        let progress = Progress::new(Some(100));
+        assert_eq!(progress.lag(-1, 0, now), None, "head unknown yet: nothing exported");
+        assert_eq!(progress.lag(100, 0, now), Some((0, Some(0.0))), "caught up");
+        assert_eq!(progress.lag(90, 0, now), Some((0, Some(0.0))), "never negative");
+        assert_eq!(progress.lag(105, 0, now), Some((5, None)), "behind, nothing read yet: age unknown");
+        progress.oldest_unapplied_ms.store(now - 2_500, Ordering::SeqCst);
+        assert_eq!(progress.lag(105, 0, now), Some((5, Some(2.5))));
+        progress.committed.store(105, Ordering::SeqCst);
+        assert_eq!(progress.lag(105, 0, now), Some((0, Some(0.0))), "applied: 0 again, whatever is remembered");
+        let fresh = Progress::new(None);
+        assert_eq!(fresh.lag(50, 20, now), Some((30, None)), "no checkpoint: counted from the low watermark");
     }
 
     #[test]
@@ -549,7 +680,8 @@ mod tests {
         let halt = halt.expect("a halt");
         assert_eq!((halt.offset, halt.kind), (5, HaltKind::Poison));
         assert!(halt.reason.contains("differs from aggregate_id"), "{}", halt.reason);
-        let (_, tombstone) = decode_until_poison(&[Msg { offset: 6, key: Some("x".into()), payload: None }]);
+        let (_, tombstone) =
+            decode_until_poison(&[Msg { offset: 6, key: Some("x".into()), payload: None, timestamp: None }]);
         assert!(tombstone.expect("a halt").reason.contains("tombstone"));
     }
 }

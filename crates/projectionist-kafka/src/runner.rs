@@ -4,7 +4,7 @@
 //! batches, transactions, checkpoints, retries, halts — is in [`crate::partition`].
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +28,10 @@ use crate::{EngineConfig, Result};
 pub struct Stats {
     /// Messages read from Kafka (including ones later dropped by a rebalance).
     pub read: AtomicU64,
+    /// Offsets the partitions' checkpoints moved past in this run: events and the
+    /// transaction markers between them alike, so it reaches the distance to the high
+    /// watermarks exactly (progress against them).
+    pub advanced: AtomicU64,
     /// Events that changed the read model.
     pub applied: AtomicU64,
     /// Redeliveries of applied versions.
@@ -231,6 +235,7 @@ impl Runner {
                 match &start {
                     Err(reason) => Begin::Halt(Halt {
                         offset: -1,
+                        timestamp: None,
                         aggregate: "?".into(),
                         reason: reason.clone(),
                         kind: HaltKind::Error,
@@ -243,7 +248,7 @@ impl Runner {
                 tracing::error!(projection = %name, topic = %tp.0, partition = tp.1, "Cannot split the partition's queue off the consumer.");
                 continue;
             };
-            let progress = Arc::new(Progress { committed: AtomicI64::new(-1), caught_up: AtomicBool::new(false) });
+            let progress = Arc::new(Progress::new(start.as_ref().ok().copied().flatten()));
             let partition = Partition {
                 tp: tp.clone(),
                 projection: self.projection.clone(),
@@ -257,8 +262,8 @@ impl Runner {
             };
             let (stop, stopped) = watch::channel(Stop::No);
             let handle = tokio::spawn(partition.run(queue, stopped, begin));
-            self.tasks.insert(tp.clone(), Task { stop, handle, progress });
-            self.consumer.context().owned.lock().expect("owned lock").insert(tp);
+            self.tasks.insert(tp.clone(), Task { stop, handle, progress: progress.clone() });
+            self.consumer.context().owned.lock().expect("owned lock").insert(tp, progress);
         }
         let owned = self.tasks.len() as u32;
         let max = self.pool.options().get_max_connections();

@@ -189,6 +189,13 @@ async fn published_events_build_the_expected_read_model(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(checkpoints, 4, "one checkpoint per partition");
+    // Caught up means lag 0, though each transaction's commit marker took an offset of its own.
+    let out = env.cli(&["status"]).output().await.unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+    let lags: Vec<&str> =
+        status.lines().filter(|l| l.contains(&env.topic)).filter_map(|l| l.split_whitespace().last()).collect();
+    assert_eq!(lags, ["0"; 4], "lag per partition after catching up:\n{status}");
 }
 
 #[sqlx::test(migrations = false)]
@@ -528,8 +535,8 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
         assert!(started.elapsed() < Duration::from_secs(90), "read model incomplete");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Lag in messages comes from librdkafka's statistics (every 500 ms here): wait until every
-    // partition reports, after the last batch's offset commit.
+    // Lag comes with librdkafka's statistics (every 500 ms here): wait until every partition
+    // reports the head reached — exactly 0, the transactions' commit markers included.
     let topic = format!("topic=\"{}\"", env.topic);
     let lag_of = |metrics: &str, partition: i32| {
         sample(
@@ -541,7 +548,7 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
     let metrics = loop {
         let (status, metrics) = http_get(&addr, "/metrics").await;
         assert_eq!(status, 200);
-        if (0..4).all(|p| lag_of(&metrics, p).is_some_and(|lag| lag <= 1.0)) {
+        if (0..4).all(|p| lag_of(&metrics, p) == Some(0.0)) {
             break metrics;
         }
         assert!(started.elapsed() < Duration::from_secs(120), "lag gauges never settled:\n{metrics}");
@@ -574,13 +581,51 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
     assert!(sample(&metrics, "projectionist_rebalances_total", &[p, "kind=\"assign\""]).unwrap_or(0.0) >= 1.0);
     for partition in 0..4 {
         let part = format!("partition=\"{partition}\"");
-        let age = sample(&metrics, "projectionist_consumer_lag_seconds", &[p, &topic, &part])
-            .expect("lag in seconds per partition");
+        let lag = sample(&metrics, "projectionist_consumer_lag_seconds", &[p, &topic, &part]);
+        assert_eq!(lag, Some(0.0), "caught up: no time lag\n{metrics}");
+        let age = sample(&metrics, "projectionist_applied_event_age_seconds", &[p, &topic, &part])
+            .expect("age of the last applied event per partition");
         assert!(age > 0.0, "events occurred in the past");
     }
     assert!(sample(&metrics, "projectionist_pg_pool_connections", &["state=\"idle\""]).is_some());
     assert!(!metrics.contains("acc-0"), "no aggregate id in any label");
 
+    std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
+    assert!(child.wait().await.unwrap().success());
+
+    // Restarted when already caught up, nothing arrives: every partition's lag is still
+    // exported, and it is 0 (not "no data").
+    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+    let restarted = Instant::now();
+    let addr = loop {
+        let found = log
+            .lock()
+            .unwrap()
+            .lines()
+            .find(|l| l.contains("Serving /metrics"))
+            .and_then(|l| l.split("address=").nth(1).map(|a| a.split_whitespace().next().unwrap().to_owned()));
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(restarted.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    loop {
+        let (_, metrics) = http_get(&addr, "/metrics").await;
+        let exported =
+            |name: &str, partition: i32| sample(&metrics, name, &[p, &topic, &format!("partition=\"{partition}\"")]);
+        if (0..4).all(|partition| {
+            exported("projectionist_consumer_lag_messages", partition) == Some(0.0)
+                && exported("projectionist_consumer_lag_seconds", partition) == Some(0.0)
+        }) {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(60),
+            "lag not exported after a restart at the head:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
     assert!(child.wait().await.unwrap().success());
 }
