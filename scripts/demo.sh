@@ -31,7 +31,7 @@ step "Publishing with a transactional producer"
 $BIN publish --topic bank.accounts "$events"
 
 step "Projecting (rebuilding bank_accounts from offset zero)"
-RUST_LOG=${RUST_LOG:-info} $BIN run --reset --exit-when-caught-up --kafka-property session.timeout.ms=6000
+RUST_LOG=${RUST_LOG:-info} $BIN run --reset --exit-when-caught-up
 
 step "Where the projection stands"
 $BIN status

@@ -16,6 +16,13 @@ pub struct EngineConfig {
     /// Consumer group id; default `projectionist.<projection name>`.
     #[serde(default)]
     pub group_id: Option<String>,
+    /// Static group membership: this process's stable name in each projection's group
+    /// (librdkafka's `group.instance.id`), unique among the group's members — e.g. the pod
+    /// name of a StatefulSet. On Apache Kafka a member restarted under the same name within
+    /// the session timeout gets its partitions back without a rebalance. Unset: dynamic
+    /// membership (a restart rejoins as a new member).
+    #[serde(default)]
+    pub group_instance_id: Option<String>,
     /// Most events in one batch (one Postgres transaction). Batches grow to this bound
     /// while a partition is behind (catch-up, replay) and stay small at the head.
     #[serde(default = "default_batch_max_events")]
@@ -81,6 +88,7 @@ impl EngineConfig {
         Self {
             brokers: brokers.into(),
             group_id: None,
+            group_instance_id: None,
             batch_max_events: default_batch_max_events(),
             batch_max_bytes: default_batch_max_bytes(),
             batch_max_wait_ms: default_batch_max_wait_ms(),
@@ -153,6 +161,7 @@ impl fmt::Debug for EngineConfig {
         f.debug_struct("EngineConfig")
             .field("brokers", &redact_userinfo(&self.brokers))
             .field("group_id", &self.group_id)
+            .field("group_instance_id", &self.group_instance_id)
             .field("batch_max_events", &self.batch_max_events)
             .field("batch_max_bytes", &self.batch_max_bytes)
             .field("batch_max_wait_ms", &self.batch_max_wait_ms)

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaResult;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
@@ -17,9 +18,12 @@ use crate::partition::Progress;
 /// A topic and partition.
 pub(crate) type Tp = (String, i32);
 
-/// A change of assignment, for the runner to act on. Eager protocol: the group waits
-/// until the runner calls `assign` (after reading the checkpoints) or `unassign` (after
-/// the revoked partitions finished their batches in flight).
+/// A change of assignment, for the runner to act on. The group waits until the runner has
+/// assigned the partitions (after reading their checkpoints) or unassigned them (after they
+/// finished their batches in flight). Eager protocol (`range`, `roundrobin`): every
+/// rebalance revokes all partitions, then assigns the new set. Cooperative
+/// (`cooperative-sticky`): only the partitions that move are revoked or assigned, and the
+/// others keep running.
 #[derive(Debug)]
 pub(crate) enum Rebalance {
     Assign(Vec<Tp>),
@@ -45,11 +49,39 @@ impl EngineContext {
     fn revoke(&self, consumer: &BaseConsumer<Self>, parts: Vec<Tp>) {
         metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "revoke")
             .increment(1);
-        if self.closing.load(Ordering::SeqCst) || self.events.send(Rebalance::Revoke(parts)).is_err() {
-            if let Err(e) = consumer.unassign() {
-                tracing::error!(projection = %self.projection, error = %e, "Unassigning partitions failed.");
-            }
+        if self.closing.load(Ordering::SeqCst) {
+            unassign(consumer, &parts);
+        } else if let Err(mpsc::error::SendError(Rebalance::Revoke(parts))) = self.events.send(Rebalance::Revoke(parts))
+        {
+            unassign(consumer, &parts);
         }
+    }
+}
+
+/// Assigns `parts` at their offsets: the whole assignment under the eager protocol, an
+/// addition to it under the cooperative one.
+pub(crate) fn assign<C: Consumer<EngineContext>>(consumer: &C, parts: &TopicPartitionList) -> KafkaResult<()> {
+    match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => consumer.incremental_assign(parts),
+        _ => consumer.assign(parts),
+    }
+}
+
+/// Gives up `parts`: the whole assignment under the eager protocol, just them under the
+/// cooperative one. A failure is logged.
+pub(crate) fn unassign<C: Consumer<EngineContext>>(consumer: &C, parts: &[Tp]) {
+    let result = match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => {
+            let mut tpl = TopicPartitionList::new();
+            for (topic, partition) in parts {
+                tpl.add_partition(topic, *partition);
+            }
+            consumer.incremental_unassign(&tpl)
+        }
+        _ => consumer.unassign(),
+    };
+    if let Err(e) = result {
+        tracing::error!(error = %e, "Unassigning partitions failed.");
     }
 }
 

@@ -166,7 +166,9 @@ impl Engine {
         // bound is reached (1 s by default) keeps the queue fed. Security settings come
         // with the user's properties, as for every other client.
         let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[
-            ("session.timeout.ms", "10000"),
+            ("session.timeout.ms", "6000"),
+            ("heartbeat.interval.ms", "2000"),
+            ("partition.assignment.strategy", "cooperative-sticky"),
             ("max.poll.interval.ms", "60000"),
             ("statistics.interval.ms", "5000"),
             ("queued.max.messages.kbytes", "2048"),
@@ -179,8 +181,10 @@ impl Engine {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("enable.partition.eof", "false")
-            .set("partition.assignment.strategy", "range");
+            .set("enable.partition.eof", "false");
+        if let Some(id) = &self.config.group_instance_id {
+            cfg.set("group.instance.id", id);
+        }
         let consumer: StreamConsumer<EngineContext> = cfg.create_with_context(context)?;
         let topics: Vec<&str> = reg.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;

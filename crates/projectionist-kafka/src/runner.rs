@@ -217,7 +217,7 @@ impl Runner {
             queues.push((tp.clone(), start, queue));
         }
         let consumer = self.consumer.clone();
-        match tokio::task::spawn_blocking(move || consumer.assign(&tpl)).await {
+        match tokio::task::spawn_blocking(move || crate::context::assign(consumer.as_ref(), &tpl)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!(projection = %name, error = %e, "Assigning partitions failed."),
             Err(e) => tracing::error!(projection = %name, error = %e, "Assigning partitions failed."),
@@ -280,12 +280,10 @@ impl Runner {
         for (topic, partition) in &parts {
             tracing::info!(projection = %self.name(), topic = %topic, partition, "Partition revoked.");
         }
-        self.joined.store(false, Ordering::SeqCst);
+        self.joined.store(!self.tasks.is_empty(), Ordering::SeqCst);
         let consumer = self.consumer.clone();
-        match tokio::task::spawn_blocking(move || consumer.unassign()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(projection = %self.name(), error = %e, "Unassigning partitions failed."),
-            Err(e) => tracing::error!(projection = %self.name(), error = %e, "Unassigning partitions failed."),
+        if let Err(e) = tokio::task::spawn_blocking(move || crate::context::unassign(consumer.as_ref(), &parts)).await {
+            tracing::error!(projection = %self.name(), error = %e, "Unassigning partitions failed.");
         }
     }
 

@@ -258,19 +258,7 @@ async fn two_runners_in_one_group_share_the_partitions(pool: PgPool) {
     let (mut b, log_b) = env.spawn(&[]);
 
     // Wait for the split: each runner's latest assignment holds some, not all, partitions.
-    let owned = |log: &str| {
-        let mut owned = std::collections::BTreeSet::new();
-        for line in log.lines() {
-            let partition =
-                || line.rsplit("partition=").next().and_then(|p| p.split_whitespace().next()).map(str::to_owned);
-            if line.contains("Partition assigned.") {
-                owned.extend(partition());
-            } else if line.contains("Partition revoked.") {
-                owned.remove(&partition().unwrap_or_default());
-            }
-        }
-        owned
-    };
+    let owned = |log: &str| ownership(log).0;
     let started = Instant::now();
     loop {
         let (oa, ob) = (owned(&log_a.lock().unwrap()), owned(&log_b.lock().unwrap()));
@@ -306,6 +294,64 @@ async fn two_runners_in_one_group_share_the_partitions(pool: PgPool) {
         assert!(read > 0, "each runner applied part of the stream:\n{log}");
     }
     assert_eq!(read_model(&pool).await, want);
+}
+
+/// Partitions a runner's log says it owns now, and how many revocations it logged.
+fn ownership(log: &str) -> (std::collections::BTreeSet<String>, usize) {
+    let (mut owned, mut revoked) = (std::collections::BTreeSet::new(), 0);
+    for line in log.lines() {
+        let partition =
+            || line.rsplit("partition=").next().and_then(|p| p.split_whitespace().next()).map(str::to_owned);
+        if line.contains("Partition assigned.") {
+            owned.extend(partition());
+        } else if line.contains("Partition revoked.") {
+            owned.remove(&partition().unwrap_or_default());
+            revoked += 1;
+        }
+    }
+    (owned, revoked)
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_member_joining_takes_partitions_without_stopping_the_others(pool: PgPool) {
+    // Cooperative rebalancing (the default assignor, cooperative-sticky): when a second
+    // runner joins, the first gives up only the partitions that move; the rest keep running.
+    let env = Env::new(&pool, "cooperative").await;
+    env.publish(&[]).await;
+    let (mut a, log_a) = env.spawn(&[]);
+    let started = Instant::now();
+    while ownership(&log_a.lock().unwrap()).0.len() != 4 {
+        assert!(started.elapsed() < Duration::from_secs(60), "A never owned all:\n{}", log_a.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut b, log_b) = env.spawn(&[]);
+    loop {
+        let ((owned_a, revoked_a), (owned_b, _)) =
+            (ownership(&log_a.lock().unwrap()), ownership(&log_b.lock().unwrap()));
+        if !owned_b.is_empty() && owned_a.len() + owned_b.len() == 4 && owned_a.is_disjoint(&owned_b) {
+            assert!(!owned_a.is_empty(), "A keeps some partitions");
+            assert_eq!(revoked_a, owned_b.len(), "A gave up only what B took:\n{}", log_a.lock().unwrap());
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "no split:\nA:\n{}\nB:\n{}",
+            log_a.lock().unwrap(),
+            log_b.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let events = generate::stream(60, 10, 8);
+    env.publish(&events).await;
+    let started = Instant::now();
+    while read_model(&pool).await != generate::expected(&events) {
+        assert!(started.elapsed() < Duration::from_secs(60), "read model incomplete");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for child in [&mut a, &mut b] {
+        std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
+        assert!(child.wait().await.unwrap().success());
+    }
 }
 
 #[sqlx::test(migrations = false)]
