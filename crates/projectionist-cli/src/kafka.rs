@@ -77,8 +77,9 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 }
 
 impl KafkaArgs {
-    /// Brokers and properties for every client a command makes.
-    pub fn client(&self) -> KafkaClientConfig {
+    /// Brokers and properties for every client a command makes, over `base` (the settings
+    /// file's properties).
+    pub fn client(&self, base: &std::collections::BTreeMap<String, String>) -> KafkaClientConfig {
         let named = [
             ("security.protocol", &self.kafka_security_protocol),
             ("sasl.mechanism", &self.kafka_sasl_mechanism),
@@ -97,6 +98,9 @@ impl KafkaArgs {
             ("sasl.oauthbearer.extensions", &self.kafka_sasl_oauthbearer_extensions),
         ];
         let mut client = KafkaClientConfig::new(self.brokers.clone());
+        for (key, value) in base {
+            client = client.with_property(key.clone(), value.clone());
+        }
         for (key, value) in named {
             if let Some(value) = value.as_deref().filter(|v| !v.is_empty()) {
                 client = client.with_property(key, value);

@@ -14,6 +14,7 @@
 //! }
 //! ```
 
+mod config;
 mod http;
 mod kafka;
 mod progress;
@@ -21,13 +22,14 @@ mod publish;
 mod status;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use progress::Progress;
 use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
 use projectionist_postgres::{PgPool, PgProjection};
@@ -47,11 +49,18 @@ struct Cli {
     database_url: Option<String>,
     #[command(flatten)]
     kafka: kafka::KafkaArgs,
+    /// Settings file (TOML; see `examples/projectionist.toml`). The command line and the
+    /// environment win over it, it wins over the defaults.
+    #[arg(long, env = "PROJECTIONIST_CONFIG", global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Log format on stderr (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+    /// librdkafka properties from the settings file (the options above win).
+    #[arg(skip)]
+    kafka_file_properties: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -113,8 +122,11 @@ struct RunArgs {
     #[arg(long, alias = "batch-wait-ms", env = "PROJECTIONIST_BATCH_MAX_WAIT_MS", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS)]
     batch_max_wait_ms: u64,
     /// Retries of a batch after a retryable database error.
-    #[arg(long, default_value_t = EngineConfig::DEFAULT_MAX_RETRIES)]
+    #[arg(long, env = "PROJECTIONIST_MAX_RETRIES", default_value_t = EngineConfig::DEFAULT_MAX_RETRIES)]
     max_retries: u32,
+    /// First retry delay in milliseconds, doubled on each further retry.
+    #[arg(long, env = "PROJECTIONIST_RETRY_BACKOFF_MS", default_value_t = EngineConfig::DEFAULT_RETRY_BACKOFF_MS)]
+    retry_backoff_ms: u64,
     /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
     /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
     #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]
@@ -155,7 +167,17 @@ impl App {
 
     /// As [`App::main`], with the given arguments (the first is the binary name).
     pub async fn main_from(self, args: impl IntoIterator<Item = OsString>) -> ExitCode {
-        let cli = Cli::parse_from(args);
+        let cli = match Cli::command().try_get_matches_from(args).and_then(|m| Ok((Cli::from_arg_matches(&m)?, m))) {
+            Ok((cli, matches)) => with_config_file(cli, &matches),
+            Err(e) => e.exit(),
+        };
+        let cli = match cli {
+            Ok(cli) => cli,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
         init_tracing(cli.log_format);
         match self.execute(cli).await {
             Ok(code) => code,
@@ -167,7 +189,7 @@ impl App {
     }
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
-        let client = cli.kafka.client();
+        let client = cli.kafka.client(&cli.kafka_file_properties);
         if !matches!(cli.command, Command::Migrate) {
             cli.kafka.preflight(&client).await?;
         }
@@ -247,6 +269,7 @@ impl App {
             .with_from_beginning(args.from_beginning)
             .with_exit_when_caught_up(args.exit_when_caught_up);
         config.max_retries = args.max_retries;
+        config.retry_backoff_ms = args.retry_backoff_ms;
         config.group_id = args.group_id;
         config.group_instance_id = args.group_instance_id;
         let mut engine = Engine::new(pool, config);
@@ -294,6 +317,23 @@ impl App {
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// Applies `--config FILE`, if given, where the command line and the environment left
+/// defaults.
+fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<Cli> {
+    let Some(path) = &cli.config else { return Ok(cli) };
+    let file = config::ConfigFile::load(path)?;
+    if let Some(brokers) = &file.brokers {
+        if !config::given(matches, "brokers") {
+            cli.kafka.brokers = brokers.clone();
+        }
+    }
+    cli.kafka_file_properties = file.kafka.clone();
+    if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
+        file.apply_to_run(args, run);
+    }
+    Ok(cli)
 }
 
 /// Updates the progress line from the engine's counters while a run works: offsets the

@@ -727,3 +727,21 @@ async fn passwords_never_reach_the_logs(pool: PgPool) {
         logs.lines().filter(|l| l.contains(SECRET)).collect::<Vec<_>>().join("\n")
     );
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_settings_file_is_read_and_checked(pool: PgPool) {
+    let env = Env::new(&pool, "config").await;
+    let file = env.dir.join("projectionist.toml");
+    std::fs::write(&file, "[run]\nbatch_max_event = 10\n").unwrap();
+    let out = env.cli(&["--config", file.to_str().unwrap(), "run"]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(file.to_str().unwrap()) && stderr.contains("unknown field `batch_max_event`"), "{stderr}");
+
+    // A valid file reaches `run`: here it selects a projection that does not exist.
+    std::fs::write(&file, "[run]\nprojections = [\"nope\"]\nmetrics_addr = \"off\"\n").unwrap();
+    let out = env.cli(&["--config", file.to_str().unwrap(), "run"]).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no projection named \"nope\""), "{stderr}");
+}
