@@ -745,3 +745,54 @@ async fn a_settings_file_is_read_and_checked(pool: PgPool) {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no projection named \"nope\""), "{stderr}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_halted_partition_reports_growing_time_lag(pool: PgPool) {
+    let env = Env::new(&pool, "halt-lag").await;
+    let out = env.cli(&["create-topics", "--partitions", "1"]).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    producer
+        .send(BaseRecord::to(&env.topic).key("acc-h").payload(b"{not json".as_slice()))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+    let started = Instant::now();
+    let addr = loop {
+        let found = log
+            .lock()
+            .unwrap()
+            .lines()
+            .find(|l| l.contains("Serving /metrics"))
+            .and_then(|l| l.split("address=").nth(1).map(|a| a.split_whitespace().next().unwrap().to_owned()));
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The poison message stays unapplied: lag is one offset, and its age by the broker's
+    // timestamp, which grows while the partition stays halted.
+    let labels =
+        ["projection=\"bank_accounts\"".to_owned(), format!("topic=\"{}\"", env.topic), "partition=\"0\"".into()];
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    let mut ages = Vec::new();
+    while ages.len() < 2 {
+        let (_, metrics) = http_get(&addr, "/metrics").await;
+        let lag = sample(&metrics, "projectionist_consumer_lag_messages", &labels);
+        let age = sample(&metrics, "projectionist_consumer_lag_seconds", &labels);
+        if let (Some(1.0), Some(age)) = (lag, age) {
+            if ages.last().is_none_or(|last| age > *last) {
+                ages.push(age);
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no time lag for the halted partition:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(ages[0] > 0.0, "{ages:?}");
+    assert!(log.lock().unwrap().contains("Partition halted"), "{}", log.lock().unwrap());
+    std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
+    child.wait().await.unwrap();
+}
