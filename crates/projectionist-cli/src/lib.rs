@@ -258,12 +258,14 @@ impl App {
         }
         let started = Instant::now();
         let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
-        let progress = tokio::spawn(report_progress(engine.stats(), Progress::new(what, target)));
+        let mut progress = Progress::new(what, target);
+        let reporter = tokio::spawn(report_progress(engine.stats(), progress.clone()));
         let report = engine.run(shutdown_signal()).await;
-        progress.abort();
+        reporter.abort();
+        let _ = reporter.await;
         let report = report?;
         let read: u64 = report.projections.iter().map(|(_, s)| s.read.load(std::sync::atomic::Ordering::Relaxed)).sum();
-        Progress::new(what, target).finish_quiet(read);
+        progress.finish_quiet(read);
         let elapsed = started.elapsed().as_secs_f64();
         for (name, stats) in &report.projections {
             let c = stats.outcomes();
