@@ -2,10 +2,42 @@
 //! fixed at start, percentage, rate, ETA; a spinner line with count and rate when there is
 //! no target), plain periodic log lines otherwise (CI, systemd, docker logs).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+use indicatif::{HumanDuration, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle, WeakProgressBar};
+
+/// The bar on screen, if any, for [`stderr`] to write log lines around.
+static SHOWN: Mutex<Option<WeakProgressBar>> = Mutex::new(None);
+
+/// The log's stderr: takes the bar on screen away while a log line is written and draws it
+/// again below, so log lines never land on the bar's line nor leave stale bars behind.
+pub(crate) fn stderr() -> LogWriter {
+    LogWriter
+}
+
+pub(crate) struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let shown = SHOWN.lock().ok().and_then(|s| s.as_ref().and_then(WeakProgressBar::upgrade));
+        match shown {
+            Some(bar) => bar.suspend(|| std::io::stderr().write(buf)),
+            None => std::io::stderr().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+fn show(bar: Option<&ProgressBar>) {
+    if let Ok(mut shown) = SHOWN.lock() {
+        *shown = bar.map(ProgressBar::downgrade);
+    }
+}
 
 /// Clones share the terminal bar, so one can be finished while another is still updating.
 #[derive(Clone)]
@@ -24,6 +56,7 @@ impl Progress {
     pub(crate) fn new(what: &'static str, total: Option<u64>) -> Self {
         let now = Instant::now();
         let bar = std::io::stderr().is_terminal().then(|| bar(what, total, ProgressDrawTarget::stderr()));
+        show(bar.as_ref());
         Self { what, total, started: now, last: now, last_done: None, bar }
     }
 
@@ -65,6 +98,7 @@ impl Progress {
             bar.set_position(done);
             // `abandon`, not `finish`: `finish` would move the position to the target.
             bar.abandon();
+            show(None);
         }
     }
 
@@ -73,6 +107,7 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.set_position(done);
             bar.finish_and_clear();
+            show(None);
         }
     }
 }
