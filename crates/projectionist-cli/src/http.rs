@@ -1,14 +1,19 @@
 //! The operator's HTTP listener: `/metrics` (Prometheus text format), `/health` (the
 //! process is alive) and `/ready` (PostgreSQL answers and partitions are assigned).
-//! HTTP/1.1 GET only, one request per connection: enough for scrapers and probes.
+//! GET only, and the connection closes after each response: enough for scrapers and
+//! probes, and a client reading to the end of the stream gets exactly one response.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use projectionist_kafka::{metrics as m, Readiness};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// Installs the Prometheus recorder (once per process) and returns its handle.
 pub(crate) fn install_recorder() -> anyhow::Result<PrometheusHandle> {
@@ -41,62 +46,170 @@ pub(crate) async fn serve(
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     let bound = listener.local_addr()?;
+    let app = router(Probes { handle, readiness });
     tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let (handle, readiness) = (handle.clone(), readiness.clone());
-            tokio::spawn(async move {
-                if let Err(e) = respond(stream, &handle, &readiness).await {
-                    tracing::debug!(error = %e, "HTTP request failed.");
-                }
-            });
+        // axum pauses and retries when an accept fails, so this runs for the process's life.
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "HTTP listener stopped.");
         }
     });
     Ok(bound)
 }
 
-async fn respond(mut stream: TcpStream, handle: &PrometheusHandle, readiness: &Readiness) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0_u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-            .await
-            .map_err(|_| std::io::ErrorKind::TimedOut)??;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
+/// What the handlers read.
+#[derive(Clone)]
+struct Probes {
+    handle: PrometheusHandle,
+    readiness: Readiness,
+}
+
+fn router(probes: Probes) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .fallback(unknown_path)
+        .method_not_allowed_fallback(get_only)
+        .with_state(probes)
+}
+
+async fn metrics(State(probes): State<Probes>) -> Response {
+    let pool = probes.readiness.pool();
+    let idle = pool.num_idle() as u32;
+    metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "in_use").set(pool.size().saturating_sub(idle) as f64);
+    metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+    reply(StatusCode::OK, "text/plain; version=0.0.4", probes.handle.render())
+}
+
+async fn health() -> Response {
+    reply(StatusCode::OK, "text/plain", "ok\n".to_owned())
+}
+
+async fn ready(State(probes): State<Probes>) -> Response {
+    let assigned = probes.readiness.partitions_assigned();
+    let postgres = probes.readiness.postgres_answers().await;
+    if assigned && postgres {
+        reply(StatusCode::OK, "text/plain", "ready\n".to_owned())
+    } else {
+        let body = format!("not ready: partitions assigned: {assigned}, postgres answers: {postgres}\n");
+        reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", body)
     }
-    let line = String::from_utf8_lossy(&head);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => {
-            let pool = readiness.pool();
-            let idle = pool.num_idle() as u32;
-            metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "in_use").set(pool.size().saturating_sub(idle) as f64);
-            metrics::gauge!(m::PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
-            ("200 OK", "text/plain; version=0.0.4", handle.render())
+}
+
+/// A path we do not serve: 404 for a read, 405 for any other method (as for known paths).
+async fn unknown_path(method: Method) -> Response {
+    if method == Method::GET || method == Method::HEAD {
+        reply(StatusCode::NOT_FOUND, "text/plain", "try /metrics, /health or /ready\n".to_owned())
+    } else {
+        get_only().await
+    }
+}
+
+/// axum adds the `Allow` header on known paths.
+async fn get_only() -> Response {
+    reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".to_owned())
+}
+
+/// Every response closes its connection: probes and scrapers send one request each, and an
+/// idle kept-alive connection would hold a task for nothing.
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response {
+    let headers = [(header::CONTENT_TYPE, content_type), (header::CONNECTION, "close")];
+    (status, headers, body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use metrics::Recorder;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use projectionist_core::Projection;
+    use projectionist_kafka::{topics, Engine, EngineConfig};
+    use sqlx::PgPool;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A projection with no tables: enough for the engine to join a group.
+    struct Probe;
+
+    #[projectionist_core::async_trait]
+    impl Projection<sqlx::PgConnection> for Probe {
+        type Event = serde_json::Value;
+        fn name(&self) -> &str {
+            "http_probe"
         }
-        ("GET", "/health") => ("200 OK", "text/plain", "ok\n".to_owned()),
-        ("GET", "/ready") => {
-            let assigned = readiness.partitions_assigned();
-            let postgres = readiness.postgres_answers().await;
-            if assigned && postgres {
-                ("200 OK", "text/plain", "ready\n".to_owned())
-            } else {
-                let body = format!("not ready: partitions assigned: {assigned}, postgres answers: {postgres}\n");
-                ("503 Service Unavailable", "text/plain", body)
+    }
+
+    /// One request on its own connection, read to the end: the server must close it.
+    async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String, String) {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+        let mut response = String::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response))
+            .await
+            .expect("the server closes the connection after one response")
+            .unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("a complete response");
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (status, head.to_ascii_lowercase(), body.to_owned())
+    }
+
+    #[sqlx::test(migrator = "projectionist_postgres::MIGRATOR")]
+    async fn serves_probes_and_metrics_and_turns_ready_once_partitions_are_assigned(pool: PgPool) {
+        let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into());
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let unique = format!("{}-{nanos}", std::process::id());
+        let topic = format!("test.http.{unique}");
+        topics::create_topics(brokers.as_str(), &[topic.as_str()], 1, 1).await.unwrap();
+        let config = EngineConfig::new(brokers)
+            .with_group_id(format!("http-{unique}"))
+            .with_kafka_property("session.timeout.ms", "6000")
+            .with_kafka_property("heartbeat.interval.ms", "500");
+        let engine = Engine::new(pool, config).register(Arc::new(Probe), [topic]);
+
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let metadata = metrics::Metadata::new(module_path!(), metrics::Level::INFO, None);
+        recorder.register_counter(&metrics::Key::from_name("projectionist_probe_total"), &metadata).increment(3);
+        let addr = super::serve("127.0.0.1:0".parse().unwrap(), recorder.handle(), engine.readiness()).await.unwrap();
+        assert_ne!(addr.port(), 0, "the bound port, not the requested one");
+
+        let (status, head, body) = request(addr, "GET", "/health").await;
+        assert_eq!((status, body.as_str()), (200, "ok\n"));
+        assert!(head.contains("content-type: text/plain\r\n"), "{head}");
+        let (status, head, body) = request(addr, "GET", "/metrics?x=1").await;
+        assert_eq!(status, 200);
+        assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+        assert!(body.contains("projectionist_probe_total 3"), "{body}");
+        let (status, _, body) = request(addr, "GET", "/nope").await;
+        assert_eq!((status, body.as_str()), (404, "try /metrics, /health or /ready\n"));
+        let (status, head, body) = request(addr, "POST", "/metrics").await;
+        assert_eq!((status, body.as_str()), (405, "GET only\n"));
+        assert!(head.contains("allow: get,head"), "{head}");
+        let (status, _, body) = request(addr, "DELETE", "/nope").await;
+        assert_eq!((status, body.as_str()), (405, "GET only\n"));
+
+        let (status, _, body) = request(addr, "GET", "/ready").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (503, "not ready: partitions assigned: false, postgres answers: true\n"),
+            "not ready before the engine runs"
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(engine.run(async move {
+            let _ = stopped.await;
+        }));
+        let started = Instant::now();
+        loop {
+            let (status, _, body) = request(addr, "GET", "/ready").await;
+            if status == 200 {
+                assert_eq!(body, "ready\n");
+                break;
             }
+            assert!(started.elapsed() < Duration::from_secs(60), "never ready: {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        ("GET", _) => ("404 Not Found", "text/plain", "try /metrics, /health or /ready\n".to_owned()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_owned()),
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+        stop.send(()).unwrap();
+        let report = tokio::time::timeout(Duration::from_secs(30), run).await.unwrap().unwrap().unwrap();
+        assert!(report.halts().is_empty(), "{:?}", report.halts());
+    }
 }

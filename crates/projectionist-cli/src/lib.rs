@@ -287,13 +287,15 @@ impl App {
         }
         let started = Instant::now();
         let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
-        let progress = tokio::spawn(report_progress(engine.stats(), Progress::new(what, target)));
+        let mut progress = Progress::new(what, target);
+        let reporter = tokio::spawn(report_progress(engine.stats(), progress.clone()));
         let report = engine.run(shutdown_signal()).await;
-        progress.abort();
+        reporter.abort();
+        let _ = reporter.await;
         let report = report?;
         let advanced: u64 =
             report.projections.iter().map(|(_, s)| s.advanced.load(std::sync::atomic::Ordering::Relaxed)).sum();
-        Progress::new(what, target).finish_quiet(advanced);
+        progress.finish_quiet(advanced);
         let elapsed = started.elapsed().as_secs_f64();
         for (name, stats) in &report.projections {
             let c = stats.outcomes();
@@ -412,7 +414,7 @@ fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(progress::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
