@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bank_accounts::generate::{self, ExpectedAccount};
 use bank_accounts::AccountEvent;
-use projectionist_core::RawEnvelope;
+use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
