@@ -289,6 +289,12 @@ impl App {
     }
 }
 
+/// The command line [`App`] parses (flags, subcommands and the environment variables they
+/// read), to check a deployment's arguments and environment without running anything.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Updates the progress line from the engine's counters while a run works.
 async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progress: Progress) {
     loop {
