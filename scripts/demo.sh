@@ -13,8 +13,9 @@ step "Services (PostgreSQL, Kafka-protocol broker)"
 eval "$(scripts/services.sh)"
 export DATABASE_URL KAFKA_BROKERS
 
-step "Building the bank-accounts projector"
-cargo build --locked -p bank-accounts --bins
+step "Building the bank-accounts projector and its event generator"
+# The generator is test data made with the test kit: it is built only with the `generate` feature.
+cargo build --locked -p bank-accounts --features generate --bins
 
 BIN=target/debug/bank-accounts
 events=$(mktemp --suffix=.ndjson)

@@ -16,6 +16,7 @@
 #   terminates mutual TLS in front of it; a third tansu with --authentication (SASL) on 19094;
 #   and a second local PostgreSQL cluster on 5433 with a test-CA server certificate that
 #   requires client certificates.
+# With --build-deps, only the build prerequisites (for CI's lint steps), and nothing printed.
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -261,6 +262,7 @@ CONF
 }
 
 ensure_build_deps
+[ "${1:-}" = --build-deps ] && exit 0
 ensure_postgres
 ensure_broker
 echo "export KAFKA_BROKERS=$KAFKA_HOST:$KAFKA_PORT"

@@ -3,9 +3,14 @@
 //! ## This crate
 //!
 //! The facade: the core types at the top level, the PostgreSQL side as [`postgres`], the
-//! Kafka runtime as [`kafka`].
+//! Kafka runtime as [`kafka`]; with cargo features, the command line of a projection binary
+//! as `cli` (feature `cli`) and the test kit as `testing` (feature `testing`).
 
+#[cfg(feature = "cli")]
+pub use projectionist_cli as cli;
 pub use projectionist_core::*;
 pub use projectionist_kafka as kafka;
 pub use projectionist_postgres as postgres;
 pub use projectionist_postgres::gate;
+#[cfg(feature = "testing")]
+pub use projectionist_testing as testing;

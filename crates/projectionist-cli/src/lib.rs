@@ -321,6 +321,12 @@ impl App {
     }
 }
 
+/// The command line [`App`] parses (flags, subcommands and the environment variables they
+/// read), to check a deployment's arguments and environment without running anything.
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
 /// Applies `--config FILE`, if given, where the command line and the environment left
 /// defaults.
 fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<Cli> {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use projectionist_core::RawEnvelope;
+use projectionist::RawEnvelope;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -53,12 +53,12 @@ pub fn stream(accounts: usize, max_events: i64, seed: u64) -> Vec<RawEnvelope> {
                 .collect()
         })
         .collect();
-    projectionist_testing::interleave(per_account, seed)
+    projectionist::testing::interleave(per_account, seed)
 }
 
 /// A wire envelope for one account event (fresh id, `occurred_at` derived from version).
 pub fn envelope(account_id: &str, version: i64, event: &AccountEvent) -> RawEnvelope {
-    projectionist_testing::envelope(AGGREGATE_TYPE, account_id, version, event)
+    projectionist::testing::envelope(AGGREGATE_TYPE, account_id, version, event)
 }
 
 /// The read model `events` must produce, folded in memory: the latest version of each
@@ -89,4 +89,4 @@ pub fn expected(events: &[RawEnvelope]) -> BTreeMap<String, ExpectedAccount> {
         .collect()
 }
 
-pub use projectionist_testing::with_redeliveries;
+pub use projectionist::testing::with_redeliveries;

@@ -4,10 +4,11 @@
 //! guarded transitions (`balance = balance + $amount` only when the row stands at
 //! `version - 1`), so a redelivered deposit is never counted twice.
 
+#[cfg(feature = "generate")]
 pub mod generate;
 
-use projectionist_core::{Envelope, Projection, Table, Writes};
-use projectionist_postgres::PgConnection;
+use projectionist::postgres::PgConnection;
+use projectionist::{Envelope, Projection, Table, Writes};
 use serde::{Deserialize, Serialize};
 
 /// Aggregate type of the events.

@@ -11,5 +11,5 @@ use bank_accounts::{BankAccounts, TOPIC};
 #[tokio::main]
 async fn main() -> ExitCode {
     let topic = std::env::var("BANK_ACCOUNTS_TOPIC").unwrap_or_else(|_| TOPIC.to_owned());
-    projectionist_cli::App::new("bank-accounts").projection(BankAccounts, [topic]).main().await
+    projectionist::cli::App::new("bank-accounts").projection(BankAccounts, [topic]).main().await
 }

@@ -2,8 +2,8 @@
 
 use bank_accounts::generate::{envelope, expected, stream};
 use bank_accounts::{AccountEvent, BankAccounts};
-use projectionist_core::{Outcome, RawEnvelope};
-use projectionist_postgres::{apply_batch, migrate, MIGRATOR};
+use projectionist::postgres::{apply_batch, migrate, MIGRATOR};
+use projectionist::{Outcome, RawEnvelope};
 use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
 use serde_json::json;
 use sqlx::PgPool;

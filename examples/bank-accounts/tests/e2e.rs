@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bank_accounts::generate::{self, ExpectedAccount};
 use bank_accounts::AccountEvent;
-use projectionist_core::RawEnvelope;
+use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -382,18 +382,6 @@ async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
     assert_eq!(applied_so_far(&pool).await, 1, "the event after the poison one is not applied");
 }
 
-/// Records a skipped test where `scripts/test.sh` reports it, and says so in the output.
-fn skip(test: &str, reason: &str) {
-    use std::io::Write;
-    // Straight to the process's stderr, past libtest's capture, so the line shows in the
-    // test run's output even though libtest counts the test as passed.
-    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {reason}");
-    if let Ok(path) = std::env::var("PROJECTIONIST_SKIP_LOG") {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-        writeln!(f, "{test}: {reason}").unwrap();
-    }
-}
-
 /// Produces `payloads` in one transaction, committed or aborted.
 fn produce_transaction(topic: &str, payloads: &[(String, Vec<u8>)], commit: bool) {
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
@@ -414,8 +402,14 @@ fn produce_transaction(topic: &str, payloads: &[(String, Vec<u8>)], commit: bool
     }
 }
 
-/// Whether a read_committed consumer sees records of an aborted transaction on this broker.
-fn broker_leaks_aborted_transactions() -> bool {
+/// A probe of the broker, not of projectionist: whether a read_committed consumer is kept
+/// from the records of an aborted transaction (Apache Kafka: yes; tansu: no, its known gap).
+/// `scripts/test.sh` runs it, and runs the tests that need the feature only when it passes.
+/// On a broker that leaks, it fails naming BROKER_LEAKS_ABORTED_TRANSACTIONS, which the
+/// script tells apart from any other failure.
+#[test]
+#[ignore = "probe of the broker for scripts/test.sh: passes only if the broker hides aborted transactions from read_committed readers"]
+fn broker_hides_aborted_transactions_from_read_committed_readers() {
     let topic = rand_test_topic("abort-probe");
     produce_transaction(&topic, &[("k".into(), b"aborted".to_vec())], false);
     produce_transaction(&topic, &[("k".into(), b"committed".to_vec())], true);
@@ -436,18 +430,15 @@ fn broker_leaks_aborted_transactions() -> bool {
         }
     }
     assert!(seen.iter().any(|p| p == b"committed"), "probe never read its committed record");
-    seen.iter().any(|p| p == b"aborted")
+    assert!(
+        !seen.iter().any(|p| p == b"aborted"),
+        "BROKER_LEAKS_ABORTED_TRANSACTIONS: a read_committed consumer got a record of an aborted transaction"
+    );
 }
 
 #[sqlx::test(migrations = false)]
+#[ignore = "needs a broker that hides aborted transactions from read_committed readers (run by scripts/test.sh when the probe passes)"]
 async fn aborted_transactions_never_reach_the_read_model(pool: PgPool) {
-    if tokio::task::spawn_blocking(broker_leaks_aborted_transactions).await.unwrap() {
-        skip(
-            "aborted_transactions_never_reach_the_read_model",
-            "the broker delivers records of aborted transactions to read_committed consumers (tansu's known gap); this test needs a broker that filters them, e.g. Apache Kafka",
-        );
-        return;
-    }
     let env = Env::new(&pool, "aborted").await;
     env.publish(&[]).await;
     let committed = generate::stream(30, 5, 5);

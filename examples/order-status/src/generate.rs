@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use projectionist_core::RawEnvelope;
+use projectionist::RawEnvelope;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -37,12 +37,12 @@ pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
             events.iter().zip(1..).map(|(e, v)| envelope(&id, v, e)).collect()
         })
         .collect();
-    projectionist_testing::interleave(per_order, seed)
+    projectionist::testing::interleave(per_order, seed)
 }
 
 /// A wire envelope for one order event (fresh id, `occurred_at` derived from version).
 pub fn envelope(order_id: &str, version: i64, event: &OrderEvent) -> RawEnvelope {
-    projectionist_testing::envelope(AGGREGATE_TYPE, order_id, version, event)
+    projectionist::testing::envelope(AGGREGATE_TYPE, order_id, version, event)
 }
 
 /// Expected `customer_order_stats`: customer → (orders placed, total cents), folded in memory

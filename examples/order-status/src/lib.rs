@@ -5,10 +5,11 @@
 //! orders and gated by the per-order version watermark, so a redelivered `OrderPlaced` is
 //! never counted twice.
 
+#[cfg(feature = "generate")]
 pub mod generate;
 
-use projectionist_core::{Envelope, Projection, Table, Writes};
-use projectionist_postgres::PgConnection;
+use projectionist::postgres::PgConnection;
+use projectionist::{Envelope, Projection, Table, Writes};
 use serde::{Deserialize, Serialize};
 
 /// Aggregate type of the events.

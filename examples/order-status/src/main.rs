@@ -9,5 +9,5 @@ use order_status::{OrderStatus, TOPIC};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    projectionist_cli::App::new("order-status").projection(OrderStatus, [TOPIC]).main().await
+    projectionist::cli::App::new("order-status").projection(OrderStatus, [TOPIC]).main().await
 }

@@ -2,13 +2,13 @@
 
 use order_status::generate::{envelope, expected_customer_stats, stream};
 use order_status::{OrderEvent, OrderStatus};
-use projectionist_core::Outcome;
-use projectionist_postgres::MIGRATOR;
+use projectionist::postgres::MIGRATOR;
+use projectionist::Outcome;
 use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
 use serde_json::json;
 use sqlx::PgPool;
 
-fn placed(order: &str, customer: &str, total: i64) -> projectionist_core::RawEnvelope {
+fn placed(order: &str, customer: &str, total: i64) -> projectionist::RawEnvelope {
     envelope(order, 1, &OrderEvent::OrderPlaced { customer_id: customer.into(), total_cents: total })
 }
 
