@@ -168,7 +168,9 @@ impl Engine {
         let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[
             ("session.timeout.ms", "6000"),
             ("heartbeat.interval.ms", "2000"),
-            ("partition.assignment.strategy", "cooperative-sticky"),
+            // Eager: a group's members must all use one protocol, and eager is what earlier
+            // releases used (cooperative-sticky is supported: see the README).
+            ("partition.assignment.strategy", "range"),
             ("max.poll.interval.ms", "60000"),
             ("statistics.interval.ms", "5000"),
             ("queued.max.messages.kbytes", "2048"),

@@ -143,6 +143,10 @@ impl Runner {
                         self.stray(tp, offset).await;
                     }
                     Err(e @ rdkafka::error::KafkaError::MessageConsumptionFatal(_)) => return Err(e.into()),
+                    Err(rdkafka::error::KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::InconsistentGroupProtocol)) => {
+                        tracing::error!(projection = %self.name(), group = %self.config.group_for(self.name()), "Cannot join the group: its members use another partition.assignment.strategy (eager range/roundrobin and cooperative-sticky never mix). Joining again once they leave or switch.");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                     Err(e) => {
                         // Broker hiccups surface here too; librdkafka reconnects by itself.
                         tracing::warn!(projection = %self.name(), error = %e, "Kafka consumer error; continuing.");

@@ -314,17 +314,18 @@ fn ownership(log: &str) -> (std::collections::BTreeSet<String>, usize) {
 
 #[sqlx::test(migrations = false)]
 async fn a_member_joining_takes_partitions_without_stopping_the_others(pool: PgPool) {
-    // Cooperative rebalancing (the default assignor, cooperative-sticky): when a second
-    // runner joins, the first gives up only the partitions that move; the rest keep running.
+    // Cooperative rebalancing (cooperative-sticky, opted into): when a second runner joins,
+    // the first gives up only the partitions that move; the rest keep running.
     let env = Env::new(&pool, "cooperative").await;
     env.publish(&[]).await;
-    let (mut a, log_a) = env.spawn(&[]);
+    let cooperative = ["--kafka-property", "partition.assignment.strategy=cooperative-sticky"];
+    let (mut a, log_a) = env.spawn(&cooperative);
     let started = Instant::now();
     while ownership(&log_a.lock().unwrap()).0.len() != 4 {
         assert!(started.elapsed() < Duration::from_secs(60), "A never owned all:\n{}", log_a.lock().unwrap());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (mut b, log_b) = env.spawn(&[]);
+    let (mut b, log_b) = env.spawn(&cooperative);
     loop {
         let ((owned_a, revoked_a), (owned_b, _)) =
             (ownership(&log_a.lock().unwrap()), ownership(&log_b.lock().unwrap()));
