@@ -140,6 +140,23 @@ mod tests {
     }
 
     #[test]
+    fn the_files_kafka_properties_reach_every_client_below_the_command_line() {
+        let file = "brokers = \"file:9092\"\n[kafka]\n\"client.rack\" = \"a\"\n\"client.id\" = \"from-file\"\n";
+        let path = std::env::temp_dir().join(format!("projectionist-config-{}.toml", std::process::id()));
+        std::fs::write(&path, file).unwrap();
+        let argv = ["bin", "--config", path.to_str().unwrap(), "--kafka-property", "client.rack=b", "status"];
+        let matches = crate::Cli::command().try_get_matches_from(argv).unwrap();
+        let cli = crate::with_config_file(crate::Cli::from_arg_matches(&matches).unwrap(), &matches).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let client = cli.kafka.client().client_config();
+        assert_eq!(client.get("client.rack"), Some("b"), "the command line wins");
+        assert_eq!(client.get("client.id"), Some("from-file"));
+        if std::env::var_os("KAFKA_BROKERS").is_none() {
+            assert_eq!(cli.kafka.brokers, "file:9092", "the file wins over the default");
+        }
+    }
+
+    #[test]
     fn unknown_fields_are_rejected_by_name() {
         let err = toml::from_str::<ConfigFile>("[run]\nbatch_max_event = 1\n").unwrap_err().to_string();
         assert!(err.contains("unknown field `batch_max_event`"), "{err}");

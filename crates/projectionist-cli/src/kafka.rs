@@ -67,6 +67,9 @@ pub(crate) struct KafkaArgs {
     /// Seconds to wait at start for broker metadata before failing with what went wrong.
     #[arg(long, env = "KAFKA_CONNECT_TIMEOUT_SECS", default_value_t = 30, global = true)]
     kafka_connect_timeout_secs: u64,
+    /// librdkafka properties from the settings file (`--config`); the options above win.
+    #[arg(skip)]
+    pub file_properties: std::collections::BTreeMap<String, String>,
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -77,9 +80,8 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 }
 
 impl KafkaArgs {
-    /// Brokers and properties for every client a command makes, over `base` (the settings
-    /// file's properties).
-    pub fn client(&self, base: &std::collections::BTreeMap<String, String>) -> KafkaClientConfig {
+    /// Brokers and properties for every client a command makes.
+    pub fn client(&self) -> KafkaClientConfig {
         let named = [
             ("security.protocol", &self.kafka_security_protocol),
             ("sasl.mechanism", &self.kafka_sasl_mechanism),
@@ -98,7 +100,7 @@ impl KafkaArgs {
             ("sasl.oauthbearer.extensions", &self.kafka_sasl_oauthbearer_extensions),
         ];
         let mut client = KafkaClientConfig::new(self.brokers.clone());
-        for (key, value) in base {
+        for (key, value) in &self.file_properties {
             client = client.with_property(key.clone(), value.clone());
         }
         for (key, value) in named {

@@ -58,9 +58,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
-    /// librdkafka properties from the settings file (the options above win).
-    #[arg(skip)]
-    kafka_file_properties: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -167,11 +164,9 @@ impl App {
 
     /// As [`App::main`], with the given arguments (the first is the binary name).
     pub async fn main_from(self, args: impl IntoIterator<Item = OsString>) -> ExitCode {
-        let cli = match Cli::command().try_get_matches_from(args).and_then(|m| Ok((Cli::from_arg_matches(&m)?, m))) {
-            Ok((cli, matches)) => with_config_file(cli, &matches),
-            Err(e) => e.exit(),
-        };
-        let cli = match cli {
+        let matches = Cli::command().get_matches_from(args);
+        let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let cli = match with_config_file(cli, &matches) {
             Ok(cli) => cli,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -189,7 +184,7 @@ impl App {
     }
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
-        let client = cli.kafka.client(&cli.kafka_file_properties);
+        let client = cli.kafka.client();
         if !matches!(cli.command, Command::Migrate) {
             cli.kafka.preflight(&client).await?;
         }
@@ -337,7 +332,7 @@ fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<
             cli.kafka.brokers = brokers.clone();
         }
     }
-    cli.kafka_file_properties = file.kafka.clone();
+    cli.kafka.file_properties = file.kafka.clone();
     if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
         file.apply_to_run(args, run);
     }

@@ -534,13 +534,10 @@ fn expected_outcomes(delivered: &[RawEnvelope]) -> (u64, u64, u64) {
     (applied, duplicate, stale)
 }
 
-#[sqlx::test(migrations = false)]
-async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
-    let env = Env::new(&pool, "metrics").await;
-    env.publish(&[]).await;
-    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+/// The address a runner started with `--metrics-addr 127.0.0.1:0` logged it serves on.
+async fn metrics_listener(log: &Mutex<String>) -> String {
     let started = Instant::now();
-    let addr = loop {
+    loop {
         let found = log
             .lock()
             .unwrap()
@@ -549,11 +546,20 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
             .and_then(|l| l.split("address=").nth(1))
             .map(|a| a.split_whitespace().next().unwrap().to_owned());
         if let Some(a) = found {
-            break a;
+            return a;
         }
         assert!(started.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
+    let env = Env::new(&pool, "metrics").await;
+    env.publish(&[]).await;
+    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+    let started = Instant::now();
+    let addr = metrics_listener(&log).await;
     assert_eq!(http_get(&addr, "/health").await.0, 200);
     let (status, body) = http_get(&addr, "/ready").await;
     assert_eq!(status, 503, "not ready before the group assigns partitions: {body}");
@@ -635,19 +641,7 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
     // exported, and it is 0 (not "no data").
     let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
     let restarted = Instant::now();
-    let addr = loop {
-        let found = log
-            .lock()
-            .unwrap()
-            .lines()
-            .find(|l| l.contains("Serving /metrics"))
-            .and_then(|l| l.split("address=").nth(1).map(|a| a.split_whitespace().next().unwrap().to_owned()));
-        if let Some(a) = found {
-            break a;
-        }
-        assert!(restarted.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let addr = metrics_listener(&log).await;
     loop {
         let (_, metrics) = http_get(&addr, "/metrics").await;
         let exported =
@@ -752,19 +746,7 @@ async fn a_halted_partition_reports_growing_time_lag(pool: PgPool) {
     producer.flush(Duration::from_secs(10)).unwrap();
     let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
     let started = Instant::now();
-    let addr = loop {
-        let found = log
-            .lock()
-            .unwrap()
-            .lines()
-            .find(|l| l.contains("Serving /metrics"))
-            .and_then(|l| l.split("address=").nth(1).map(|a| a.split_whitespace().next().unwrap().to_owned()));
-        if let Some(a) = found {
-            break a;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let addr = metrics_listener(&log).await;
     // The poison message stays unapplied: lag is one offset, and its age by the broker's
     // timestamp, which grows while the partition stays halted.
     let labels =
