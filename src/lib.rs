@@ -11,6 +11,5 @@ pub use projectionist_cli as cli;
 pub use projectionist_core::*;
 pub use projectionist_kafka as kafka;
 pub use projectionist_postgres as postgres;
-pub use projectionist_postgres::gate;
 #[cfg(feature = "testing")]
 pub use projectionist_testing as testing;

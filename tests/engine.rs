@@ -134,16 +134,57 @@ async fn retryable_database_errors_are_retried_with_backoff(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
-    inject_failures(&pool, 1, "23514").await;
+    inject_failures(&pool, i64::MAX, "23514").await;
     let topic = rand_test_topic("fatal");
     produce(&topic, &account_events()).await;
     let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
     assert!(halts[0].contains(&format!("partition halted: {topic}/")) && halts[0].contains("injected"), "{}", halts[0]);
-    assert_eq!(injector_calls(&pool).await, 1, "no retry of a check violation");
+    assert!(halts[0].contains("account/acc-r v1") && halts[0].contains("SQLSTATE 23514"), "{}", halts[0]);
+    assert_eq!(
+        injector_calls(&pool).await,
+        2,
+        "no retry of a check violation: the batch's statement, then the first event alone to name it"
+    );
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bank_accounts").fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 0);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_value_the_database_refuses_halts_at_its_own_event_after_the_ones_before_it(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE bank_accounts ADD CONSTRAINT owner_is_no_robot CHECK (owner <> 'robot')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let e = bank_accounts::generate::envelope;
+    let events = [
+        e("acc-a", 1, &AccountEvent::AccountOpened { owner: "ann".into() }),
+        e("acc-a", 2, &AccountEvent::MoneyDeposited { amount: 5 }),
+        e("acc-a", 3, &AccountEvent::MoneyDeposited { amount: 6 }),
+        e("acc-a", 4, &AccountEvent::MoneyDeposited { amount: 7 }),
+    ];
+    let topic = rand_test_topic("refused");
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    let bad = e("acc-a", 5, &AccountEvent::AccountOpened { owner: "robot".into() });
+    let after = e("acc-a", 6, &AccountEvent::MoneyDeposited { amount: 100 });
+    produce(&topic, &[&events[..], &[bad, after]].concat()).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(
+        halts[0].contains(&format!("{topic}/0@4 ")) && halts[0].contains("account/acc-a v5"),
+        "halted at the refused event, naming it: {}",
+        halts[0]
+    );
+    assert!(halts[0].contains("owner_is_no_robot"), "the database's reason: {}", halts[0]);
+    let (balance, version): (i64, i64) =
+        sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-a'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((balance, version), (18, 4), "the events before it are applied and committed");
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]

@@ -88,8 +88,8 @@ impl RawEnvelope {
         };
         let id = take_str(&mut obj, "id")?;
         let id = Uuid::parse_str(&id).map_err(|e| DecodeError::field("id", format!("not a UUID ({e}): {id:?}")))?;
-        let aggregate_type = take_nonempty(&mut obj, "aggregate_type")?;
-        let aggregate_id = take_nonempty(&mut obj, "aggregate_id")?;
+        let aggregate_type = take_key(&mut obj, "aggregate_type")?;
+        let aggregate_id = take_key(&mut obj, "aggregate_id")?;
         let version = match obj.remove("version") {
             None | Some(Value::Null) => return Err(DecodeError::missing("version")),
             Some(Value::Number(n)) => match n.as_i64() {
@@ -234,6 +234,13 @@ fn take_nonempty(obj: &mut Map<String, Value>, field: &'static str) -> Result<St
     Ok(s)
 }
 
+/// A non-empty string the engine can store as a key (see [`crate::MAX_KEY_BYTES`]).
+fn take_key(obj: &mut Map<String, Value>, field: &'static str) -> Result<String, DecodeError> {
+    let s = take_nonempty(obj, field)?;
+    crate::check_key("the value", &s).map_err(|problem| DecodeError::field(field, problem))?;
+    Ok(s)
+}
+
 fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -334,6 +341,16 @@ mod tests {
             }),
             "field `aggregate_id`: must not be empty"
         );
+        assert_eq!(
+            err_with(|o| {
+                o.insert("aggregate_id".into(), "k".repeat(crate::MAX_KEY_BYTES + 1).into());
+            }),
+            "field `aggregate_id`: the value is 1025 bytes long, longer than the 1024 bytes a key may have"
+        );
+        assert!(err_with(|o| {
+            o.insert("aggregate_type".into(), "acc\0".into());
+        })
+        .starts_with("field `aggregate_type`: the value holds a NUL character"));
         assert!(err_with(|o| {
             o.insert("id".into(), "nope".into());
         })

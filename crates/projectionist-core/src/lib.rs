@@ -15,5 +15,5 @@ pub use error::{ApplyError, DecodeError};
 pub use event_types::event_types;
 pub use outcome::{Outcome, OutcomeCounts};
 pub use projection::{validate_projection_name, Projection};
-pub use table::{quote, Gate, Table};
+pub use table::{check_key, quote, Gate, Table, MAX_KEY_BYTES};
 pub use write::{Change, Op, Target, Write, Writes};

@@ -1,21 +1,32 @@
 //! Planning a batch: every event classified against the stored versions exactly as the
-//! per-event gate would, and each row's applied chain coalesced into one row write. Pure:
-//! the Postgres side reads the versions, runs the plan's statements and checks their counts.
+//! per-event gate would, and each row's applied chain coalesced into as few row writes as
+//! keep the result identical to applying the events one at a time. Pure: the Postgres side
+//! reads the versions, runs the plan's statements and checks their counts.
+//!
+//! What keeps a batch equal to its events applied one by one:
+//! - an event moves only the gates its own aggregate type owns ([`Table::owns`]);
+//! - only the event that creates a row writes absolute values; what later events add builds
+//!   on what the row holds after its insert (its column defaults, NULLs), so a row created
+//!   in the batch and then added to is an insert followed by an update;
+//! - adds are never summed here: each column keeps its deltas in order and PostgreSQL folds
+//!   them in the column's own arithmetic (`((c + a1) + a2) + …`), so fractions, rounding to
+//!   a column's scale, floats and overflow behave as one `UPDATE` per event would.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::table::{Gate, Table};
+use crate::table::{check_key, Gate, Table};
 use crate::write::{Change, Op, Target, Write};
 use crate::Outcome;
 
 /// The identity of an event being planned.
 #[derive(Debug, Clone, Copy)]
 pub struct EventRef<'a> {
-    /// Its aggregate type (keys the watermark).
+    /// Its aggregate type (with the id, the aggregate's identity).
     pub aggregate_type: &'a str,
-    /// Its aggregate id (keys gated rows and the watermark).
+    /// Its aggregate id (keys the rows of the tables its type owns, and the watermark).
     pub aggregate_id: &'a str,
     /// Its version.
     pub version: i64,
@@ -26,8 +37,11 @@ pub struct EventRef<'a> {
 pub enum Effect<'a> {
     /// The projection handles the type and returned these writes (maybe none).
     Writes(&'a [Write]),
-    /// The projection does not handle the type: [`Outcome::Ignored`], the gate still moves.
+    /// The projection does not handle the type: [`Outcome::Ignored`], the gates still move.
     Unhandled,
+    /// The projection's `apply` writes it: the gates move as for any applied event, and
+    /// `apply` runs only when the outcome is [`Outcome::Applied`].
+    Custom,
 }
 
 /// Versions stored when the batch starts, for every key the batch touches (absent: no row).
@@ -39,6 +53,43 @@ pub struct Stored {
     pub marks: HashMap<(String, String), i64>,
 }
 
+/// How a row write reaches the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RowKind {
+    /// A gated row created in the batch (`ON CONFLICT DO NOTHING`, the count checked).
+    Insert,
+    /// A fan-in row's first write in the batch: inserted, or merged into the row there.
+    Merge,
+    /// An existing row: a gated row at its `expected` version, or a fan-in row written
+    /// earlier in the batch.
+    Update,
+}
+
+/// The new value of one column: `base` (or what the row holds), then each delta added in
+/// order in the column's arithmetic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColumnWrite {
+    /// The column.
+    pub column: &'static str,
+    /// The value the column starts from: a set value, or the creating event's own value;
+    /// `None`: what the row holds.
+    pub base: Option<Value>,
+    /// Values added after the base, in event order.
+    pub deltas: Vec<Value>,
+}
+
+impl ColumnWrite {
+    fn apply(&mut self, change: &Change) {
+        match change.op {
+            Op::Set => {
+                self.base = Some(change.value.clone());
+                self.deltas.clear();
+            }
+            Op::Add => self.deltas.push(change.value.clone()),
+        }
+    }
+}
+
 /// One coalesced row write.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowWrite {
@@ -46,12 +97,15 @@ pub struct RowWrite {
     pub table: Table,
     /// The row key.
     pub key: String,
-    /// Gated tables: the version the row must still have (`None`: insert it). Fan-in: `None`.
+    /// How it is written.
+    pub kind: RowKind,
+    /// Gated updates: the version the row must still have.
     pub expected: Option<i64>,
     /// Gated tables: the version written. Fan-in: `None`.
     pub version: Option<i64>,
-    /// Column changes; on an insert every change is a `Set`.
-    pub changes: Vec<Change>,
+    /// The columns written. An insert's have a base; a merge's have a base (a set) or one
+    /// delta (an add), never both.
+    pub columns: Vec<ColumnWrite>,
 }
 
 /// One watermark move.
@@ -72,7 +126,8 @@ pub struct MarkWrite {
 pub struct Plan {
     /// One outcome per event, in order.
     pub outcomes: Vec<Outcome>,
-    /// Row writes, by table in declaration order, then by key.
+    /// Row writes, by table in declaration order, inserts and merges before updates, then
+    /// by key.
     pub rows: Vec<RowWrite>,
     /// Watermark moves, by aggregate.
     pub marks: Vec<MarkWrite>,
@@ -100,7 +155,7 @@ enum Verdict {
         expected: i64,
         found: i64,
     },
-    /// An upsert table with no row, and no write for it: nothing to move.
+    /// An upsert table with no row, and no write for it; or no gate at all: nothing to move.
     Free,
 }
 
@@ -125,32 +180,64 @@ fn upsert(current: Option<i64>, version: i64, written: bool) -> Verdict {
     }
 }
 
+/// A row's writes in the batch: the part that creates it (absolute values) and the part
+/// that follows (built on what the row holds).
 #[derive(Debug, Default)]
 struct RowState {
     stored: Option<i64>,
     current: Option<i64>,
-    changes: Vec<Change>,
-    touched: bool,
+    /// Gated: the version the row was created at in this batch. Fan-in: the first write.
+    created: Option<Option<i64>>,
+    first: Vec<ColumnWrite>,
+    rest: Vec<ColumnWrite>,
+}
+
+impl RowState {
+    fn column<'a>(part: &'a mut Vec<ColumnWrite>, column: &'static str) -> &'a mut ColumnWrite {
+        match part.iter().position(|c| c.column == column) {
+            Some(i) => &mut part[i],
+            None => {
+                part.push(ColumnWrite { column, base: None, deltas: Vec::new() });
+                part.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    /// Takes `changes` into the first part (with `absolute`, a column's first value is its
+    /// base, as on a row the event creates) or into the part that follows.
+    fn take(&mut self, changes: &[Change], first: bool, absolute: bool) {
+        let part = if first { &mut self.first } else { &mut self.rest };
+        for change in changes {
+            let column = Self::column(part, change.column);
+            if absolute && column.base.is_none() && column.deltas.is_empty() {
+                column.base = Some(change.value.clone());
+            } else {
+                column.apply(change);
+            }
+        }
+    }
 }
 
 /// Plans `events` (in offset order) against `stored` for a projection owning `tables`.
 pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'_>)]) -> Result<Plan, PlanError> {
-    let gated: Vec<usize> = (0..tables.len()).filter(|&t| tables[t].is_gated()).collect();
-    let fan_in = tables.iter().any(|t| t.gate() == Gate::FanIn);
     let mut rows: BTreeMap<(usize, String), RowState> = BTreeMap::new();
     let mut marks: BTreeMap<(String, String), (Option<i64>, Option<i64>)> = BTreeMap::new();
     let mut outcomes = Vec::with_capacity(events.len());
 
     for (index, (event, effect)) in events.iter().enumerate() {
         let fail = |problem: String| PlanError { index, problem, disagreement: false };
+        check_key("aggregate_id", event.aggregate_id).map_err(fail)?;
+        check_key("aggregate_type", event.aggregate_type).map_err(fail)?;
         let writes = match effect {
             Effect::Writes(w) => *w,
-            Effect::Unhandled => &[],
+            Effect::Unhandled | Effect::Custom => &[],
         };
         let targets =
             writes.iter().map(|w| check(tables, event, w).map_err(fail)).collect::<Result<Vec<usize>, _>>()?;
 
         // Classify against every gate the aggregate owns in this projection.
+        let gated: Vec<usize> =
+            (0..tables.len()).filter(|&t| tables[t].is_gated() && tables[t].owns(event.aggregate_type)).collect();
         let mut verdicts: Vec<(&str, Verdict)> = Vec::with_capacity(gated.len() + 1);
         for &t in &gated {
             let table = &tables[t];
@@ -164,16 +251,17 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             };
             verdicts.push((table.name(), verdict));
         }
+        let watermarked = watermarked(tables, event.aggregate_type);
         let mark_key = (event.aggregate_type.to_owned(), event.aggregate_id.to_owned());
-        if fan_in {
+        if watermarked {
             let mark = marks.entry(mark_key.clone()).or_insert_with(|| {
                 let stored = stored.marks.get(&mark_key).copied();
                 (stored, stored)
             });
-            verdicts.push(("the fan-in watermark", transition(mark.1, event.version)));
+            verdicts.push(("the aggregate watermark", transition(mark.1, event.version)));
         }
         let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
-        let handled = matches!(effect, Effect::Writes(_));
+        let handled = !matches!(effect, Effect::Unhandled);
         outcomes.push(match verdict {
             Verdict::Gap { expected, found } => Outcome::Gap { expected, found },
             _ if !handled => Outcome::Ignored,
@@ -191,10 +279,12 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
                 continue;
             }
             let state = rows.get_mut(&(t, event.aggregate_id.to_owned())).expect("state made above");
+            if state.current.is_none() {
+                state.created = Some(Some(event.version));
+            }
             state.current = Some(event.version);
-            state.touched = true;
         }
-        if fan_in {
+        if watermarked {
             marks.get_mut(&mark_key).expect("mark made above").1 = Some(event.version);
         }
         for (write, &t) in writes.iter().zip(&targets) {
@@ -202,36 +292,77 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
                 Target::Aggregate { key, .. } | Target::Row(key) => key.clone(),
             };
             let state = rows.entry((t, key)).or_default();
-            state.touched = true;
-            let absolute = tables[t].is_gated() && state.stored.is_none();
-            merge(&mut state.changes, &write.changes, absolute)
-                .map_err(|p| fail(format!("table {}: {p}", tables[t].name())))?;
+            if tables[t].is_gated() {
+                let creating = state.created == Some(Some(event.version));
+                state.take(&write.changes, creating, creating);
+            } else {
+                // A fan-in row's first write in the batch merges into whatever row is there.
+                let first = state.created.is_none();
+                state.created = Some(None);
+                state.take(&write.changes, first, false);
+            }
         }
     }
 
     let mut plan = Plan { outcomes, ..Plan::default() };
     for ((t, key), state) in rows {
         let table = tables[t];
-        if table.is_gated() {
-            if state.current != state.stored {
-                plan.rows.push(RowWrite {
-                    table,
-                    key,
-                    expected: state.stored,
-                    version: state.current,
-                    changes: state.changes,
-                });
+        let mut push = |kind, expected, version, columns| {
+            plan.rows.push(RowWrite { table, key: key.clone(), kind, expected, version, columns })
+        };
+        if !table.is_gated() {
+            if state.created.is_some() {
+                push(RowKind::Merge, None, None, state.first);
             }
-        } else if state.touched {
-            plan.rows.push(RowWrite { table, key, expected: None, version: None, changes: state.changes });
+            if !state.rest.is_empty() {
+                push(RowKind::Update, None, None, state.rest);
+            }
+        } else if state.current != state.stored {
+            match state.created {
+                None => push(RowKind::Update, state.stored, state.current, state.rest),
+                Some(created) => {
+                    let (first, rest) = coalesce(state.first, state.rest);
+                    if rest.is_empty() {
+                        push(RowKind::Insert, None, state.current, first);
+                    } else {
+                        push(RowKind::Insert, None, created, first);
+                        push(RowKind::Update, created, state.current, rest);
+                    }
+                }
+            }
         }
     }
+    // Per table, inserts and merges before the updates that may build on them.
+    plan.rows.sort_by_key(|r| (tables.iter().position(|t| *t == r.table), r.kind == RowKind::Update));
     for ((aggregate_type, aggregate_id), (stored, current)) in marks {
         if let (Some(version), true) = (current, current != stored) {
             plan.marks.push(MarkWrite { aggregate_type, aggregate_id, expected: stored, version });
         }
     }
     Ok(plan)
+}
+
+/// Whether events of `aggregate_type` are gated by the aggregate watermark: when a fan-in
+/// or custom table of the projection takes them.
+pub fn watermarked(tables: &[Table], aggregate_type: &str) -> bool {
+    tables.iter().any(|t| matches!(t.gate(), Gate::FanIn | Gate::Custom) && t.owns(aggregate_type))
+}
+
+/// Folds what follows a row's insert into the insert where the result cannot depend on
+/// what the insert left in the row: a set, or adds to a column the insert wrote. What is
+/// left (adds to a column the insert did not write: its default, or NULL) stays an update.
+fn coalesce(mut first: Vec<ColumnWrite>, rest: Vec<ColumnWrite>) -> (Vec<ColumnWrite>, Vec<ColumnWrite>) {
+    if rest.iter().any(|c| c.base.is_none() && !first.iter().any(|f| f.column == c.column)) {
+        return (first, rest);
+    }
+    for c in rest {
+        match first.iter_mut().find(|f| f.column == c.column) {
+            Some(f) if c.base.is_none() => f.deltas.extend(c.deltas),
+            Some(f) => *f = c,
+            None => first.push(c),
+        }
+    }
+    (first, Vec::new())
 }
 
 /// The index of the declared table `write` targets, after checking it fits the declaration.
@@ -249,6 +380,7 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
         (Gate::FanIn, Target::Aggregate { .. }) => {
             return Err(format!("table {name} is fan-in: use row(key), not write(event)"))
         }
+        (Gate::FanIn, Target::Row(key)) => check_key(&format!("table {name}: row key"), key)?,
         (Gate::Upsert | Gate::Transition, Target::Row(_)) => {
             return Err(format!("table {name} is gated by version: use write(event), not row(key)"))
         }
@@ -259,17 +391,32 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
                 "table {name}: write(event) was given {key} v{version}, not the event being projected"
             ));
         }
+        (Gate::Upsert | Gate::Transition, _) if !write.table.owns(event.aggregate_type) => {
+            return Err(format!(
+                "table {name} holds aggregates of type {:?}, not {:?}: an event writes only its own aggregate's row",
+                write.table.aggregate_types_declared(),
+                event.aggregate_type
+            ));
+        }
         _ => {}
     }
-    for change in &write.changes {
+    for (i, change) in write.changes.iter().enumerate() {
         if !write.table.has_column(change.column) {
             return Err(format!("table {name} declares no column {:?}", change.column));
         }
-        if change.op == Op::Add && write.table.gate() == Gate::Upsert {
-            return Err(format!(
-                "table {name} is state transfer (upsert): set column {}, do not add to it",
-                change.column
-            ));
+        if write.changes[..i].iter().any(|c| c.column == change.column) {
+            return Err(format!("table {name}: column {} is changed twice by one write", change.column));
+        }
+        if change.op == Op::Add {
+            if write.table.gate() == Gate::Upsert {
+                return Err(format!(
+                    "table {name} is state transfer (upsert): set column {}, do not add to it",
+                    change.column
+                ));
+            }
+            if !matches!(change.value, Value::Number(_) | Value::String(_) | Value::Null) {
+                return Err(format!("add to column {} needs a number, got {}", change.column, change.value));
+            }
         }
     }
     Ok(t)
@@ -290,50 +437,14 @@ fn combine(verdicts: &[(&str, Verdict)]) -> Result<Verdict, String> {
     }
 }
 
-/// Folds `new` into `acc`: a set replaces, an add accumulates (onto a set, or as a delta;
-/// as an absolute value when the row is being created).
-fn merge(acc: &mut Vec<Change>, new: &[Change], absolute: bool) -> Result<(), String> {
-    for change in new {
-        if change.op == Op::Add && !(change.value.is_number() || change.value.is_null()) {
-            return Err(format!("add to column {} needs a number, got {}", change.column, change.value));
-        }
-        match acc.iter_mut().find(|c| c.column == change.column) {
-            Some(prev) if change.op == Op::Set => {
-                prev.op = Op::Set;
-                prev.value = change.value.clone();
-            }
-            Some(prev) => {
-                prev.value = add(&prev.value, &change.value)
-                    .ok_or_else(|| format!("column {}: {} + {} overflows", change.column, prev.value, change.value))?;
-            }
-            None => acc.push(Change {
-                column: change.column,
-                op: if absolute { Op::Set } else { change.op },
-                value: change.value.clone(),
-            }),
-        }
-    }
-    Ok(())
-}
-
-/// `a + b` as SQL would compute it: NULL absorbs, integers stay exact.
-fn add(a: &Value, b: &Value) -> Option<Value> {
-    if a.is_null() || b.is_null() {
-        return Some(Value::Null);
-    }
-    if let (Some(x), Some(y)) = (a.as_i64(), b.as_i64()) {
-        return x.checked_add(y).map(Value::from);
-    }
-    serde_json::Number::from_f64(a.as_f64()? + b.as_f64()?).map(Value::Number)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Envelope;
 
-    const ACC: Table = Table::transition("acc", "id").columns(&[("balance", "bigint"), ("owner", "text")]);
-    const SNAP: Table = Table::upsert("snap", "id").columns(&[("owner", "text")]);
+    const ACC: Table =
+        Table::transition("acc", "id").aggregate_type("account").columns(&[("balance", "bigint"), ("owner", "text")]);
+    const SNAP: Table = Table::upsert("snap", "id").aggregate_type("account").columns(&[("owner", "text")]);
     const STATS: Table = Table::fan_in("stats", "customer").columns(&[("n", "bigint")]);
 
     fn env(id: &str, version: i64) -> Envelope<()> {
@@ -373,19 +484,52 @@ mod tests {
         let p = plan(&[ACC], &stored, &events).unwrap();
         use Outcome::*;
         assert_eq!(p.outcomes, vec![Applied, Duplicate, Applied, Applied, Stale, Applied]);
+        let cols =
+            |r: &RowWrite| r.columns.iter().map(|c| (c.column, c.base.clone(), c.deltas.clone())).collect::<Vec<_>>();
         assert_eq!(p.rows.len(), 2);
         let a = &p.rows[0];
-        assert_eq!((a.key.as_str(), a.expected, a.version), ("a", None, Some(2)));
+        assert_eq!((a.key.as_str(), a.kind, a.expected, a.version), ("a", RowKind::Insert, None, Some(2)));
         assert_eq!(
-            a.changes.iter().map(|c| (c.column, c.op, c.value.clone())).collect::<Vec<_>>(),
-            vec![("owner", Op::Set, Value::from("ann")), ("balance", Op::Set, Value::from(150))]
+            cols(a),
+            vec![
+                ("owner", Some(Value::from("ann")), vec![]),
+                ("balance", Some(Value::from(100)), vec![Value::from(50)])
+            ],
+            "the creating event's add is absolute, the next one a delta folded in SQL"
         );
         let b = &p.rows[1];
-        assert_eq!((b.key.as_str(), b.expected, b.version), ("b", Some(3), Some(5)));
+        assert_eq!((b.key.as_str(), b.kind, b.expected, b.version), ("b", RowKind::Update, Some(3), Some(5)));
         assert_eq!(
-            b.changes.iter().map(|c| (c.column, c.op, c.value.clone())).collect::<Vec<_>>(),
-            vec![("balance", Op::Add, Value::from(-10)), ("owner", Op::Set, Value::from("bob"))]
+            cols(b),
+            vec![
+                ("balance", None, vec![Value::from(-5), Value::from(-5)]),
+                ("owner", Some(Value::from("bob")), vec![])
+            ]
         );
+    }
+
+    #[test]
+    fn an_add_to_a_column_the_insert_left_to_its_default_is_an_update() {
+        let w1 = [ACC.write(&env("a", 1)).set("owner", "ann")];
+        let w2 = [ACC.write(&env("a", 2)).add("balance", 5)];
+        let events = [(r("a", 1), Effect::Writes(&w1)), (r("a", 2), Effect::Writes(&w2))];
+        let p = plan(&[ACC], &Stored::default(), &events).unwrap();
+        let shape = p.rows.iter().map(|r| (r.kind, r.expected, r.version)).collect::<Vec<_>>();
+        assert_eq!(shape, vec![(RowKind::Insert, None, Some(1)), (RowKind::Update, Some(1), Some(2))]);
+        assert_eq!(p.rows[1].columns[0].deltas, vec![Value::from(5)]);
+    }
+
+    #[test]
+    fn an_event_moves_only_the_gates_its_aggregate_type_owns() {
+        let customer = EventRef { aggregate_type: "customer", aggregate_id: "a", version: 3 };
+        let w = [ACC.write(&env("a", 1)).set("owner", "ann")];
+        let events = [(customer, Effect::Unhandled), (r("a", 1), Effect::Writes(&w)), (customer, Effect::Custom)];
+        let p = plan(&[ACC], &Stored::default(), &events).unwrap();
+        assert_eq!(p.outcomes, vec![Outcome::Ignored, Outcome::Applied, Outcome::Applied]);
+        assert_eq!((p.rows.len(), p.rows[0].version), (1, Some(1)));
+        let wrong = [ACC.write(&env("a", 3))];
+        let err = plan(&[ACC], &Stored::default(), &[(customer, Effect::Writes(&wrong))]).unwrap_err();
+        assert!(err.problem.contains("holds aggregates of type [\"account\"], not \"customer\""), "{err}");
     }
 
     #[test]
@@ -423,7 +567,11 @@ mod tests {
         let p = plan(&[SNAP, STATS], &stored, &events).unwrap();
         assert_eq!(p.outcomes, vec![Outcome::Applied, Outcome::Duplicate, Outcome::Stale]);
         assert_eq!(p.rows.len(), 2);
-        assert_eq!(p.rows[1].changes[0].value, Value::from(1), "counted once");
+        assert_eq!(
+            (p.rows[1].kind, &p.rows[1].columns[0].deltas),
+            (RowKind::Merge, &vec![Value::from(1)]),
+            "counted once"
+        );
         assert_eq!(
             p.marks,
             vec![MarkWrite {
@@ -442,8 +590,10 @@ mod tests {
             (vec![SNAP.write(&env("a", 1)).add("owner", 1)], "do not add"),
             (vec![STATS.write(&env("a", 1))], "use row(key)"),
             (vec![ACC.write(&env("other", 1))], "not the event being projected"),
-            (vec![Table::transition("undeclared", "id").write(&env("a", 1))], "not declared"),
-            (vec![ACC.write(&env("a", 1)).add("balance", "x")], "needs a number"),
+            (vec![Table::transition("undeclared", "id").aggregate_type("account").write(&env("a", 1))], "not declared"),
+            (vec![ACC.write(&env("a", 1)).add("balance", true)], "needs a number"),
+            (vec![ACC.write(&env("a", 1)).add("balance", 1).set("balance", 2)], "changed twice"),
+            (vec![STATS.row("k".repeat(crate::MAX_KEY_BYTES + 1))], "longer than"),
         ];
         for (writes, want) in cases {
             let err =
@@ -453,11 +603,15 @@ mod tests {
     }
 
     #[test]
-    fn gates_that_disagree_are_an_error() {
+    fn gates_that_disagree_and_keys_that_cannot_be_stored_are_errors() {
         let mut stored = Stored::default();
         stored.rows.insert("acc", HashMap::from([("a".to_owned(), 2)]));
         stored.marks.insert(("account".into(), "a".into()), 1);
         let err = plan(&[ACC, STATS], &stored, &[(r("a", 2), Effect::Unhandled)]).unwrap_err();
         assert!(err.problem.contains("disagree") && err.disagreement, "{err}");
+        let err = plan(&[ACC], &Stored::default(), &[(r(&"k".repeat(2000), 1), Effect::Unhandled)]).unwrap_err();
+        assert!(err.problem.contains("aggregate_id is 2000 bytes long") && !err.disagreement, "{err}");
+        let err = plan(&[ACC], &Stored::default(), &[(r("a\0b", 1), Effect::Unhandled)]).unwrap_err();
+        assert!(err.problem.contains("NUL character"), "{err}");
     }
 }

@@ -29,7 +29,8 @@ use crate::{ApplyError, Envelope, Outcome, Table, Writes};
 ///     Incremented { by: i64 },
 /// }
 ///
-/// const COUNTERS: Table = Table::transition("counters", "counter_id").columns(&[("count", "bigint NOT NULL")]);
+/// const COUNTERS: Table =
+///     Table::transition("counters", "counter_id").aggregate_type("counter").columns(&[("count", "bigint NOT NULL")]);
 ///
 /// struct Counters;
 ///

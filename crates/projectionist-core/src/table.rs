@@ -25,12 +25,40 @@ pub enum Gate {
     Custom,
 }
 
+/// The longest aggregate id, aggregate type or fan-in row key the engine stores, in bytes.
+///
+/// Keys are primary keys: PostgreSQL refuses a B-tree entry over about 2,700 bytes, so a
+/// longer key would fail in the middle of a batch. An event with a longer key (or one
+/// holding a NUL character, which `text` cannot store) is refused before anything is
+/// written, naming the event.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Checks a key against [`MAX_KEY_BYTES`] and PostgreSQL's `text` (no NUL character).
+pub fn check_key(what: &str, key: &str) -> Result<(), String> {
+    if key.len() > MAX_KEY_BYTES {
+        Err(format!("{what} is {} bytes long, longer than the {MAX_KEY_BYTES} bytes a key may have", key.len()))
+    } else if key.contains('\0') {
+        Err(format!("{what} holds a NUL character (\\u0000), which PostgreSQL text cannot store"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Which aggregate types' events a table belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Owners {
+    Undeclared,
+    One(&'static str),
+    Many(&'static [&'static str]),
+}
+
 /// A read-model table, declared once as a `const` and used everywhere by reference.
 ///
 /// ```
 /// use projectionist_core::Table;
 ///
 /// const ACCOUNTS: Table = Table::transition("bank_accounts", "account_id")
+///     .aggregate_type("account")
 ///     .columns(&[("owner", "text"), ("balance", "bigint NOT NULL DEFAULT 0")]);
 ///
 /// assert_eq!(
@@ -42,6 +70,15 @@ pub enum Gate {
 /// Names must be plain identifiers (ASCII letters, digits, `_`, optionally `schema.table`);
 /// the engine checks them before running any SQL and always quotes them. Column types are
 /// SQL, written by you, never taken from input. Keys are `text`.
+///
+/// ## Aggregate types
+/// An aggregate is its type and its id together: `account/42` and `customer/42` are two
+/// aggregates. An upsert or transition table holds one row per aggregate of the type it
+/// declares with [`aggregate_type`](Table::aggregate_type) (required: the engine refuses a
+/// gated table without one), and only events of that type move its rows' versions — so a
+/// topic carrying several aggregate types with overlapping ids is safe. Fan-in and custom
+/// tables may declare types too: then only those types' events are gated by the
+/// aggregate watermark; undeclared, every event of the projection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Table {
     name: &'static str,
@@ -50,11 +87,12 @@ pub struct Table {
     gate: Gate,
     columns: &'static [(&'static str, &'static str)],
     ddl: Option<&'static str>,
+    owners: Owners,
 }
 
 impl Table {
     const fn new(name: &'static str, key: &'static str, gate: Gate) -> Self {
-        Self { name, key, version: "version", gate, columns: &[], ddl: None }
+        Self { name, key, version: "version", gate, columns: &[], ddl: None, owners: Owners::Undeclared }
     }
 
     /// A [state-transfer](Gate::Upsert) table keyed by the aggregate id in column `key`.
@@ -75,7 +113,58 @@ impl Table {
     /// A [custom](Gate::Custom) table created by `ddl` (an idempotent `CREATE TABLE IF NOT
     /// EXISTS …`), written only by the projection's `apply`.
     pub const fn custom(name: &'static str, ddl: &'static str) -> Self {
-        Self { name, key: "", version: "", gate: Gate::Custom, columns: &[], ddl: Some(ddl) }
+        Self {
+            name,
+            key: "",
+            version: "",
+            gate: Gate::Custom,
+            columns: &[],
+            ddl: Some(ddl),
+            owners: Owners::Undeclared,
+        }
+    }
+
+    /// The aggregate type whose events this table belongs to (see [the type's docs](Table)).
+    pub const fn aggregate_type(mut self, aggregate_type: &'static str) -> Self {
+        self.owners = Owners::One(aggregate_type);
+        self
+    }
+
+    /// Several aggregate types whose ids never overlap share this table.
+    pub const fn aggregate_types(mut self, aggregate_types: &'static [&'static str]) -> Self {
+        self.owners = Owners::Many(aggregate_types);
+        self
+    }
+
+    /// Whether events of `aggregate_type` belong to this table (all do to a fan-in or
+    /// custom table that declares no type).
+    pub fn owns(&self, aggregate_type: &str) -> bool {
+        match self.owners {
+            Owners::Undeclared => !self.is_gated(),
+            Owners::One(t) => t == aggregate_type,
+            Owners::Many(ts) => ts.contains(&aggregate_type),
+        }
+    }
+
+    /// The declared aggregate types (empty: none declared).
+    pub fn aggregate_types_declared(&self) -> &[&'static str] {
+        match &self.owners {
+            Owners::Undeclared => &[],
+            Owners::One(t) => std::slice::from_ref(t),
+            Owners::Many(ts) => ts,
+        }
+    }
+
+    /// Checks the declaration beyond its identifiers: a gated table names its aggregate type.
+    pub fn check(&self) -> Result<(), String> {
+        if self.is_gated() && self.aggregate_types_declared().is_empty() {
+            return Err(format!(
+                "table {} holds one row per aggregate: declare which aggregate type with \
+                 .aggregate_type(\"…\") (or .aggregate_types(&[…]) for types whose ids never overlap)",
+                self.name
+            ));
+        }
+        Ok(())
     }
 
     /// The columns besides key and version: `(name, SQL type and constraints)`.

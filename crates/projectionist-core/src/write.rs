@@ -11,7 +11,8 @@ use crate::table::Table;
 pub enum Op {
     /// `column = value`.
     Set,
-    /// `column = column + value` (on a row being created: `column = value`).
+    /// `column = column + value`, in the column's own SQL arithmetic (on a row this event
+    /// creates: `column = value`).
     Add,
 }
 
@@ -74,8 +75,12 @@ impl Write {
         self.push(column, Op::Set, value)
     }
 
-    /// Adds `value` (an integer or float) to `column`; on a row being created, sets it.
-    /// Not allowed on upsert tables (state transfer carries absolute values).
+    /// Adds `value` (a number, or a string PostgreSQL reads as one, e.g. a decimal) to
+    /// `column`, as `column = column + value` would in SQL: the value is first converted to
+    /// the column's type (a `numeric(12,2)` rounds it to cents), NULL absorbs, overflow is
+    /// an error — and a batch gives exactly what applying its events one at a time gives.
+    /// On a row the event creates, sets it. Not allowed on upsert tables (state transfer
+    /// carries absolute values).
     pub fn add(self, column: &'static str, value: impl Serialize) -> Self {
         self.push(column, Op::Add, value)
     }

@@ -610,7 +610,9 @@ fn classify(e: &projectionist_postgres::Error, retries: u32) -> (usize, String, 
         projectionist_postgres::Error::Decode { index, source, .. } => (*index, source.to_string(), HaltKind::Poison),
         projectionist_postgres::Error::Invalid { index, problem, .. } => (*index, problem.clone(), HaltKind::Error),
         other if other.is_retryable() => (0, format!("{other} (gave up after {retries} retries)"), HaltKind::Error),
-        other => (0, other.to_string(), HaltKind::Error),
+        // Names the event at fault (a value the database refused, a failing `apply`), or
+        // the batch's first event.
+        other => (other.event_index().unwrap_or(0), other.to_string(), HaltKind::Error),
     }
 }
 

@@ -35,9 +35,11 @@ pub trait PgProjection: Send + Sync + 'static {
     /// Whether the projection has a variant for `event_type`.
     fn handles(&self, event_type: &str) -> bool;
     /// Decodes `batch` and applies it in offset order in the caller's transaction, one
-    /// outcome per envelope. A decode failure is an [`Error::Decode`] naming the event;
-    /// nothing is applied then. [`Error::Conflict`] in [`Mode::Batch`]: roll back and
-    /// apply the batch again in [`Mode::PerEvent`].
+    /// outcome per envelope. An error about one event names it
+    /// ([`Error::event_index`]): a decode failure, a write the declarations forbid, a value
+    /// the database refuses; nothing of the batch is to be committed then.
+    /// [`Error::Conflict`] in [`Mode::Batch`]: roll back and apply the batch again in
+    /// [`Mode::PerEvent`].
     async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>>;
 }
 
@@ -67,11 +69,14 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     }
 
     async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>> {
+        let name = Projection::name(self);
+        let tables = Projection::tables(self);
+        check_declarations(name, tables)?;
         let mut items = Vec::with_capacity(batch.len());
         for (index, raw) in batch.iter().enumerate() {
             let decoded = raw.clone().decode::<P::Event>().map_err(|source| Error::Decode {
                 index,
-                aggregate_id: raw.aggregate_id.clone(),
+                aggregate: format!("{}/{}", raw.aggregate_type, raw.aggregate_id),
                 version: raw.version,
                 source,
             })?;
@@ -83,8 +88,10 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 },
             });
         }
-        let name = Projection::name(self);
-        let tables = Projection::tables(self);
+        let event = |i: usize| {
+            let raw = &batch[i];
+            EventRef { aggregate_type: &raw.aggregate_type, aggregate_id: &raw.aggregate_id, version: raw.version }
+        };
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut start = 0;
         // Runs of planned events go set-based; a custom event goes to `apply` between them.
@@ -94,33 +101,32 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             if end > start {
                 let run: Vec<(EventRef<'_>, Effect<'_>)> = (start..end)
                     .map(|i| {
-                        let raw = &batch[i];
-                        let event = EventRef {
-                            aggregate_type: &raw.aggregate_type,
-                            aggregate_id: &raw.aggregate_id,
-                            version: raw.version,
-                        };
                         let effect = match &items[i] {
                             Item::Writes(w) => Effect::Writes(w.writes()),
                             _ => Effect::Unhandled,
                         };
-                        (event, effect)
+                        (event(i), effect)
                     })
                     .collect();
-                let applied = match mode {
-                    Mode::Batch => batch::apply(conn, name, tables, &run).await,
-                    Mode::PerEvent => batch::apply_per_event(conn, name, tables, &run).await,
-                };
-                outcomes.extend(applied.map_err(|e| match e {
-                    Error::Invalid { index, aggregate_id, version, problem } => {
-                        Error::Invalid { index: start + index, aggregate_id, version, problem }
-                    }
-                    other => other,
-                })?);
+                let applied = batch::apply(conn, name, tables, &run, mode).await.map_err(|e| e.shifted(start))?;
+                outcomes.extend(applied);
             }
             if let Some(Item::Custom(env)) = items.get(end) {
-                let outcome =
-                    self.apply(conn, env).await.map_err(|error| Error::Apply { projection: name.into(), error })?;
+                // Gated like any event: its gates move, and `apply` runs only if it applies.
+                let gated = batch::apply(conn, name, tables, &[(event(end), Effect::Custom)], Mode::PerEvent)
+                    .await
+                    .map_err(|e| e.shifted(end))?;
+                let outcome = match gated.first() {
+                    Some(Outcome::Applied) => self.apply(conn, env).await.map_err(|error| Error::Apply {
+                        projection: name.into(),
+                        index: end,
+                        aggregate: format!("{}/{}", env.aggregate_type, env.aggregate_id),
+                        version: env.version,
+                        error,
+                    })?,
+                    Some(other) => *other,
+                    None => unreachable!("one outcome per event"),
+                };
                 outcomes.push(outcome);
             }
             start = end + 1;
@@ -129,11 +135,18 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     }
 }
 
+fn check_declarations(projection: &str, tables: &[Table]) -> Result<()> {
+    for table in tables {
+        table.check().map_err(|problem| Error::Declaration { projection: projection.into(), problem })?;
+    }
+    Ok(())
+}
+
 /// A shared, type-erased projection.
 pub type SharedProjection = Arc<dyn PgProjection>;
 
-/// Checks a projection before the engine runs it: its name, and every identifier of its
-/// table declarations.
+/// Checks a projection before the engine runs it: its name, every identifier of its table
+/// declarations, and that each gated table names its aggregate type.
 pub fn validate(projection: &dyn PgProjection) -> Result<()> {
     validate_projection_name(projection.name())
         .map_err(|_| Error::Identifier { ident: projection.name().into(), reason: "not a valid projection name" })?;
@@ -142,7 +155,7 @@ pub fn validate(projection: &dyn PgProjection) -> Result<()> {
             Ident::new(ident)?;
         }
     }
-    Ok(())
+    check_declarations(projection.name(), projection.tables())
 }
 
 /// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka

@@ -8,21 +8,51 @@
 
 use std::collections::HashMap;
 
-use projectionist_core::plan::{plan, Effect, EventRef, MarkWrite, RowWrite, Stored};
-use projectionist_core::{Gate, Op, Outcome, Table};
+use projectionist_core::plan::{
+    plan, watermarked, ColumnWrite, Effect, EventRef, MarkWrite, RowKind, RowWrite, Stored,
+};
+use projectionist_core::{Outcome, Table};
 use serde_json::{Map, Value};
 use sqlx::types::Json;
 use sqlx::{Connection, PgConnection};
 
-use crate::{Error, Ident, Result};
+use crate::{is_retryable_sqlx, Error, Ident, Mode, Result};
 
 /// How many times the per-event path re-plans one event whose rows a concurrent writer moved.
 const PER_EVENT_TRIES: usize = 5;
 
-/// Plans and writes `events` set-based in the caller's transaction. A statement that
-/// changes another number of rows than planned (a concurrent writer moved a row, or
-/// inserted one) is [`Error::Conflict`]: roll back and take the per-event path.
+/// Applies a run of planned events in the caller's transaction. Set-based (`Mode::Batch`):
+/// under a savepoint, so that when the database refuses a statement (a value the column
+/// cannot take, a constraint) the run is applied again event by event in the same
+/// transaction, and the error names the event at fault. A statement that changes another
+/// number of rows than planned (a concurrent writer) is [`Error::Conflict`]: roll back and
+/// take the per-event path.
 pub(crate) async fn apply(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+    mode: Mode,
+) -> Result<Vec<Outcome>> {
+    if mode == Mode::PerEvent {
+        return apply_per_event(conn, projection, tables, events).await;
+    }
+    let mut savepoint = conn.begin().await?;
+    match apply_set_based(&mut savepoint, projection, tables, events).await {
+        Ok(outcomes) => {
+            savepoint.commit().await?;
+            Ok(outcomes)
+        }
+        Err(Error::Database(e)) if !is_retryable_sqlx(&e) => {
+            savepoint.rollback().await?;
+            tracing::info!(projection, error = %e, "The database refused a set-based statement; applying the events one by one to find the one at fault.");
+            apply_per_event(conn, projection, tables, events).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn apply_set_based(
     conn: &mut PgConnection,
     projection: &str,
     tables: &[Table],
@@ -33,11 +63,13 @@ pub(crate) async fn apply(
     }
     let stored = read_stored(conn, projection, tables, events).await?;
     let plan = plan(tables, &stored, events).map_err(|e| {
-        let (aggregate_id, version) = (events[e.index].0.aggregate_id.to_owned(), events[e.index].0.version);
+        let event = &events[e.index].0;
         if e.disagreement {
-            Error::Conflict { detail: format!("{aggregate_id} v{version}: {}", e.problem) }
+            Error::Conflict {
+                detail: format!("{}/{} v{}: {}", event.aggregate_type, event.aggregate_id, event.version, e.problem),
+            }
         } else {
-            Error::Invalid { index: e.index, aggregate_id, version, problem: e.problem }
+            Error::Invalid { index: e.index, aggregate: aggregate(event), version: event.version, problem: e.problem }
         }
     })?;
     write_marks(conn, projection, &plan.marks).await?;
@@ -47,10 +79,16 @@ pub(crate) async fn apply(
     Ok(plan.outcomes)
 }
 
+/// `type/id`, as errors name an aggregate.
+pub(crate) fn aggregate(event: &EventRef<'_>) -> String {
+    format!("{}/{}", event.aggregate_type, event.aggregate_id)
+}
+
 /// The per-event path: each event planned and written alone under a savepoint, re-planned
 /// when a concurrent writer moved its rows (its statements then wait on that writer's row
-/// locks and see its commit). Slower, and exact under any concurrency.
-pub(crate) async fn apply_per_event(
+/// locks and see its commit). Slower, and exact under any concurrency. A statement the
+/// database refuses is [`Error::Rejected`], naming the event.
+async fn apply_per_event(
     conn: &mut PgConnection,
     projection: &str,
     tables: &[Table],
@@ -61,7 +99,7 @@ pub(crate) async fn apply_per_event(
         let mut tries = 0;
         loop {
             let mut savepoint = conn.begin().await?;
-            match apply(&mut savepoint, projection, tables, std::slice::from_ref(event)).await {
+            match apply_set_based(&mut savepoint, projection, tables, std::slice::from_ref(event)).await {
                 Ok(outcome) => {
                     savepoint.commit().await?;
                     outcomes.extend(outcome);
@@ -75,16 +113,13 @@ pub(crate) async fn apply_per_event(
                         let (e, _) = event;
                         return Err(Error::Invalid {
                             index,
-                            aggregate_id: e.aggregate_id.to_owned(),
+                            aggregate: aggregate(e),
                             version: e.version,
                             problem: format!("{detail} (still after {tries} tries)"),
                         });
                     }
                 }
-                Err(Error::Invalid { problem, aggregate_id, version, .. }) => {
-                    return Err(Error::Invalid { index, aggregate_id, version, problem })
-                }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.of_event(index, &event.0)),
             }
         }
     }
@@ -98,19 +133,26 @@ async fn read_stored(
     events: &[(EventRef<'_>, Effect<'_>)],
 ) -> Result<Stored> {
     let mut stored = Stored::default();
-    let mut ids: Vec<&str> = events.iter().map(|(e, _)| e.aggregate_id).collect();
-    ids.sort_unstable();
-    ids.dedup();
     for table in tables.iter().filter(|t| t.is_gated()) {
+        let mut ids: Vec<&str> =
+            events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
+        if ids.is_empty() {
+            continue;
+        }
+        ids.sort_unstable();
+        ids.dedup();
         let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
         // Sorted, so two writers lock overlapping rows in the same order.
         let sql = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1) ORDER BY {key} FOR UPDATE");
         let found: Vec<(String, i64)> = sqlx::query_as(&sql).bind(&ids).fetch_all(&mut *conn).await?;
         stored.rows.insert(table.name(), found.into_iter().collect());
     }
-    if tables.iter().any(|t| t.gate() == Gate::FanIn) {
-        let mut aggregates: Vec<(&str, &str)> =
-            events.iter().map(|(e, _)| (e.aggregate_type, e.aggregate_id)).collect();
+    let mut aggregates: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|(e, _)| watermarked(tables, e.aggregate_type))
+        .map(|(e, _)| (e.aggregate_type, e.aggregate_id))
+        .collect();
+    if !aggregates.is_empty() {
         aggregates.sort_unstable();
         aggregates.dedup();
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.into_iter().unzip();
@@ -162,22 +204,47 @@ async fn write_marks(conn: &mut PgConnection, projection: &str, marks: &[MarkWri
     Ok(())
 }
 
-/// What one statement does: insert or update a gated row, or merge a fan-in row, touching
-/// these columns in these ways.
+/// How a statement computes one column, by what the plan holds for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ColumnKind {
+    /// `c = value`.
+    Set,
+    /// `c = t.c + value` (a merge's insert: `c = value`).
+    Add,
+    /// `c = ((t.c + d1) + d2) + …`.
+    FoldStored,
+    /// `c = ((value + d1) + d2) + …`.
+    FoldValue,
+}
+
+impl ColumnKind {
+    fn of(column: &ColumnWrite) -> Self {
+        match (&column.base, column.deltas.len()) {
+            (Some(_), 0) => Self::Set,
+            (Some(_), _) => Self::FoldValue,
+            (None, 1) => Self::Add,
+            (None, _) => Self::FoldStored,
+        }
+    }
+
+    fn folds(self) -> bool {
+        matches!(self, Self::FoldStored | Self::FoldValue)
+    }
+}
+
+/// What one statement does: its kind of row write, touching these columns in these ways.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Shape {
-    insert: bool,
-    columns: Vec<(&'static str, Op)>,
+    kind: RowKind,
+    columns: Vec<(&'static str, ColumnKind)>,
 }
 
 /// Row writes grouped by table and shape, one statement each, in plan order.
 fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<&RowWrite>)> {
     let mut groups: Vec<(Table, Shape, Vec<&RowWrite>)> = Vec::new();
     for row in rows {
-        let shape = Shape {
-            insert: row.table.is_gated() && row.expected.is_none(),
-            columns: row.changes.iter().map(|c| (c.column, c.op)).collect(),
-        };
+        let shape =
+            Shape { kind: row.kind, columns: row.columns.iter().map(|c| (c.column, ColumnKind::of(c))).collect() };
         match groups.iter_mut().find(|(t, s, _)| *t == row.table && *s == shape) {
             Some((_, _, members)) => members.push(row),
             None => groups.push((row.table, shape, vec![row])),
@@ -189,43 +256,74 @@ fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<&RowWrite>)> {
 async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: &[&RowWrite]) -> Result<()> {
     let name = Ident::new(table.name())?;
     let key = Ident::new(table.key())?;
-    let columns = shape.columns.iter().map(|(c, op)| Ok((Ident::new(c)?, *op))).collect::<Result<Vec<_>>>()?;
-    let docs: Vec<Value> = rows.iter().map(|r| doc(&table, r)).collect();
-    // Inserted columns: the key, the changed columns, and the version of gated tables.
-    let mut inserted = vec![key.to_string()];
-    inserted.extend(columns.iter().map(|(c, _)| c.to_string()));
-    let (sql, check) = if !table.is_gated() {
-        let merge = if columns.is_empty() {
-            "DO NOTHING".to_owned()
-        } else {
-            let sets = columns.iter().map(|(c, op)| match op {
-                Op::Set => format!("{c} = EXCLUDED.{c}"),
-                Op::Add => format!("{c} = t.{c} + EXCLUDED.{c}"),
-            });
-            format!("DO UPDATE SET {}", sets.collect::<Vec<_>>().join(", "))
-        };
-        (format!("{} ON CONFLICT ({key}) {merge}", insert_from_json(&name, &inserted)), !columns.is_empty())
-    } else if shape.insert {
-        inserted.push(Ident::new(table.version())?.to_string());
-        (format!("{} ON CONFLICT ({key}) DO NOTHING", insert_from_json(&name, &inserted)), true)
-    } else {
-        let version = Ident::new(table.version())?;
-        let mut sets: Vec<String> = columns
-            .iter()
-            .map(|(c, op)| match op {
-                Op::Set => format!("{c} = s.{c}"),
-                Op::Add => format!("{c} = t.{c} + s.{c}"),
-            })
-            .collect();
-        sets.push(format!("{version} = s.{version}"));
-        let sql = format!(
-            "UPDATE {name} AS t SET {} FROM (SELECT r.*, (x.doc->>'$expected')::bigint AS \"$expected\" \
-             FROM jsonb_array_elements($1) AS x(doc), LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s \
-             WHERE t.{key} = s.{key} AND t.{version} = s.\"$expected\"",
-            sets.join(", ")
-        );
-        (sql, true)
+    let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
+    let columns = shape.columns.iter().map(|(c, kind)| Ok((*c, Ident::new(c)?, *kind))).collect::<Result<Vec<_>>>()?;
+    // The rows as typed records of the table, each with the version it must still have
+    // and, per folded column, its deltas.
+    let mut extra = vec!["(x.doc->>'$expected')::bigint AS \"$expected\"".to_owned()];
+    extra.extend(
+        columns.iter().filter(|(_, _, k)| k.folds()).map(|(raw, ..)| format!("x.doc->'{raw}$d' AS \"{raw}$d\"")),
+    );
+    let source = format!(
+        "(SELECT r.*, {} FROM jsonb_array_elements($1) AS x(doc), LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
+        extra.join(", ")
+    );
+    let fold = |raw: &str, column: &Ident, base: &str| {
+        format!(
+            "(SELECT projectionist_fold(f.v ORDER BY f.n) FROM (SELECT 0::bigint AS n, {base} AS v UNION ALL \
+             SELECT d.ordinality, d.{column} FROM jsonb_populate_recordset(NULL::{name}, s.\"{raw}$d\") WITH ORDINALITY AS d) AS f)"
+        )
     };
+    let value = |(raw, column, kind): &(&str, Ident, ColumnKind)| match kind {
+        ColumnKind::Set | ColumnKind::Add => format!("s.{column}"),
+        ColumnKind::FoldValue => fold(raw, column, &format!("s.{column}")),
+        ColumnKind::FoldStored => fold(raw, column, &format!("t.{column}")),
+    };
+    let (sql, check) = match shape.kind {
+        RowKind::Insert | RowKind::Merge => {
+            let mut names = vec![key.to_string()];
+            let mut values = vec![format!("s.{key}")];
+            for c in &columns {
+                names.push(c.1.to_string());
+                values.push(value(c));
+            }
+            if let Some(version) = &version {
+                names.push(version.to_string());
+                values.push(format!("s.{version}"));
+            }
+            let conflict = if shape.kind == RowKind::Insert || columns.is_empty() {
+                "DO NOTHING".to_owned()
+            } else {
+                let sets = columns.iter().map(|(_, c, kind)| match kind {
+                    ColumnKind::Add => format!("{c} = t.{c} + EXCLUDED.{c}"),
+                    _ => format!("{c} = EXCLUDED.{c}"),
+                });
+                format!("DO UPDATE SET {}", sets.collect::<Vec<_>>().join(", "))
+            };
+            let sql = format!(
+                "INSERT INTO {name} AS t ({}) SELECT {} FROM {source} ON CONFLICT ({key}) {conflict}",
+                names.join(", "),
+                values.join(", ")
+            );
+            (sql, shape.kind == RowKind::Insert || !columns.is_empty())
+        }
+        RowKind::Update => {
+            let mut sets: Vec<String> = columns
+                .iter()
+                .map(|c| match c.2 {
+                    ColumnKind::Add => format!("{col} = t.{col} + s.{col}", col = c.1),
+                    _ => format!("{} = {}", c.1, value(c)),
+                })
+                .collect();
+            let mut guard = format!("t.{key} = s.{key}");
+            if let Some(version) = &version {
+                sets.push(format!("{version} = s.{version}"));
+                guard.push_str(&format!(" AND t.{version} = s.\"$expected\""));
+            }
+            (format!("UPDATE {name} AS t SET {} FROM {source} WHERE {guard}", sets.join(", ")), true)
+        }
+    };
+    let docs: Vec<Value> = rows.iter().map(|r| doc(&table, r)).collect();
     let result = sqlx::query(&sql).bind(Json(Value::Array(docs))).execute(&mut *conn).await?;
     if check {
         expect_rows(table.name(), rows.len(), result.rows_affected())?;
@@ -233,22 +331,31 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
     Ok(())
 }
 
-/// `INSERT INTO name AS t (cols) SELECT r.cols FROM` the JSON array `$1` read as rows of `name`.
-fn insert_from_json(name: &Ident, cols: &[String]) -> String {
-    let selected = cols.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", ");
-    format!(
-        "INSERT INTO {name} AS t ({}) SELECT {selected} FROM jsonb_populate_recordset(NULL::{name}, $1) AS r",
-        cols.join(", ")
-    )
-}
-
-/// One row as the JSON object `jsonb_populate_record` reads: key, changed columns, version,
-/// and the version the row must still have.
+/// One row as the JSON object `jsonb_populate_record` reads: key, base values, version, the
+/// version the row must still have, and each folded column's deltas as `{"c$d": [{"c": d}, …]}`.
 fn doc(table: &Table, row: &RowWrite) -> Value {
-    let mut doc = Map::with_capacity(row.changes.len() + 3);
+    let mut doc = Map::with_capacity(row.columns.len() + 3);
     doc.insert(table.key().to_owned(), Value::String(row.key.clone()));
-    for change in &row.changes {
-        doc.insert(change.column.to_owned(), change.value.clone());
+    for column in &row.columns {
+        match ColumnKind::of(column) {
+            ColumnKind::Set => {
+                doc.insert(column.column.to_owned(), column.base.clone().unwrap_or_default());
+            }
+            ColumnKind::Add => {
+                doc.insert(column.column.to_owned(), column.deltas[0].clone());
+            }
+            kind => {
+                if kind == ColumnKind::FoldValue {
+                    doc.insert(column.column.to_owned(), column.base.clone().unwrap_or_default());
+                }
+                let deltas = column.deltas.iter().map(|d| {
+                    let mut one = Map::with_capacity(1);
+                    one.insert(column.column.to_owned(), d.clone());
+                    Value::Object(one)
+                });
+                doc.insert(format!("{}$d", column.column), Value::Array(deltas.collect()));
+            }
+        }
     }
     if let Some(version) = row.version {
         doc.insert(table.version().to_owned(), Value::from(version));

@@ -23,47 +23,51 @@ pub enum Error {
         /// Which rule it breaks.
         reason: &'static str,
     },
-    /// A value could not be encoded for a column.
-    #[error("cannot bind a value for column {column}: {reason}")]
-    Bind {
-        /// Column the value was for.
-        column: String,
-        /// The encoder's message.
-        reason: String,
-    },
-    /// Another transaction moved the row's version between the write and the read-back.
-    #[error("version of {table} row {key:?} moved concurrently at version {version}; retry the transaction")]
-    Race {
-        /// Table of the row.
-        table: String,
-        /// Key of the row.
-        key: String,
-        /// Version being applied.
-        version: i64,
-    },
     /// An event of the batch does not decode into the projection's event type (poison).
-    #[error("event #{index} of the batch ({aggregate_id} v{version}) does not decode: {source}")]
+    #[error("event #{index} of the batch ({aggregate} v{version}) does not decode: {source}")]
     Decode {
         /// Position in the batch.
         index: usize,
-        /// Aggregate of the event.
-        aggregate_id: String,
+        /// Aggregate of the event, `type/id`.
+        aggregate: String,
         /// Version of the event.
         version: i64,
         /// Why.
         source: DecodeError,
     },
     /// An event's writes break the projection's table declarations (an undeclared table or
-    /// column, `add` on an upsert table, …): a bug in the projection, not in the event.
-    #[error("event #{index} of the batch ({aggregate_id} v{version}): {problem}")]
+    /// column, `add` on an upsert table, a key too long to store, …): a bug in the
+    /// projection or an event that can never be stored.
+    #[error("event #{index} of the batch ({aggregate} v{version}): {problem}")]
     Invalid {
         /// Position in the batch.
         index: usize,
-        /// Aggregate of the event.
-        aggregate_id: String,
+        /// Aggregate of the event, `type/id`.
+        aggregate: String,
         /// Version of the event.
         version: i64,
         /// What is wrong, naming table and column.
+        problem: String,
+    },
+    /// The database refused an event's writes for good (a value its column cannot take, a
+    /// NOT NULL or CHECK constraint): found by applying the batch event by event.
+    #[error("the database refused event #{index} of the batch ({aggregate} v{version}): {}", describe(source))]
+    Rejected {
+        /// Position in the batch.
+        index: usize,
+        /// Aggregate of the event, `type/id`.
+        aggregate: String,
+        /// Version of the event.
+        version: i64,
+        /// The database's error.
+        source: sqlx::Error,
+    },
+    /// A projection's declaration is incomplete (a gated table without its aggregate type).
+    #[error("projection {projection}: {problem}")]
+    Declaration {
+        /// Projection name.
+        projection: String,
+        /// What is missing.
         problem: String,
     },
     /// A concurrent writer moved (or inserted) rows under the batch: a statement changed
@@ -74,22 +78,41 @@ pub enum Error {
         /// What was seen, naming the table.
         detail: String,
     },
-    /// The projection's own code failed.
-    #[error("projection {projection} failed: {error}")]
+    /// The projection's own `apply` failed on an event of the batch.
+    #[error("projection {projection} failed on event #{index} of the batch ({aggregate} v{version}): {error}")]
     Apply {
         /// Projection name.
         projection: String,
+        /// Position in the batch.
+        index: usize,
+        /// Aggregate of the event, `type/id`.
+        aggregate: String,
+        /// Version of the event.
+        version: i64,
         /// The projection's error.
         error: ApplyError,
     },
-    /// The projection broke its contract (e.g. returned the wrong number of outcomes).
-    #[error("projection {projection} broke its contract: {problem}")]
-    Contract {
-        /// Projection name.
-        projection: String,
-        /// What it did.
-        problem: String,
-    },
+}
+
+/// A database error with what PostgreSQL says besides its message: the detail (which
+/// often quotes the value), the column, the constraint.
+fn describe(e: &sqlx::Error) -> String {
+    let mut text = e.to_string();
+    if let Some(db) = e.as_database_error().and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()) {
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!(" ({detail})"));
+        }
+        if let Some(column) = db.column() {
+            text.push_str(&format!(", column {column}"));
+        }
+        if let Some(constraint) = db.constraint() {
+            text.push_str(&format!(", constraint {constraint}"));
+        }
+        if let Some(code) = e.as_database_error().and_then(|d| d.code()) {
+            text.push_str(&format!(" [SQLSTATE {code}]"));
+        }
+    }
+    text
 }
 
 impl Error {
@@ -99,7 +122,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Database(e) => is_retryable_sqlx(e),
-            Self::Race { .. } | Self::Conflict { .. } => true,
+            Self::Conflict { .. } => true,
             Self::Apply { error, .. } => is_retryable_apply(error),
             _ => false,
         }
@@ -109,6 +132,52 @@ impl Error {
     /// cannot help, it must be dead-lettered or halt its partition.
     pub fn is_poison(&self) -> bool {
         matches!(self, Self::Decode { .. })
+    }
+
+    /// The position in the batch of the event the error is about, when it is about one:
+    /// everything before it can be applied without it.
+    pub fn event_index(&self) -> Option<usize> {
+        match self {
+            Self::Decode { index, .. }
+            | Self::Invalid { index, .. }
+            | Self::Rejected { index, .. }
+            | Self::Apply { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+
+    /// The error with its event index counted `by` events further (an error of a run of
+    /// events that starts there in the batch).
+    pub(crate) fn shifted(self, by: usize) -> Self {
+        match self {
+            Self::Decode { index, aggregate, version, source } => {
+                Self::Decode { index: index + by, aggregate, version, source }
+            }
+            Self::Invalid { index, aggregate, version, problem } => {
+                Self::Invalid { index: index + by, aggregate, version, problem }
+            }
+            Self::Rejected { index, aggregate, version, source } => {
+                Self::Rejected { index: index + by, aggregate, version, source }
+            }
+            Self::Apply { projection, index, aggregate, version, error } => {
+                Self::Apply { projection, index: index + by, aggregate, version, error }
+            }
+            other => other,
+        }
+    }
+
+    /// The error of applying the event at `index` alone: a database error retrying cannot
+    /// fix becomes [`Error::Rejected`], naming the event.
+    pub(crate) fn of_event(self, index: usize, event: &projectionist_core::plan::EventRef<'_>) -> Self {
+        match self {
+            Self::Database(source) if !is_retryable_sqlx(&source) => Self::Rejected {
+                index,
+                aggregate: format!("{}/{}", event.aggregate_type, event.aggregate_id),
+                version: event.version,
+                source,
+            },
+            other => other.shifted(index),
+        }
     }
 }
 

@@ -3,12 +3,10 @@
 mod apply;
 mod batch;
 mod error;
-pub mod gate;
 mod ident;
 
 pub use apply::{apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, SharedProjection};
 pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};
-pub use gate::watermark;
 pub use ident::Ident;
 pub use sqlx::{PgConnection, PgPool};
 

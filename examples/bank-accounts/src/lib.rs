@@ -44,7 +44,7 @@ pub enum AccountEvent {
 pub struct BankAccounts;
 
 /// One row per account, moved by guarded transitions.
-pub const ACCOUNTS: Table = Table::transition("bank_accounts", "account_id").columns(&[
+pub const ACCOUNTS: Table = Table::transition("bank_accounts", "account_id").aggregate_type(AGGREGATE_TYPE).columns(&[
     ("owner", "text"),
     ("balance", "bigint NOT NULL DEFAULT 0"),
     ("status", "text"),

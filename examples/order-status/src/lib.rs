@@ -47,7 +47,7 @@ pub enum OrderEvent {
 pub struct OrderStatus;
 
 /// One row per order, moved through its states by guarded transitions.
-pub const ORDERS: Table = Table::transition("orders", "order_id").columns(&[
+pub const ORDERS: Table = Table::transition("orders", "order_id").aggregate_type(AGGREGATE_TYPE).columns(&[
     ("customer_id", "text"),
     ("status", "text"),
     ("total_cents", "bigint"),
@@ -57,6 +57,7 @@ pub const ORDERS: Table = Table::transition("orders", "order_id").columns(&[
 
 /// Totals per customer, fed by many orders: fan-in, gated by each order's watermark.
 pub const CUSTOMER_STATS: Table = Table::fan_in("customer_order_stats", "customer_id")
+    .aggregate_type(AGGREGATE_TYPE)
     .columns(&[("orders_placed", "bigint NOT NULL DEFAULT 0"), ("total_cents", "bigint NOT NULL DEFAULT 0")]);
 
 impl Projection<PgConnection> for OrderStatus {

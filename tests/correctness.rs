@@ -1,0 +1,294 @@
+//! Inputs that once gave a wrong read model silently, each against a real PostgreSQL:
+//! aggregate types sharing ids, column defaults and nullable columns under adds, fractions
+//! and integer limits, a bad value in the middle of a batch, custom `apply` between planned
+//! events. Each is applied set-based in one batch and event by event, and both must agree
+//! with the value SQL gives applying the events one at a time.
+
+use projectionist::postgres::{apply_batch_in, migrate, Error, Mode, PgConnection, MIGRATOR};
+use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
+use projectionist_testing::envelope;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(tag = "type", content = "data")]
+enum Ev {
+    Opened {
+        owner: String,
+    },
+    Deposited {
+        amount: i64,
+    },
+    Credited {
+        by: Value,
+    },
+    Counted {
+        total: Value,
+    },
+    Renamed {
+        owner: String,
+    },
+    Noted {
+        text: String,
+    },
+    /// A customer's event: the projection handles the type, and writes nothing.
+    CustomerRenamed {
+        name: String,
+    },
+}
+
+/// Accounts keyed by id, with a default that an add must build on, a nullable counter, an
+/// exact decimal and a float.
+const ACCOUNTS: Table = Table::transition("c_accounts", "id").aggregate_type("account").columns(&[
+    ("owner", "text"),
+    ("balance", "bigint NOT NULL DEFAULT 1000"),
+    ("maybe", "bigint"),
+    ("credit", "numeric(14,2) NOT NULL DEFAULT 0"),
+    ("exact", "numeric"),
+    ("ratio", "double precision NOT NULL DEFAULT 0"),
+    ("total", "numeric NOT NULL DEFAULT 0"),
+]);
+/// Totals per owner (fan-in), with a default.
+const OWNERS: Table = Table::fan_in("c_owners", "owner").aggregate_type("account").columns(&[
+    ("deposits", "bigint NOT NULL DEFAULT 100"),
+    ("opened", "bigint"),
+    ("last", "text"),
+]);
+/// Written only by `apply`.
+const NOTES: Table = Table::custom(
+    "c_notes",
+    "CREATE TABLE IF NOT EXISTS c_notes (id text, version bigint, text text, PRIMARY KEY (id, version))",
+)
+.aggregate_type("account");
+
+struct Accounts;
+
+#[async_trait]
+impl Projection<PgConnection> for Accounts {
+    type Event = Ev;
+
+    fn name(&self) -> &str {
+        "c_accounts"
+    }
+
+    fn tables(&self) -> &[Table] {
+        &[ACCOUNTS, OWNERS, NOTES]
+    }
+
+    fn project(&self, e: &Envelope<Ev>) -> Writes {
+        let row = || ACCOUNTS.write(e);
+        match &e.event {
+            Ev::Opened { owner } => {
+                row().set("owner", owner).and(OWNERS.row(owner.clone()).set("opened", 1).set("last", &e.aggregate_id))
+            }
+            Ev::Deposited { amount } => {
+                row().add("balance", amount).add("maybe", amount).and(OWNERS.row("all").add("deposits", amount))
+            }
+            Ev::Credited { by } => row().add("credit", by).add("exact", by).add("ratio", by).into(),
+            Ev::Counted { total } => row().add("total", total).into(),
+            Ev::Renamed { owner } => row().set("owner", owner).into(),
+            Ev::Noted { .. } => Writes::custom(),
+            Ev::CustomerRenamed { .. } => Writes::none(),
+        }
+    }
+
+    async fn apply(&self, tx: &mut PgConnection, e: &Envelope<Ev>) -> Result<Outcome, ApplyError> {
+        let Ev::Noted { text } = &e.event else { return Err(ApplyError::msg("only notes are custom")) };
+        sqlx::query("INSERT INTO c_notes VALUES ($1, $2, $3)")
+            .bind(&e.aggregate_id)
+            .bind(e.version)
+            .bind(text)
+            .execute(tx)
+            .await?;
+        Ok(Outcome::Applied)
+    }
+}
+
+fn account(id: &str, version: i64, event: Ev) -> RawEnvelope {
+    envelope("account", id, version, &event)
+}
+
+fn customer(id: &str, version: i64) -> RawEnvelope {
+    envelope("customer", id, version, &Ev::CustomerRenamed { name: format!("c{version}") })
+}
+
+/// Applies `events` in one batch (set-based, or event by event), on a fresh read model.
+async fn apply(pool: &PgPool, events: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>, Error> {
+    projectionist::postgres::reset(pool, &Accounts).await.unwrap();
+    apply_batch_in(pool, &Accounts, events, mode).await
+}
+
+/// Applies `events` both ways and checks they agree on outcomes and tables; returns them.
+async fn both(pool: &PgPool, events: &[RawEnvelope]) -> (Vec<Outcome>, Value) {
+    let per_event = apply(pool, events, Mode::PerEvent).await.unwrap();
+    let per_event_tables = projectionist_testing::dump_tables(pool, &Accounts).await;
+    let batched = apply(pool, events, Mode::Batch).await.unwrap();
+    let batched_tables = projectionist_testing::dump_tables(pool, &Accounts).await;
+    assert_eq!(batched, per_event, "outcomes, batched vs per event");
+    assert_eq!(batched_tables, per_event_tables, "tables, batched vs per event");
+    (batched, batched_tables)
+}
+
+async fn row(pool: &PgPool, id: &str) -> Value {
+    sqlx::query_scalar("SELECT to_jsonb(t) - 'id' FROM c_accounts t WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+        .unwrap_or(Value::Null)
+}
+
+async fn setup(pool: &PgPool) {
+    migrate(pool, &[&Accounts]).await.unwrap();
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_event_moves_only_the_gates_of_its_own_aggregate_type(pool: PgPool) {
+    setup(&pool).await;
+    use Outcome::*;
+    // A customer sharing the account's id, first in the batch.
+    let events = [customer("42", 1), account("42", 1, Ev::Opened { owner: "ann".into() })];
+    let (outcomes, _) = both(&pool, &events).await;
+    assert_eq!(outcomes, [Applied, Applied]);
+    assert_eq!(row(&pool, "42").await["owner"], json!("ann"), "the account is opened");
+
+    // A customer's later version between the account's events.
+    let events = [
+        account("42", 1, Ev::Opened { owner: "ann".into() }),
+        account("42", 2, Ev::Deposited { amount: 5 }),
+        customer("42", 3),
+        account("42", 3, Ev::Deposited { amount: 7 }),
+    ];
+    let (outcomes, _) = both(&pool, &events).await;
+    assert_eq!(outcomes, [Applied, Applied, Applied, Applied]);
+    assert_eq!(row(&pool, "42").await["balance"], json!(1012));
+
+    // A customer at version 2 with no account row: not a gap of the account.
+    let (outcomes, _) = both(&pool, &[customer("x", 2)]).await;
+    assert_eq!(outcomes, [Applied]);
+    assert_eq!(row(&pool, "x").await, Value::Null, "no account row made for a customer");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_add_after_the_creating_event_builds_on_the_column_default(pool: PgPool) {
+    setup(&pool).await;
+    let events = [
+        account("a", 1, Ev::Opened { owner: "ann".into() }),
+        account("a", 2, Ev::Deposited { amount: 500 }),
+        account("a", 3, Ev::Deposited { amount: 1 }),
+    ];
+    both(&pool, &events).await;
+    let a = row(&pool, "a").await;
+    assert_eq!(a["balance"], json!(1501), "default 1000 + 500 + 1");
+    assert_eq!(a["maybe"], Value::Null, "NULL + 500 is NULL, as in SQL");
+    let all: (i64,) =
+        sqlx::query_as("SELECT deposits FROM c_owners WHERE owner = 'all'").fetch_one(&pool).await.unwrap();
+    assert_eq!(all.0, 501, "the first fan-in write inserts its own value, later ones add to it");
+
+    // A fan-in row created by a set of one column, then added to in another.
+    let events = [account("b", 1, Ev::Opened { owner: "all".into() }), account("b", 2, Ev::Deposited { amount: 5 })];
+    both(&pool, &events).await;
+    let all: (i64, Option<i64>) =
+        sqlx::query_as("SELECT deposits, opened FROM c_owners WHERE owner = 'all'").fetch_one(&pool).await.unwrap();
+    assert_eq!(all, (105, Some(1)), "default 100 + 5");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn adds_use_the_columns_own_arithmetic(pool: PgPool) {
+    setup(&pool).await;
+    let credit = |v, by: Value| account("a", v, Ev::Credited { by });
+    let events = [
+        account("a", 1, Ev::Opened { owner: "ann".into() }),
+        credit(2, json!(0.1)),
+        credit(3, json!(0.2)),
+        credit(4, json!(0.005)),
+        credit(5, json!(0.005)),
+    ];
+    both(&pool, &events).await;
+    let a = row(&pool, "a").await;
+    // Each add rounded to the column's scale first, as an UPDATE per event does.
+    assert_eq!(a["credit"], json!(0.32));
+    assert_eq!(a["exact"], Value::Null, "NULL absorbs");
+    // double precision: ((0 + 0.1) + 0.2) + 0.005 + 0.005, in that order.
+    assert_eq!(a["ratio"], json!(((0.1f64 + 0.2) + 0.005) + 0.005));
+
+    // Integers beyond i64, and strings PostgreSQL reads as numbers, summed exactly.
+    let count = |v, total: Value| account("n", v, Ev::Counted { total });
+    let events = [
+        account("n", 1, Ev::Opened { owner: "n".into() }),
+        count(2, json!("100000000000000000000")),
+        count(3, json!(u64::MAX)),
+        count(4, json!("0.5")),
+    ];
+    both(&pool, &events).await;
+    let total: String =
+        sqlx::query_scalar("SELECT total::text FROM c_accounts WHERE id = 'n'").fetch_one(&pool).await.unwrap();
+    assert_eq!(total, "118446744073709551615.5");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_overflow_mid_chain_fails_batched_as_it_does_per_event(pool: PgPool) {
+    setup(&pool).await;
+    let events = [
+        account("a", 1, Ev::Opened { owner: "ann".into() }),
+        account("a", 2, Ev::Deposited { amount: i64::MAX - 1000 }),
+        account("a", 3, Ev::Deposited { amount: 10 }),
+        account("a", 4, Ev::Deposited { amount: -10 }),
+    ];
+    for mode in [Mode::PerEvent, Mode::Batch] {
+        let err = apply(&pool, &events, mode).await.unwrap_err();
+        assert!(err.to_string().contains("out of range"), "{mode:?}: {err}");
+    }
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_bad_value_is_blamed_on_its_own_event(pool: PgPool) {
+    setup(&pool).await;
+    let events = [
+        account("a", 1, Ev::Opened { owner: "ann".into() }),
+        account("b", 1, Ev::Opened { owner: "bob".into() }),
+        account("b", 2, Ev::Renamed { owner: "nul\u{0}byte".into() }),
+        account("a", 2, Ev::Deposited { amount: 1 }),
+    ];
+    for mode in [Mode::Batch, Mode::PerEvent] {
+        let err = apply(&pool, &events, mode).await.unwrap_err();
+        assert_eq!(err.event_index(), Some(2), "{mode:?}: {err}");
+        let text = err.to_string();
+        assert!(text.contains("b v2") && text.contains("\\u0000"), "{mode:?}: {text}");
+    }
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_key_longer_than_the_limit_is_refused_before_any_write(pool: PgPool) {
+    setup(&pool).await;
+    let long = "k".repeat(projectionist::MAX_KEY_BYTES + 1);
+    let events =
+        [account("a", 1, Ev::Opened { owner: "ann".into() }), account(&long, 1, Ev::Opened { owner: "x".into() })];
+    for mode in [Mode::Batch, Mode::PerEvent] {
+        let err = apply(&pool, &events, mode).await.unwrap_err();
+        assert_eq!(err.event_index(), Some(1), "{mode:?}: {err}");
+        assert!(err.to_string().contains("longer than"), "{err}");
+    }
+    let wire = account(&long, 1, Ev::Opened { owner: "x".into() }).to_json();
+    let err = RawEnvelope::from_slice(&wire).unwrap_err();
+    assert!(err.to_string().contains("aggregate_id"), "{err}");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn events_handled_by_apply_move_the_gates(pool: PgPool) {
+    setup(&pool).await;
+    use Outcome::*;
+    let events = [
+        account("a", 1, Ev::Opened { owner: "ann".into() }),
+        account("a", 2, Ev::Noted { text: "hello".into() }),
+        account("a", 3, Ev::Deposited { amount: 5 }),
+        account("a", 2, Ev::Noted { text: "hello".into() }),
+    ];
+    let (outcomes, _) = both(&pool, &events).await;
+    assert_eq!(outcomes, [Applied, Applied, Applied, Stale]);
+    let a = row(&pool, "a").await;
+    assert_eq!((a["balance"].clone(), a["version"].clone()), (json!(1005), json!(3)));
+    let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM c_notes").fetch_one(&pool).await.unwrap();
+    assert_eq!(notes, 1, "the stale re-send of the note never reached apply");
+}
