@@ -292,3 +292,65 @@ async fn events_handled_by_apply_move_the_gates(pool: PgPool) {
     let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM c_notes").fetch_one(&pool).await.unwrap();
     assert_eq!(notes, 1, "the stale re-send of the note never reached apply");
 }
+
+/// A projection over one table, declared at run time.
+struct OneTable(Table);
+
+impl Projection<PgConnection> for OneTable {
+    type Event = Ev;
+
+    fn name(&self) -> &str {
+        "one_table"
+    }
+
+    fn tables(&self) -> &[Table] {
+        std::slice::from_ref(&self.0)
+    }
+
+    fn project(&self, e: &Envelope<Ev>) -> Writes {
+        match &e.event {
+            Ev::Renamed { owner } => self.0.write(e).set("From", owner).into(),
+            _ => Writes::none(),
+        }
+    }
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn reserved_and_mixed_case_names_work_quoted(pool: PgPool) {
+    let table = Table::upsert("order", "select")
+        .aggregate_type("account")
+        .version_column("Version")
+        .columns(&[("From", "text")]);
+    migrate(&pool, &[&OneTable(table)]).await.unwrap();
+    let rename = |v, owner: &str| account("k", v, Ev::Renamed { owner: owner.into() });
+    let outcomes =
+        apply_batch_in(&pool, &OneTable(table), &[rename(1, "x"), rename(1, "y"), rename(2, "z")], Mode::Batch)
+            .await
+            .unwrap();
+    assert_eq!(outcomes, [Outcome::Applied, Outcome::Duplicate, Outcome::Applied]);
+    let from: String = sqlx::query_scalar(r#"SELECT "From" FROM "order""#).fetch_one(&pool).await.unwrap();
+    assert_eq!(from, "z");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn bad_declarations_are_refused_before_any_sql(pool: PgPool) {
+    const HOSTILE: Table = Table::upsert("acct\"; DROP TABLE x; --", "id").aggregate_type("account");
+    let err = migrate(&pool, &[&OneTable(HOSTILE)]).await.unwrap_err();
+    assert!(matches!(err, Error::Identifier { .. }) && err.to_string().contains("DROP TABLE"), "{err}");
+    const UNTYPED: Table = Table::transition("untyped", "id");
+    let err = migrate(&pool, &[&OneTable(UNTYPED)]).await.unwrap_err();
+    assert!(
+        err.to_string().contains("table untyped holds one row per aggregate: declare which aggregate type"),
+        "{err}"
+    );
+    let err =
+        apply_batch_in(&pool, &OneTable(UNTYPED), &[account("a", 1, Ev::Noted { text: "x".into() })], Mode::Batch)
+            .await
+            .unwrap_err();
+    assert!(matches!(err, Error::Declaration { .. }), "{err}");
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename IN ('untyped', 'x')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0, "nothing created");
+}

@@ -17,7 +17,9 @@ use crate::{ApplyError, Envelope, Outcome, Table, Writes};
 /// [`apply`](Projection::apply) is the escape hatch for custom SQL: return
 /// [`Writes::custom`] from `project` for the events it handles. It runs one event at a
 /// time in the batch's transaction (`Tx`: `sqlx::PgConnection` with
-/// `projectionist-postgres`), so it is the slow path, and gating its writes is its job.
+/// `projectionist-postgres`), so it is the slow path. The engine gates it like any event
+/// (the aggregate's declared gates, and with a [custom table](Table::custom) its
+/// watermark) and calls it only for an event that applies.
 ///
 /// ```
 /// use projectionist_core::{Envelope, Projection, Table, Writes};
@@ -84,9 +86,11 @@ pub trait Projection<Tx: ?Sized + Send>: Send + Sync + 'static {
     }
 
     /// The slow path, for events [`project`](Projection::project) marks
-    /// [`Writes::custom`]: applies one event with custom SQL in the batch's transaction and
-    /// returns the gate's outcome. Return an error only for failures (database errors are
-    /// retried by the engine when retryable).
+    /// [`Writes::custom`]: applies one event with custom SQL in the batch's transaction.
+    /// Called only for an event the engine's gates let through (never for a duplicate, a
+    /// stale re-send or a gap); return [`Outcome::Applied`], or another outcome your own
+    /// rules decide. Return an error only for failures (database errors are retried by the
+    /// engine when retryable).
     async fn apply(&self, tx: &mut Tx, event: &Envelope<Self::Event>) -> Result<Outcome, ApplyError> {
         let _ = (tx, event);
         Err(ApplyError::msg(format!(

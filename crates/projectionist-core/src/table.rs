@@ -21,7 +21,8 @@ pub enum Gate {
     /// the projection advances by a guarded transition.
     FanIn,
     /// Written only by the projection's own SQL in `apply` (the slow path): the engine
-    /// creates, empties and compares it, and never writes it.
+    /// creates, empties and compares it, never writes it, and gates the events `apply`
+    /// sees by the aggregate's watermark, as for fan-in.
     Custom,
 }
 
