@@ -339,58 +339,12 @@ async fn two_writers_applying_overlapping_batches_apply_each_event_once(pool: Pg
     }
 }
 
-/// Deposits through planned writes, notes through custom SQL: one batch mixes both.
-struct Notes;
-
-#[derive(Deserialize)]
-#[serde(tag = "type", content = "data")]
-enum NoteEv {
-    Add { n: i64 },
-    Snap { s: String },
-}
-
-#[async_trait]
-impl Projection<PgConnection> for Notes {
-    type Event = NoteEv;
-
-    fn name(&self) -> &str {
-        "notes"
-    }
-
-    fn tables(&self) -> &[Table] {
-        &[COUNTS, NOTES]
-    }
-
-    fn project(&self, e: &Envelope<NoteEv>) -> Writes {
-        match &e.event {
-            NoteEv::Add { n } => COUNTS.write(e).add("total", n).into(),
-            NoteEv::Snap { .. } => Writes::custom(),
-        }
-    }
-
-    async fn apply(&self, tx: &mut PgConnection, e: &Envelope<NoteEv>) -> Result<Outcome, ApplyError> {
-        let NoteEv::Snap { s } = &e.event else { return Err(ApplyError::msg("only snaps are custom")) };
-        // No guard of its own: the engine moved the aggregate's gates, and calls this only
-        // for an event that applies.
-        sqlx::query("UPDATE wm_counts SET last = $2 WHERE id = $1")
-            .bind(&e.aggregate_id)
-            .bind(s)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("INSERT INTO wm_notes VALUES ($1, $2, $3)")
-            .bind(&e.aggregate_id)
-            .bind(e.version)
-            .bind(s)
-            .execute(&mut *tx)
-            .await?;
-        Ok(Outcome::Applied)
-    }
-}
-
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn writes_and_custom_sql_mix_in_one_batch(pool: PgPool) {
     let e = |v, w: Wire| envelope("thing", "n1", v, &w);
-    ProjectionTest::new(pool, Notes)
+    // Adds through planned writes, snaps through custom SQL (its `apply` has no guard).
+    let custom_mix = Shaped { name: "custom_mix", tables: &[COUNTS, BUCKETS, NOTES] };
+    ProjectionTest::new(pool, custom_mix)
         .when([
             e(1, Wire::Add { n: 5 }),
             e(2, Wire::Snap { s: "half".into() }),
@@ -409,7 +363,7 @@ async fn writes_and_custom_sql_mix_in_one_batch(pool: PgPool) {
         ])
         .then_rows(
             "SELECT id, total, last, version FROM wm_counts",
-            json!([{"id": "n1", "total": 13, "last": "half", "version": 5}]),
+            json!([{"id": "n1", "total": 13, "last": "add 1", "version": 5}]),
         )
         .then_rows("SELECT body FROM wm_notes", json!([{"body": "half"}]))
         .run()
