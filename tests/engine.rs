@@ -265,3 +265,50 @@ async fn batches_grow_while_behind_and_an_event_at_the_head_is_applied_alone(poo
     let report = tokio::time::timeout(Duration::from_secs(30), running).await.expect("stops in time").unwrap().unwrap();
     assert!(report.halts().is_empty(), "{:?}", report.halts());
 }
+
+/// A customer's event on the accounts topic: a type the accounts projection does not handle.
+#[derive(serde::Serialize)]
+#[serde(tag = "type", content = "data")]
+enum CustomerEvent {
+    CustomerRenamed { name: String },
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn customers_sharing_the_accounts_ids_leave_every_account_exact(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let accounts = bank_accounts::generate::stream(60, 8, 11);
+    // Every account id is also a customer's, with versions running ahead of the account's.
+    let mut per_aggregate: Vec<Vec<RawEnvelope>> = Vec::new();
+    for (id, _) in bank_accounts::generate::expected(&accounts) {
+        let history = accounts.iter().filter(|e| e.aggregate_id == id).cloned().collect();
+        per_aggregate.push(history);
+        let renames = (1..=12)
+            .map(|v| {
+                projectionist_testing::envelope(
+                    "customer",
+                    &id,
+                    v,
+                    &CustomerEvent::CustomerRenamed { name: format!("c{v}") },
+                )
+            })
+            .collect();
+        per_aggregate.push(renames);
+    }
+    let stream = projectionist_testing::interleave(per_aggregate, 3);
+    let topic = rand_test_topic("shared-ids");
+    produce(&topic, &stream).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let outcomes = report.projections[0].1.outcomes();
+    assert_eq!((outcomes.applied, outcomes.ignored), (accounts.len() as u64, 60 * 12), "{outcomes:?}");
+    let rows: Vec<(String, String, i64, String, i64)> =
+        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let want: Vec<(String, String, i64, String, i64)> = bank_accounts::generate::expected(&accounts)
+        .into_iter()
+        .map(|(id, a)| (id, a.owner, a.balance, a.status, a.version))
+        .collect();
+    assert_eq!(rows, want, "every account exact, whatever the customers sharing its id did");
+}
