@@ -118,7 +118,9 @@ struct RunArgs {
     /// events keep arriving, in milliseconds (with nothing more to read it applies at once).
     #[arg(long, alias = "batch-wait-ms", env = "PROJECTIONIST_BATCH_MAX_WAIT_MS", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS)]
     batch_max_wait_ms: u64,
-    /// Retries of a batch after a retryable database error.
+    /// Retries of a batch after a transient database error (serialization failure, deadlock,
+    /// concurrent writer). PostgreSQL being unreachable, restarting or read-only is waited
+    /// out for as long as it lasts, without counting against this.
     #[arg(long, env = "PROJECTIONIST_MAX_RETRIES", default_value_t = EngineConfig::DEFAULT_MAX_RETRIES)]
     max_retries: u32,
     /// First retry delay in milliseconds, doubled on each further retry.

@@ -34,7 +34,10 @@ pub struct EngineConfig {
     /// events keep arriving; a partition with nothing more to read applies at once.
     #[serde(default = "default_batch_max_wait_ms")]
     pub batch_max_wait_ms: u64,
-    /// Tries of a batch that fails with a retryable database error, after the first.
+    /// Tries of a batch that fails with a transient database error (serialization failure,
+    /// deadlock, concurrent writer), after the first; then the partition halts. Failures of
+    /// the environment (PostgreSQL unreachable, restarting, read-only) are waited out for as
+    /// long as they last and never count against this.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
     /// First retry delay, doubled on each further retry.

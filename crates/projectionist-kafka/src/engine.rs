@@ -1,5 +1,6 @@
 //! The engine: one group consumer per registered projection, run side by side.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -41,11 +42,44 @@ pub struct Engine {
 }
 
 /// Whether the engine is ready: every projection's consumer holds an assignment from its
-/// group (so the broker answered), and PostgreSQL answers.
+/// group (so the broker answered), PostgreSQL answers, no partition waits for PostgreSQL
+/// to come back and none is halted.
 #[derive(Clone)]
 pub struct Readiness {
     pool: PgPool,
     joined: Vec<Arc<AtomicBool>>,
+    stats: Vec<Arc<Stats>>,
+}
+
+/// What [`Readiness::state`] found; ready when all is well. Its `Display` says what is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadyState {
+    /// Every projection's consumer holds a partition assignment.
+    pub partitions_assigned: bool,
+    /// PostgreSQL answers `SELECT 1` within a second.
+    pub postgres_answers: bool,
+    /// Some partition (or checkpoint read) waits for PostgreSQL to come back: unreachable,
+    /// restarting or read-only. It resumes by itself.
+    pub waiting_for_postgres: bool,
+    /// Partitions halted in this process: they stay halted until it restarts.
+    pub partitions_halted: usize,
+}
+
+impl ReadyState {
+    /// Assigned, PostgreSQL answering, nothing waiting, nothing halted.
+    pub fn is_ready(&self) -> bool {
+        self.partitions_assigned && self.postgres_answers && !self.waiting_for_postgres && self.partitions_halted == 0
+    }
+}
+
+impl fmt::Display for ReadyState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "partitions assigned: {}, postgres answers: {}, waiting for postgres: {}, partitions halted: {}",
+            self.partitions_assigned, self.postgres_answers, self.waiting_for_postgres, self.partitions_halted
+        )
+    }
 }
 
 impl Readiness {
@@ -60,9 +94,29 @@ impl Readiness {
         matches!(tokio::time::timeout(std::time::Duration::from_secs(1), ping).await, Ok(Ok(1)))
     }
 
-    /// Both of the above.
+    /// Some partition of some projection waits for PostgreSQL to come back.
+    pub fn waiting_for_postgres(&self) -> bool {
+        self.stats.iter().any(|s| s.waiting_for_postgres())
+    }
+
+    /// Partitions halted in this process, over all projections.
+    pub fn partitions_halted(&self) -> usize {
+        self.stats.iter().map(|s| s.partitions_halted()).sum()
+    }
+
+    /// All of the above.
+    pub async fn state(&self) -> ReadyState {
+        ReadyState {
+            partitions_assigned: self.partitions_assigned(),
+            postgres_answers: self.postgres_answers().await,
+            waiting_for_postgres: self.waiting_for_postgres(),
+            partitions_halted: self.partitions_halted(),
+        }
+    }
+
+    /// Whether [`Readiness::state`] is ready.
     pub async fn is_ready(&self) -> bool {
-        self.partitions_assigned() && self.postgres_answers().await
+        self.state().await.is_ready()
     }
 
     /// The engine's pool (for pool gauges).
@@ -105,7 +159,7 @@ impl Engine {
 
     /// A readiness probe for this engine's projections, to hand to a health endpoint.
     pub fn readiness(&self) -> Readiness {
-        Readiness { pool: self.pool.clone(), joined: self.joined.clone() }
+        Readiness { pool: self.pool.clone(), joined: self.joined.clone(), stats: self.stats.clone() }
     }
 
     /// Live counters, in registration order, to watch a run from another task.
