@@ -99,12 +99,14 @@ struct RunArgs {
     /// Run only these projections (default: all registered).
     #[arg(long = "projection", value_name = "NAME")]
     projections: Vec<String>,
-    /// Consumer group id (default: projectionist.<projection>).
+    /// Consumer group id. Each projection consumes in a group of its own so that each reads
+    /// every partition: running one projection, this is its group; running several, each
+    /// joins `<ID>.<projection>`. Default: projectionist.<projection>.
     #[arg(long)]
     group_id: Option<String>,
     /// Static group membership: this process's stable, unique name in the group (e.g. the
-    /// pod name). A restart under the same name gets its partitions back without a rebalance
-    /// on Apache Kafka. Default: dynamic membership.
+    /// pod name), the same in each projection's group. A restart under the same name gets its
+    /// partitions back without a rebalance on Apache Kafka. Default: dynamic membership.
     #[arg(long, env = "PROJECTIONIST_GROUP_INSTANCE_ID")]
     group_instance_id: Option<String>,
     /// Most events per batch (one transaction per partition). Batches grow to this bound

@@ -179,10 +179,13 @@ impl Engine {
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
             validate(reg.projection.as_ref())?;
             let name = reg.projection.name().to_owned();
+            let group = self.config.group_for(&name, self.registrations.len());
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
-            let consumer = Arc::new(self.consumer(reg, EngineContext::new(name.clone(), rebalances_tx))?);
+            let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
+            tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
             let runner = Runner::new(
                 reg.projection.clone(),
+                group,
                 self.pool.clone(),
                 self.config.clone(),
                 consumer,
@@ -190,7 +193,6 @@ impl Engine {
                 stats.clone(),
                 joined.clone(),
             );
-            tracing::info!(projection = %name, topics = ?reg.topics, group = %self.config.group_for(&name), "Projection starting.");
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
@@ -211,7 +213,12 @@ impl Engine {
         Ok(report)
     }
 
-    fn consumer(&self, reg: &Registration, context: EngineContext) -> Result<StreamConsumer<EngineContext>> {
+    fn consumer(
+        &self,
+        reg: &Registration,
+        group: &str,
+        context: EngineContext,
+    ) -> Result<StreamConsumer<EngineContext>> {
         let name = reg.projection.name().to_owned();
         // Defaults a user may override: a short session keeps group joins quick (some
         // brokers delay the first join by a share of it). Each partition has its own
@@ -231,7 +238,7 @@ impl Engine {
             ("fetch.queue.backoff.ms", "10"),
         ]);
         // What the engine's guarantees rest on: not overridable.
-        cfg.set("group.id", self.config.group_for(&name))
+        cfg.set("group.id", group)
             .set("client.id", format!("projectionist-{name}"))
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")

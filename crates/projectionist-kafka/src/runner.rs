@@ -96,6 +96,8 @@ struct Task {
 
 pub(crate) struct Runner {
     projection: SharedProjection,
+    /// The projection's consumer group.
+    group: String,
     pool: PgPool,
     config: EngineConfig,
     consumer: Arc<StreamConsumer<EngineContext>>,
@@ -116,8 +118,10 @@ struct Assigning {
 }
 
 impl Runner {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         projection: SharedProjection,
+        group: String,
         pool: PgPool,
         config: EngineConfig,
         consumer: Arc<StreamConsumer<EngineContext>>,
@@ -127,6 +131,7 @@ impl Runner {
     ) -> Self {
         Self {
             projection,
+            group,
             pool,
             config,
             consumer,
@@ -172,7 +177,7 @@ impl Runner {
                     }
                     Err(e @ rdkafka::error::KafkaError::MessageConsumptionFatal(_)) => return Err(e.into()),
                     Err(rdkafka::error::KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::InconsistentGroupProtocol)) => {
-                        tracing::error!(projection = %self.name(), group = %self.config.group_for(self.name()), "Cannot join the group: its members use another partition.assignment.strategy (eager range/roundrobin and cooperative-sticky never mix). Joining again once they leave or switch.");
+                        tracing::error!(projection = %self.name(), group = %self.group, "Cannot join the group: its members use another partition.assignment.strategy (eager range/roundrobin and cooperative-sticky never mix). Joining again once they leave or switch.");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     Err(e) => {
