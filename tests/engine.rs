@@ -7,8 +7,9 @@ use std::time::Duration;
 use bank_accounts::{AccountEvent, BankAccounts};
 use order_status::{OrderEvent, OrderStatus};
 use projectionist::kafka::{topics, Engine, EngineConfig};
+use projectionist::postgres::PgConnection;
 use projectionist::postgres::{migrate, MIGRATOR};
-use projectionist::RawEnvelope;
+use projectionist::{Envelope, Projection, RawEnvelope, Table, Writes};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sqlx::PgPool;
@@ -85,6 +86,63 @@ async fn two_projections_run_in_one_process_with_their_own_checkpoints(pool: PgP
         ],
         "each projection checkpoints its own topic, up to the last event"
     );
+}
+
+/// A second reader of the account events, with a table of its own: events per account.
+struct AccountEventCounts;
+
+const EVENT_COUNTS: Table =
+    Table::transition("account_event_counts", "account_id").columns(&[("events", "bigint NOT NULL DEFAULT 0")]);
+
+impl Projection<PgConnection> for AccountEventCounts {
+    type Event = AccountEvent;
+
+    fn name(&self) -> &str {
+        "account_event_counts"
+    }
+
+    fn tables(&self) -> &[Table] {
+        &[EVENT_COUNTS]
+    }
+
+    fn project(&self, env: &Envelope<AccountEvent>) -> Writes {
+        EVENT_COUNTS.write(env).add("events", 1).into()
+    }
+}
+
+/// One configured group id and two projections of one topic: each projection still reads
+/// every partition (its own group, `<group id>.<projection>`), none misses events.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn one_group_id_still_gives_every_projection_every_partition(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts, &AccountEventCounts]).await.unwrap();
+    let topic = rand_test_topic("shared");
+    topics::create_topics(&brokers(), &[&topic], 4, 1).await.unwrap();
+    let events = bank_accounts::generate::stream(200, 8, 21);
+    produce(&topic, &events).await;
+
+    let engine = Engine::new(pool.clone(), config())
+        .register(Arc::new(BankAccounts), [topic.clone()])
+        .register(Arc::new(AccountEventCounts), [topic.clone()]);
+    let report = run(engine).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let applied: Vec<(&str, u64)> =
+        report.projections.iter().map(|(name, s)| (name.as_str(), s.outcomes().applied)).collect();
+    let total = events.len() as u64;
+    assert_eq!(applied, [("bank_accounts", total), ("account_event_counts", total)]);
+
+    let versions: i64 =
+        sqlx::query_scalar("SELECT sum(version)::bigint FROM bank_accounts").fetch_one(&pool).await.unwrap();
+    let counted: i64 =
+        sqlx::query_scalar("SELECT sum(events)::bigint FROM account_event_counts").fetch_one(&pool).await.unwrap();
+    assert_eq!((versions, counted), (total as i64, total as i64), "both tables hold every event");
+    let partitions: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT projection, count(*) FROM projectionist_checkpoints WHERE topic = $1 GROUP BY 1 ORDER BY 1",
+    )
+    .bind(&topic)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(partitions, [("account_event_counts".into(), 4), ("bank_accounts".into(), 4)]);
 }
 
 /// Makes the first `failures` writes to `bank_accounts` fail with a real SQLSTATE (a

@@ -1,5 +1,6 @@
 //! The operator's HTTP listener: `/metrics` (Prometheus text format), `/health` (the
-//! process is alive) and `/ready` (PostgreSQL answers and partitions are assigned).
+//! process is alive) and `/ready` (partitions are assigned, PostgreSQL answers, no
+//! partition waits for PostgreSQL to come back and none is halted; else 503 saying which).
 //! GET only, and the connection closes after each response: enough for scrapers and
 //! probes, and a client reading to the end of the stream gets exactly one response.
 
@@ -86,13 +87,11 @@ async fn health() -> Response {
 }
 
 async fn ready(State(probes): State<Probes>) -> Response {
-    let assigned = probes.readiness.partitions_assigned();
-    let postgres = probes.readiness.postgres_answers().await;
-    if assigned && postgres {
+    let state = probes.readiness.state().await;
+    if state.is_ready() {
         reply(StatusCode::OK, "text/plain", "ready\n".to_owned())
     } else {
-        let body = format!("not ready: partitions assigned: {assigned}, postgres answers: {postgres}\n");
-        reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", body)
+        reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {state}\n"))
     }
 }
 
@@ -191,7 +190,11 @@ mod tests {
         let (status, _, body) = request(addr, "GET", "/ready").await;
         assert_eq!(
             (status, body.as_str()),
-            (503, "not ready: partitions assigned: false, postgres answers: true\n"),
+            (
+                503,
+                "not ready: partitions assigned: false, postgres answers: true, waiting for postgres: false, \
+                 partitions halted: 0\n"
+            ),
             "not ready before the engine runs"
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

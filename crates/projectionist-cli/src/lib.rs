@@ -99,12 +99,14 @@ struct RunArgs {
     /// Run only these projections (default: all registered).
     #[arg(long = "projection", value_name = "NAME")]
     projections: Vec<String>,
-    /// Consumer group id (default: projectionist.<projection>).
+    /// Consumer group id. Each projection consumes in a group of its own so that each reads
+    /// every partition: running one projection, this is its group; running several, each
+    /// joins `<ID>.<projection>`. Default: projectionist.<projection>.
     #[arg(long)]
     group_id: Option<String>,
     /// Static group membership: this process's stable, unique name in the group (e.g. the
-    /// pod name). A restart under the same name gets its partitions back without a rebalance
-    /// on Apache Kafka. Default: dynamic membership.
+    /// pod name), the same in each projection's group. A restart under the same name gets its
+    /// partitions back without a rebalance on Apache Kafka. Default: dynamic membership.
     #[arg(long, env = "PROJECTIONIST_GROUP_INSTANCE_ID")]
     group_instance_id: Option<String>,
     /// Most events per batch (one transaction per partition). Batches grow to this bound
@@ -118,7 +120,9 @@ struct RunArgs {
     /// events keep arriving, in milliseconds (with nothing more to read it applies at once).
     #[arg(long, alias = "batch-wait-ms", env = "PROJECTIONIST_BATCH_MAX_WAIT_MS", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS)]
     batch_max_wait_ms: u64,
-    /// Retries of a batch after a retryable database error.
+    /// Retries of a batch after a transient database error (serialization failure, deadlock,
+    /// concurrent writer). PostgreSQL being unreachable, restarting or read-only is waited
+    /// out for as long as it lasts, without counting against this.
     #[arg(long, env = "PROJECTIONIST_MAX_RETRIES", default_value_t = EngineConfig::DEFAULT_MAX_RETRIES)]
     max_retries: u32,
     /// First retry delay in milliseconds, doubled on each further retry.

@@ -13,14 +13,24 @@ use crate::KafkaClientConfig;
 pub struct EngineConfig {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     pub brokers: String,
-    /// Consumer group id; default `projectionist.<projection name>`.
+    /// Consumer group id. Every projection consumes in a group of its own, so that each
+    /// reads every partition of its topics (projections sharing a group would split a
+    /// topic between them, each missing the rest): with this set, a projection's group is
+    /// exactly this id when the engine runs one projection, and `<group_id>.<projection
+    /// name>` when it runs several. Unset: `projectionist.<projection name>`. The group
+    /// thus depends on how many projections a process runs: processes meant to share a
+    /// projection's partitions must run the same set of projections (see
+    /// [`EngineConfig::group_for`]).
     #[serde(default)]
     pub group_id: Option<String>,
     /// Static group membership: this process's stable name in each projection's group
     /// (librdkafka's `group.instance.id`), unique among the group's members — e.g. the pod
     /// name of a StatefulSet. On Apache Kafka a member restarted under the same name within
     /// the session timeout gets its partitions back without a rebalance. Unset: dynamic
-    /// membership (a restart rejoins as a new member).
+    /// membership (a restart rejoins as a new member). The same name serves every
+    /// projection of the process as it is: a static member's name must be unique within its
+    /// group only, and each projection has a group of its own (see `group_id`); keeping
+    /// the name also keeps the identity of members of running groups across an upgrade.
     #[serde(default)]
     pub group_instance_id: Option<String>,
     /// Most events in one batch (one Postgres transaction). Batches grow to this bound
@@ -34,7 +44,10 @@ pub struct EngineConfig {
     /// events keep arriving; a partition with nothing more to read applies at once.
     #[serde(default = "default_batch_max_wait_ms")]
     pub batch_max_wait_ms: u64,
-    /// Tries of a batch that fails with a retryable database error, after the first.
+    /// Tries of a batch that fails with a transient database error (serialization failure,
+    /// deadlock, concurrent writer), after the first; then the partition halts. Failures of
+    /// the environment (PostgreSQL unreachable, restarting, read-only) are waited out for as
+    /// long as they last and never count against this.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
     /// First retry delay, doubled on each further retry.
@@ -100,8 +113,8 @@ impl EngineConfig {
         }
     }
 
-    /// Sets the consumer group id (shared by every registered projection: prefer one
-    /// process per group, or leave unset so each projection has its own).
+    /// Sets the consumer group id: the group itself for a single projection, the prefix of
+    /// `<group_id>.<projection>` for each of several (see the field).
     pub fn with_group_id(mut self, group_id: impl Into<String>) -> Self {
         self.group_id = Some(group_id.into());
         self
@@ -145,9 +158,17 @@ impl EngineConfig {
         self
     }
 
-    /// The group id for a projection.
-    pub fn group_for(&self, projection: &str) -> String {
-        self.group_id.clone().unwrap_or_else(|| format!("projectionist.{projection}"))
+    /// The consumer group of `projection` in an engine running `projections` projections:
+    /// with a configured group id G, exactly G for a lone projection (a single-projection
+    /// deployment keeps its group, offsets and ACLs) and `G.<projection>` for each of
+    /// several, so none shares a group — and a topic's partitions — with another;
+    /// `projectionist.<projection>` without one.
+    pub fn group_for(&self, projection: &str, projections: usize) -> String {
+        match &self.group_id {
+            Some(group) if projections > 1 => format!("{group}.{projection}"),
+            Some(group) => group.clone(),
+            None => format!("projectionist.{projection}"),
+        }
     }
 
     pub(crate) fn batch_max_wait(&self) -> Duration {
@@ -211,13 +232,28 @@ mod tests {
     }
 
     #[test]
+    fn a_configured_group_id_gives_each_of_several_projections_a_group_of_its_own() {
+        let cfg = EngineConfig::new("b").with_group_id("projector");
+        assert_eq!(cfg.group_for("bank_accounts", 1), "projector", "a lone projection keeps the group id");
+        assert_eq!(
+            ["bank_accounts", "order_status"].map(|p| cfg.group_for(p, 2)),
+            ["projector.bank_accounts", "projector.order_status"]
+        );
+        let unset = EngineConfig::new("b");
+        assert_eq!(
+            [unset.group_for("orders", 1), unset.group_for("orders", 3)],
+            ["projectionist.orders", "projectionist.orders"]
+        );
+    }
+
+    #[test]
     fn deserialises_with_defaults_and_rejects_unknown_fields() {
         let cfg: EngineConfig = serde_json::from_str(r#"{"brokers": "localhost:9092"}"#).unwrap();
         assert_eq!(
             (cfg.batch_max_events, cfg.batch_max_bytes, cfg.batch_max_wait_ms, cfg.max_retries),
             (5000, 4 << 20, 100, 5)
         );
-        assert_eq!(cfg.group_for("bank_accounts"), "projectionist.bank_accounts");
+        assert_eq!(cfg.group_for("bank_accounts", 1), "projectionist.bank_accounts");
         let err = serde_json::from_str::<EngineConfig>(r#"{"brokers": "x", "batch_size": 3}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `batch_size`"), "{err}");
     }

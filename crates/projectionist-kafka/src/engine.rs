@@ -1,5 +1,6 @@
 //! The engine: one group consumer per registered projection, run side by side.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -41,11 +42,44 @@ pub struct Engine {
 }
 
 /// Whether the engine is ready: every projection's consumer holds an assignment from its
-/// group (so the broker answered), and PostgreSQL answers.
+/// group (so the broker answered), PostgreSQL answers, no partition waits for PostgreSQL
+/// to come back and none is halted.
 #[derive(Clone)]
 pub struct Readiness {
     pool: PgPool,
     joined: Vec<Arc<AtomicBool>>,
+    stats: Vec<Arc<Stats>>,
+}
+
+/// What [`Readiness::state`] found; ready when all is well. Its `Display` says what is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadyState {
+    /// Every projection's consumer holds a partition assignment.
+    pub partitions_assigned: bool,
+    /// PostgreSQL answers `SELECT 1` within a second.
+    pub postgres_answers: bool,
+    /// Some partition (or checkpoint read) waits for PostgreSQL to come back: unreachable,
+    /// restarting or read-only. It resumes by itself.
+    pub waiting_for_postgres: bool,
+    /// Partitions halted in this process: they stay halted until it restarts.
+    pub partitions_halted: usize,
+}
+
+impl ReadyState {
+    /// Assigned, PostgreSQL answering, nothing waiting, nothing halted.
+    pub fn is_ready(&self) -> bool {
+        self.partitions_assigned && self.postgres_answers && !self.waiting_for_postgres && self.partitions_halted == 0
+    }
+}
+
+impl fmt::Display for ReadyState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "partitions assigned: {}, postgres answers: {}, waiting for postgres: {}, partitions halted: {}",
+            self.partitions_assigned, self.postgres_answers, self.waiting_for_postgres, self.partitions_halted
+        )
+    }
 }
 
 impl Readiness {
@@ -60,9 +94,29 @@ impl Readiness {
         matches!(tokio::time::timeout(std::time::Duration::from_secs(1), ping).await, Ok(Ok(1)))
     }
 
-    /// Both of the above.
+    /// Some partition of some projection waits for PostgreSQL to come back.
+    pub fn waiting_for_postgres(&self) -> bool {
+        self.stats.iter().any(|s| s.waiting_for_postgres())
+    }
+
+    /// Partitions halted in this process, over all projections.
+    pub fn partitions_halted(&self) -> usize {
+        self.stats.iter().map(|s| s.partitions_halted()).sum()
+    }
+
+    /// All of the above.
+    pub async fn state(&self) -> ReadyState {
+        ReadyState {
+            partitions_assigned: self.partitions_assigned(),
+            postgres_answers: self.postgres_answers().await,
+            waiting_for_postgres: self.waiting_for_postgres(),
+            partitions_halted: self.partitions_halted(),
+        }
+    }
+
+    /// Whether [`Readiness::state`] is ready.
     pub async fn is_ready(&self) -> bool {
-        self.partitions_assigned() && self.postgres_answers().await
+        self.state().await.is_ready()
     }
 
     /// The engine's pool (for pool gauges).
@@ -105,7 +159,7 @@ impl Engine {
 
     /// A readiness probe for this engine's projections, to hand to a health endpoint.
     pub fn readiness(&self) -> Readiness {
-        Readiness { pool: self.pool.clone(), joined: self.joined.clone() }
+        Readiness { pool: self.pool.clone(), joined: self.joined.clone(), stats: self.stats.clone() }
     }
 
     /// Live counters, in registration order, to watch a run from another task.
@@ -125,10 +179,13 @@ impl Engine {
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
             validate(reg.projection.as_ref())?;
             let name = reg.projection.name().to_owned();
+            let group = self.config.group_for(&name, self.registrations.len());
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
-            let consumer = Arc::new(self.consumer(reg, EngineContext::new(name.clone(), rebalances_tx))?);
+            let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
+            tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
             let runner = Runner::new(
                 reg.projection.clone(),
+                group,
                 self.pool.clone(),
                 self.config.clone(),
                 consumer,
@@ -136,7 +193,6 @@ impl Engine {
                 stats.clone(),
                 joined.clone(),
             );
-            tracing::info!(projection = %name, topics = ?reg.topics, group = %self.config.group_for(&name), "Projection starting.");
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
@@ -157,7 +213,12 @@ impl Engine {
         Ok(report)
     }
 
-    fn consumer(&self, reg: &Registration, context: EngineContext) -> Result<StreamConsumer<EngineContext>> {
+    fn consumer(
+        &self,
+        reg: &Registration,
+        group: &str,
+        context: EngineContext,
+    ) -> Result<StreamConsumer<EngineContext>> {
         let name = reg.projection.name().to_owned();
         // Defaults a user may override: a short session keeps group joins quick (some
         // brokers delay the first join by a share of it). Each partition has its own
@@ -177,7 +238,7 @@ impl Engine {
             ("fetch.queue.backoff.ms", "10"),
         ]);
         // What the engine's guarantees rest on: not overridable.
-        cfg.set("group.id", self.config.group_for(&name))
+        cfg.set("group.id", group)
             .set("client.id", format!("projectionist-{name}"))
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")

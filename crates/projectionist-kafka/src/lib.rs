@@ -8,6 +8,7 @@ mod context;
 mod engine;
 mod error;
 pub mod metrics;
+mod outage;
 mod partition;
 mod retry;
 mod runner;
@@ -15,7 +16,7 @@ pub mod topics;
 
 pub use client::{ConnectFailure, KafkaClientConfig};
 pub use config::{redact_userinfo, EngineConfig};
-pub use engine::{Engine, Readiness, Registration, RunReport};
+pub use engine::{Engine, Readiness, ReadyState, Registration, RunReport};
 pub use error::{Error, Result};
-pub use retry::RetryPolicy;
+pub use retry::{Retry, RetryPolicy, Retrying};
 pub use runner::Stats;

@@ -16,7 +16,8 @@ pub const EVENTS_FAILED: &str = "projectionist_events_failed_total";
 pub const BATCH_SIZE: &str = "projectionist_batch_size_events";
 /// Time to apply and commit one batch (histogram). Labels: `projection`.
 pub const BATCH_DURATION: &str = "projectionist_batch_duration_seconds";
-/// Batch attempts retried after a retryable database error. Labels: `projection`.
+/// Batch attempts retried after a transient database error, attempts while waiting out a
+/// PostgreSQL outage included. Labels: `projection`.
 pub const BATCH_RETRIES: &str = "projectionist_batch_retries_total";
 /// Batches applied event by event because a concurrent writer moved their rows (another
 /// process applying an overlapping batch). Labels: `projection`.
@@ -41,6 +42,10 @@ pub const CHECKPOINT_COMMITS: &str = "projectionist_checkpoint_commits_total";
 pub const REBALANCES: &str = "projectionist_rebalances_total";
 /// Partitions halted and waiting for a fix. Labels: `projection`.
 pub const PARTITIONS_HALTED: &str = "projectionist_partitions_halted";
+/// 1 while some partition of the projection (or its checkpoint read on assignment) waits
+/// for PostgreSQL to come back — unreachable, restarting, read-only — else 0. Applying
+/// resumes by itself; `/ready` answers 503 meanwhile. Labels: `projection`.
+pub const POSTGRES_WAITING: &str = "projectionist_postgres_waiting";
 /// PostgreSQL pool connections. Labels: `state` (`in_use`, `idle`).
 pub const PG_POOL_CONNECTIONS: &str = "projectionist_pg_pool_connections";
 
@@ -51,7 +56,7 @@ pub fn describe() {
     describe_counter!(EVENTS_FAILED, Unit::Count, "Events that halted their partition.");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
     describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
-    describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a retryable database error.");
+    describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a transient database error.");
     describe_counter!(
         BATCH_FALLBACKS,
         Unit::Count,
@@ -71,5 +76,6 @@ pub fn describe() {
     describe_counter!(CHECKPOINT_COMMITS, Unit::Count, "Checkpoints committed to PostgreSQL.");
     describe_counter!(REBALANCES, Unit::Count, "Partition assignments and revocations.");
     describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");
+    describe_gauge!(POSTGRES_WAITING, "1 while a partition waits for PostgreSQL to come back, else 0.");
     describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
 }

@@ -1,7 +1,9 @@
 //! One assigned partition's task: it reads the partition's own queue, cuts batches (see
 //! [`crate::batcher`]), applies each in one PostgreSQL transaction together with its
-//! checkpoint, commits the Kafka offset afterwards, retries what is transient and halts
-//! the partition at what is not. Partitions run side by side, each with its own task.
+//! checkpoint, commits the Kafka offset afterwards, waits out PostgreSQL outages (see
+//! [`crate::outage`]), retries other transient failures a bounded number of times and
+//! halts the partition at what retrying cannot fix. Partitions run side by side, each with
+//! its own task.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -22,7 +24,8 @@ use tracing::Instrument;
 use crate::batcher::{Batcher, Limits};
 use crate::context::{EngineContext, Tp};
 use crate::metrics as m;
-use crate::retry::RetryPolicy;
+use crate::outage::{Outage, Throttle, LOG_EVERY};
+use crate::retry::{Retry, RetryPolicy};
 use crate::runner::Stats;
 use crate::Error;
 
@@ -33,7 +36,9 @@ pub(crate) enum HaltKind {
     Poison,
     /// An event whose predecessor version was never applied.
     Gap,
-    /// A failure that retries did not cure, or a checkpoint that cannot be read.
+    /// A failure that bounded retries did not cure or that retrying cannot fix, or a
+    /// checkpoint that cannot be read for such a reason (never an outage: those are waited
+    /// out).
     Error,
 }
 
@@ -198,6 +203,7 @@ impl Partition {
         // Wakes an idle partition: checkpoint past trailing transaction markers, caught-up check.
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut markers = MarkerRetry::new();
         loop {
             // Read what is ready without waiting, up to the batch bounds.
             let mut drained = false;
@@ -220,7 +226,7 @@ impl Partition {
                         // at the position after the transaction markers read with it.
                         let through = if drained && batcher.is_empty() { this.position() } else { None };
                         in_flight_oldest = batch.first().and_then(|m| m.timestamp);
-                        in_flight = Some(tokio::spawn(this.clone().apply(batch, through)));
+                        in_flight = Some(tokio::spawn(this.clone().apply(batch, through, stop.clone())));
                     }
                     None if stopping != Stop::No => break,
                     None => {}
@@ -228,7 +234,7 @@ impl Partition {
             }
             let idle = in_flight.is_none() && batcher.is_empty() && drained;
             if idle && stopping == Stop::No && !batcher.is_halted() {
-                this.checkpoint_past_markers().await;
+                this.checkpoint_past_markers(&mut markers).await;
             }
             if this.exit_when_caught_up && idle {
                 this.check_caught_up(&mut target, batcher.is_halted()).await;
@@ -245,6 +251,12 @@ impl Partition {
                 applied = join(&mut in_flight) => {
                     in_flight = None;
                     match applied {
+                        Ok(applied) if applied.abandoned => {
+                            // Stopped while waiting for PostgreSQL: nothing of the batch was
+                            // committed, its events are read again from the checkpoint.
+                            tracing::info!(projection = %this.name(), topic = %this.tp.0, partition = this.tp.1, "Stopped while waiting for PostgreSQL; the batch was not applied and is read again from the checkpoint.");
+                            break;
+                        }
                         Ok(applied) => {
                             halted_at = applied.halt.as_ref().and_then(|h| h.timestamp).or(halted_at);
                             this.settle(applied, &mut batcher);
@@ -290,10 +302,14 @@ impl Partition {
     /// With everything read applied, moves the checkpoint (and the Kafka offset) past what
     /// followed the last applied message without being one: a transaction's commit marker
     /// takes an offset of its own, so without this a caught-up projection would show lag.
-    /// A failure is logged and tried again at the next idle moment.
-    async fn checkpoint_past_markers(&self) {
+    /// A failure (PostgreSQL away, say) is tried again at a later idle moment, after a
+    /// growing delay, and logged when it begins and then at most every [`LOG_EVERY`].
+    async fn checkpoint_past_markers(&self, retry: &mut MarkerRetry) {
         let Some(position) = self.position() else { return };
         if position <= self.progress.committed.load(Ordering::SeqCst) {
+            return;
+        }
+        if retry.not_before.is_some_and(|t| Instant::now() < t) {
             return;
         }
         let stored = async {
@@ -303,10 +319,16 @@ impl Partition {
         match stored.await {
             Ok(()) => {
                 tracing::debug!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, position, "Checkpoint moved past transaction markers.");
+                *retry = MarkerRetry::new();
                 self.committed(position, position);
             }
             Err(e) => {
-                tracing::warn!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot move the checkpoint past transaction markers; trying again.")
+                let delay = self.retry.wait_delay(retry.failures);
+                retry.failures += 1;
+                retry.not_before = Some(Instant::now() + delay);
+                if retry.log.due() {
+                    tracing::warn!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, failures = retry.failures, error = %e, "Cannot move the checkpoint past transaction markers; trying again later.")
+                }
             }
         }
     }
@@ -423,11 +445,15 @@ impl Partition {
         self.stats.halts.lock().expect("halts lock").push(err.to_string());
     }
 
-    /// Applies one batch with bounded retries; a gap, a poison event or a failure retries do
-    /// not cure halts at that event after applying (and committing) what precedes it.
-    /// `through`: the position after the batch when it holds everything read (its
-    /// checkpoint then also covers the transaction markers that followed it).
-    async fn apply(self: Arc<Self>, messages: Vec<Msg>, through: Option<i64>) -> Applied {
+    /// Applies one batch, waiting out PostgreSQL outages for as long as they last and
+    /// retrying other transient failures a bounded number of times; a gap, a poison event
+    /// or a failure retrying does not cure halts at that event after applying (and
+    /// committing) what precedes it. `through`: the position after the batch when it holds
+    /// everything read (its checkpoint then also covers the transaction markers that
+    /// followed it). Once `stop` says stop, a wait between attempts ends and the batch is
+    /// abandoned (nothing of it committed): a revoked partition's next owner, or the next
+    /// run, reads it again from the checkpoint, and a shutdown need not outlast an outage.
+    async fn apply(self: Arc<Self>, messages: Vec<Msg>, through: Option<i64>, stop: watch::Receiver<Stop>) -> Applied {
         let span = tracing::info_span!(
             "batch",
             projection = %self.name(),
@@ -453,22 +479,40 @@ impl Partition {
                     _ => after_last,
                 };
                 let started = Instant::now();
+                let mut outage = Outage::new(this.stats.clone(), this.name());
+                let mut stop = stop.clone();
                 let result = this
                     .retry
-                    .run(
+                    .run_until(
                         || this.try_apply(batch, next_offset),
-                        projectionist_postgres::Error::is_retryable,
-                        |e, attempt, delay| {
-                            tracing::warn!(error = %e, attempt, delay_ms = delay.as_millis() as u64, "Retryable failure; trying the batch again.");
+                        Retry::of,
+                        |e, retrying| {
+                            if retrying.kind == Retry::WaitOut {
+                                outage.failed(e, retrying);
+                            } else {
+                                tracing::warn!(error = %e, attempt = retrying.attempt, delay_ms = retrying.delay.as_millis() as u64, "Retryable failure; trying the batch again.");
+                            }
                             metrics::counter!(m::BATCH_RETRIES, "projection" => this.name().to_owned()).increment(1);
+                        },
+                        async move {
+                            let _ = stop.wait_for(|s| *s != Stop::No).await;
                         },
                     )
                     .await;
+                let Some(result) = result else {
+                    return Applied { first_offset: messages[0].offset, next_offset: None, halt: None, abandoned: true };
+                };
                 match result {
                     Ok(Ok(counts)) => {
+                        outage.over();
                         this.stats.add(&counts);
                         this.record_batch(batch, &counts, started.elapsed());
-                        return Applied { first_offset: messages[0].offset, next_offset: Some(next_offset), halt };
+                        return Applied {
+                            first_offset: messages[0].offset,
+                            next_offset: Some(next_offset),
+                            halt,
+                            abandoned: false,
+                        };
                     }
                     Ok(Err((index, reason))) => {
                         halt = Some(Halt { offset: messages[index].offset, timestamp: messages[index].timestamp, aggregate: envelopes[index].aggregate_id.clone(), reason, kind: HaltKind::Gap });
@@ -481,7 +525,7 @@ impl Partition {
                     }
                 }
             }
-            Applied { first_offset: messages.first().map_or(-1, |m| m.offset), next_offset: None, halt }
+            Applied { first_offset: messages.first().map_or(-1, |m| m.offset), next_offset: None, halt, abandoned: false }
         }
         .instrument(span)
         .await
@@ -561,12 +605,27 @@ pub(crate) fn pause(consumer: &Arc<StreamConsumer<EngineContext>>, tp: &Tp) {
 }
 
 /// A batch's result: the next offset committed (none when the halt came first) and the
-/// halt, if one stopped the partition within the batch.
+/// halt, if one stopped the partition within the batch; or abandoned, nothing committed,
+/// when the partition was stopped while the batch waited to be retried.
 #[derive(Debug)]
 pub(crate) struct Applied {
     first_offset: i64,
     next_offset: Option<i64>,
     halt: Option<Halt>,
+    abandoned: bool,
+}
+
+/// How a partition's checkpoint past transaction markers is retried after failing.
+struct MarkerRetry {
+    failures: u32,
+    not_before: Option<Instant>,
+    log: Throttle,
+}
+
+impl MarkerRetry {
+    fn new() -> Self {
+        Self { failures: 0, not_before: None, log: Throttle::new(LOG_EVERY) }
+    }
 }
 
 /// Decodes messages up to the first poison one: the envelopes before it, and the halt it causes.

@@ -1,6 +1,8 @@
 //! One projection's runner: it keeps the group consumer polled, acts on rebalances
 //! (checkpoints read, partitions assigned, one task started per partition, tasks stopped
-//! on revocation) and decides when the projection is caught up. The partitions' work —
+//! on revocation) and decides when the projection is caught up. It never blocks on
+//! PostgreSQL for longer than a partition task takes to stop: checkpoints are read in a
+//! task of their own (see [`Runner::begin_assign`]). The partitions' work —
 //! batches, transactions, checkpoints, retries, halts — is in [`crate::partition`].
 
 use std::collections::{HashMap, HashSet};
@@ -15,12 +17,14 @@ use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::batcher::Limits;
 use crate::checkpoint;
 use crate::context::{EngineContext, Rebalance, Tp};
+use crate::outage::Outage;
 use crate::partition::{Begin, Halt, HaltKind, Partition, Progress, Stop};
-use crate::retry::RetryPolicy;
+use crate::retry::{Retry, RetryPolicy};
 use crate::{EngineConfig, Result};
 
 /// Live counters of one projection, readable while it runs.
@@ -46,6 +50,9 @@ pub struct Stats {
     pub halts: Mutex<Vec<String>>,
     /// Partitions halted in this process: they stay halted when assigned again.
     pub(crate) halted: Mutex<HashSet<Tp>>,
+    /// Waits for PostgreSQL under way: partitions applying a batch and checkpoint reads on
+    /// assignment (see [`crate::outage`]).
+    pub(crate) waiting: Mutex<usize>,
 }
 
 impl Stats {
@@ -55,6 +62,17 @@ impl Stats {
         self.stale.fetch_add(c.stale, Ordering::Relaxed);
         self.ignored.fetch_add(c.ignored, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether some partition of the projection, or its checkpoint read on assignment, is
+    /// waiting for PostgreSQL to come back (it resumes by itself).
+    pub fn waiting_for_postgres(&self) -> bool {
+        *self.waiting.lock().expect("waiting lock") > 0
+    }
+
+    /// Partitions halted in this process (they stay halted until it restarts).
+    pub fn partitions_halted(&self) -> usize {
+        self.halted.lock().expect("halted lock").len()
     }
 
     /// Outcome counts so far.
@@ -78,6 +96,8 @@ struct Task {
 
 pub(crate) struct Runner {
     projection: SharedProjection,
+    /// The projection's consumer group.
+    group: String,
     pool: PgPool,
     config: EngineConfig,
     consumer: Arc<StreamConsumer<EngineContext>>,
@@ -85,13 +105,23 @@ pub(crate) struct Runner {
     stats: Arc<Stats>,
     joined: Arc<AtomicBool>,
     tasks: HashMap<Tp, Task>,
+    /// Partitions given by the group whose checkpoints are being read.
+    assigning: Option<Assigning>,
     /// Partitions already replayed from offset zero (`from_beginning`: once per process).
     replayed: HashSet<Tp>,
 }
 
+/// An assignment waiting for its partitions' checkpoints.
+struct Assigning {
+    parts: Vec<Tp>,
+    read: JoinHandle<std::result::Result<HashMap<Tp, i64>, String>>,
+}
+
 impl Runner {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         projection: SharedProjection,
+        group: String,
         pool: PgPool,
         config: EngineConfig,
         consumer: Arc<StreamConsumer<EngineContext>>,
@@ -101,6 +131,7 @@ impl Runner {
     ) -> Self {
         Self {
             projection,
+            group,
             pool,
             config,
             consumer,
@@ -108,6 +139,7 @@ impl Runner {
             stats,
             joined,
             tasks: HashMap::new(),
+            assigning: None,
             replayed: HashSet::new(),
         }
     }
@@ -131,9 +163,10 @@ impl Runner {
                 biased;
                 _ = shutdown.changed() => break,
                 Some(change) = self.rebalances.recv() => match change {
-                    Rebalance::Assign(parts) => self.assign(parts).await,
+                    Rebalance::Assign(parts) => self.begin_assign(parts).await,
                     Rebalance::Revoke(parts) => self.revoke(parts).await,
                 },
+                (parts, stored) = checkpoints_read(&mut self.assigning) => self.assign(parts, stored).await,
                 // Serves rebalances and errors; messages go to the partitions' own queues.
                 received = self.consumer.recv() => match received {
                     Ok(message) => {
@@ -144,7 +177,7 @@ impl Runner {
                     }
                     Err(e @ rdkafka::error::KafkaError::MessageConsumptionFatal(_)) => return Err(e.into()),
                     Err(rdkafka::error::KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::InconsistentGroupProtocol)) => {
-                        tracing::error!(projection = %self.name(), group = %self.config.group_for(self.name()), "Cannot join the group: its members use another partition.assignment.strategy (eager range/roundrobin and cooperative-sticky never mix). Joining again once they leave or switch.");
+                        tracing::error!(projection = %self.name(), group = %self.group, "Cannot join the group: its members use another partition.assignment.strategy (eager range/roundrobin and cooperative-sticky never mix). Joining again once they leave or switch.");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     Err(e) => {
@@ -160,6 +193,9 @@ impl Runner {
                     }
                 }
             }
+        }
+        if let Some(assigning) = self.assigning.take() {
+            assigning.read.abort();
         }
         // Finish the batches in flight and what is buffered: those events were read while
         // we owned their partitions.
@@ -185,21 +221,61 @@ impl Runner {
         Ok(())
     }
 
-    /// Reads the new partitions' checkpoints, splits their queues off the consumer's,
-    /// assigns them at their checkpoints and starts a task for each.
-    async fn assign(&mut self, parts: Vec<Tp>) {
+    /// Starts reading the new partitions' checkpoints, in a task of its own, which
+    /// [`Runner::assign`] takes up once it ends.
+    ///
+    /// Why not read them here: this loop is what polls the consumer, and a PostgreSQL
+    /// outage is waited out for as long as it lasts. Blocked here, the consumer would go
+    /// unpolled past `max.poll.interval.ms` and leave its group. Why not let each partition
+    /// task read its own checkpoint: a partition is assigned at its start offset, which is
+    /// the checkpoint; assigning first and seeking later would fetch from a guessed offset
+    /// (Kafka's committed copy may be ahead of PostgreSQL's after a reset). So the group's
+    /// assignment waits, unanswered, for the read, while the consumer keeps being polled
+    /// and rebalances and shutdowns are still served (they drop the read); librdkafka keeps
+    /// heartbeating meanwhile (join state `WAIT_ASSIGN_CALL`), so the member stays in its
+    /// group however long PostgreSQL takes.
+    async fn begin_assign(&mut self, parts: Vec<Tp>) {
         // A partition assigned again in the same process waits for its previous task.
         let again: Vec<Tp> = parts.iter().filter(|tp| self.tasks.contains_key(*tp)).cloned().collect();
         self.stop(&again, Stop::Revoke).await;
-        let (pool, name) = (self.pool.clone(), self.name().to_owned());
-        let stored = self
-            .retry()
-            .run(
-                || checkpoint::read(&pool, &name, &parts),
-                projectionist_postgres::is_retryable_sqlx,
-                |e, attempt, delay| tracing::warn!(projection = %name, error = %e, attempt, delay_ms = delay.as_millis() as u64, "Cannot read checkpoints; trying again."),
-            )
-            .await;
+        let mut parts = parts;
+        if let Some(earlier) = self.assigning.take() {
+            // librdkafka should wait for the first to be answered; should it not, read both.
+            earlier.read.abort();
+            let missing: Vec<Tp> = earlier.parts.into_iter().filter(|tp| !parts.contains(tp)).collect();
+            parts.extend(missing);
+        }
+        let (pool, name, retry, stats) = (self.pool.clone(), self.name().to_owned(), self.retry(), self.stats.clone());
+        let to_read = parts.clone();
+        let span = tracing::info_span!("checkpoints", projection = %name, partitions = to_read.len());
+        let read = async move {
+            let mut outage = Outage::new(stats, &name);
+            let read = retry
+                .run(
+                    || async { checkpoint::read(&pool, &name, &to_read).await.map_err(projectionist_postgres::Error::from) },
+                    Retry::of,
+                    |e, retrying| {
+                        if retrying.kind == Retry::WaitOut {
+                            outage.failed(e, retrying);
+                        } else {
+                            tracing::warn!(error = %e, attempt = retrying.attempt, delay_ms = retrying.delay.as_millis() as u64, "Cannot read checkpoints; trying again.");
+                        }
+                    },
+                )
+                .await;
+            if read.is_ok() {
+                outage.over();
+            }
+            read.map_err(|e| e.to_string())
+        };
+        let read = tokio::spawn(read.instrument(span));
+        self.assigning = Some(Assigning { parts, read });
+    }
+
+    /// Splits the new partitions' queues off the consumer's, assigns them at their
+    /// checkpoints (`stored`, or why they could not be read) and starts a task for each.
+    async fn assign(&mut self, parts: Vec<Tp>, stored: std::result::Result<HashMap<Tp, i64>, String>) {
+        let name = self.name().to_owned();
         let mut tpl = TopicPartitionList::new();
         let mut queues = Vec::new();
         for tp in &parts {
@@ -280,6 +356,12 @@ impl Runner {
     /// Stops the revoked partitions' tasks (each finishes its batch in flight, so the next
     /// owner starts from the latest checkpoint), then completes the revocation.
     async fn revoke(&mut self, parts: Vec<Tp>) {
+        if let Some(assigning) = &mut self.assigning {
+            assigning.parts.retain(|tp| !parts.contains(tp));
+            if assigning.parts.is_empty() {
+                self.assigning.take().expect("assigning").read.abort();
+            }
+        }
         self.stop(&parts, Stop::Revoke).await;
         for (topic, partition) in &parts {
             tracing::info!(projection = %self.name(), topic = %topic, partition, "Partition revoked.");
@@ -340,8 +422,24 @@ impl Runner {
     }
 
     /// Every owned partition reached the high watermark it had when assigned (halted ones
-    /// count: they cannot move).
+    /// count: they cannot move), and no assignment waits for its checkpoints.
     fn caught_up(&self) -> bool {
-        !self.tasks.is_empty() && self.tasks.values().all(|t| t.progress.caught_up.load(Ordering::SeqCst))
+        self.assigning.is_none()
+            && !self.tasks.is_empty()
+            && self.tasks.values().all(|t| t.progress.caught_up.load(Ordering::SeqCst))
     }
+}
+
+/// The partitions and checkpoints of the assignment being read, once read (never, when
+/// there is none).
+async fn checkpoints_read(
+    assigning: &mut Option<Assigning>,
+) -> (Vec<Tp>, std::result::Result<HashMap<Tp, i64>, String>) {
+    let Some(a) = assigning else { return std::future::pending().await };
+    let read = match (&mut a.read).await {
+        Ok(read) => read,
+        Err(e) => Err(format!("the checkpoint read failed: {e}")),
+    };
+    let parts = assigning.take().map(|a| a.parts).unwrap_or_default();
+    (parts, read)
 }

@@ -116,14 +116,33 @@ fn describe(e: &sqlx::Error) -> String {
 }
 
 impl Error {
-    /// True when trying the same transaction again may succeed: serialization failures
-    /// (40001), deadlocks (40P01), lost connections (08xxx), shutdowns (57P01..3), too many
-    /// connections (53300), pool time-outs, I/O errors and version races.
+    /// True when trying the same transaction again may succeed: the environment's failures
+    /// (see [`Error::is_environment`]), serialization failures (40001), deadlocks (40P01)
+    /// and version races.
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Database(e) => is_retryable_sqlx(e),
             Self::Conflict { .. } => true,
             Self::Apply { error, .. } => is_retryable_apply(error),
+            _ => false,
+        }
+    }
+
+    /// True when the failure is the environment's, not the batch's: PostgreSQL cannot be
+    /// reached or cannot take writes right now — lost or refused connections, I/O errors,
+    /// pool time-outs, SQLSTATE class 08, shutdowns and restarts (57P01..3), too many
+    /// connections (53300), a read-only server (25006, as after a failover), protocol
+    /// errors (a connection closed as soon as it opens, as by a proxy whose server is gone,
+    /// reaches sqlx as "unexpected response from SSLRequest"). Such a failure lasts as long
+    /// as the outage, so it is waited out rather than counted against a retry budget.
+    /// Implies [`Error::is_retryable`].
+    pub fn is_environment(&self) -> bool {
+        match self {
+            Self::Database(e) => is_environment_sqlx(e),
+            Self::Apply { error, .. } => {
+                error.downcast_ref::<sqlx::Error>().is_some_and(is_environment_sqlx)
+                    || error.downcast_ref::<Error>().is_some_and(Error::is_environment)
+            }
             _ => false,
         }
     }
@@ -195,14 +214,26 @@ pub fn is_retryable_apply(e: &ApplyError) -> bool {
 /// Whether a sqlx error is transient (see [`Error::is_retryable`]).
 pub fn is_retryable_sqlx(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|c| is_retryable_sqlstate(&c)),
+        other => is_environment_sqlx(other),
+    }
+}
+
+/// Whether a sqlx error is the environment's (see [`Error::is_environment`]).
+pub fn is_environment_sqlx(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| is_environment_sqlstate(&c)),
         _ => false,
     }
 }
 
 fn is_retryable_sqlstate(code: &str) -> bool {
-    matches!(code, "40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
+    matches!(code, "40001" | "40P01") || is_environment_sqlstate(code)
+}
+
+fn is_environment_sqlstate(code: &str) -> bool {
+    matches!(code, "25006" | "53300" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
 }
 
 #[cfg(test)]
@@ -217,6 +248,34 @@ mod tests {
         }
         assert!(super::is_retryable_sqlx(&sqlx::Error::PoolTimedOut));
         assert!(!super::is_retryable_sqlx(&sqlx::Error::RowNotFound));
+    }
+
+    #[test]
+    fn the_environment_s_failures_are_told_apart_from_the_batch_s() {
+        for code in ["08006", "08001", "57P01", "57P02", "57P03", "53300", "25006"] {
+            assert!(super::is_environment_sqlstate(code) && super::is_retryable_sqlstate(code), "{code}");
+        }
+        for code in ["40001", "40P01", "23505", "42P01", "57P04", "57014"] {
+            assert!(!super::is_environment_sqlstate(code), "{code}");
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let closed = sqlx::Error::Protocol("unexpected response from SSLRequest: 0x00".into());
+        for e in [sqlx::Error::Io(refused), sqlx::Error::PoolTimedOut, closed] {
+            assert!(super::is_environment_sqlx(&e) && super::is_retryable_sqlx(&e), "{e}");
+        }
+        for e in [sqlx::Error::RowNotFound, sqlx::Error::PoolClosed] {
+            assert!(!super::is_environment_sqlx(&e), "{e}");
+        }
+        let io = || sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(super::Error::Database(io()).is_environment());
+        let apply = |error| super::Error::Apply { projection: "p".into(), error };
+        assert!(apply(projectionist_core::ApplyError::from(io())).is_environment());
+        assert!(!apply(projectionist_core::ApplyError::msg("rule broken")).is_environment());
+        let conflict = super::Error::Conflict { detail: "moved".into() };
+        assert!(
+            conflict.is_retryable() && !conflict.is_environment(),
+            "a conflict is the batch's, not the environment's"
+        );
     }
 
     #[test]

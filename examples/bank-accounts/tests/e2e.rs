@@ -767,6 +767,9 @@ async fn a_halted_partition_reports_growing_time_lag(pool: PgPool) {
     }
     assert!(ages[0] > 0.0, "{ages:?}");
     assert!(log.lock().unwrap().contains("Partition halted"), "{}", log.lock().unwrap());
+    let (status, body) = http_get(&addr, "/ready").await;
+    assert_eq!(status, 503, "never ready while a partition is halted: {body}");
+    assert!(body.contains("partitions halted: 1"), "{body}");
     std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
     child.wait().await.unwrap();
 }
