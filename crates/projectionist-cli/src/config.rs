@@ -48,8 +48,8 @@ pub(crate) struct ConfigFile {
 pub(crate) struct RunSettings {
     /// Projections to run (default: all registered).
     pub projections: Option<Vec<String>>,
-    /// Consumer group id: the group of a lone projection, `<group_id>.<projection>` for
-    /// each of several (default: `projectionist.<projection>`).
+    /// Consumer group id prefix: each projection consumes in `<group_id>.<projection>`
+    /// (default: `projectionist.<projection>`).
     pub group_id: Option<String>,
     /// Static group membership: this process's stable, unique name in the group.
     pub group_instance_id: Option<String>,

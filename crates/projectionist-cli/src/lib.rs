@@ -99,9 +99,8 @@ struct RunArgs {
     /// Run only these projections (default: all registered).
     #[arg(long = "projection", value_name = "NAME")]
     projections: Vec<String>,
-    /// Consumer group id. Each projection consumes in a group of its own so that each reads
-    /// every partition: running one projection, this is its group; running several, each
-    /// joins `<ID>.<projection>`. Default: projectionist.<projection>.
+    /// Consumer group id prefix. Each projection consumes in a group of its own so that each
+    /// reads every partition: `<ID>.<projection>`. Default: projectionist.<projection>.
     #[arg(long)]
     group_id: Option<String>,
     /// Static group membership: this process's stable, unique name in the group (e.g. the

@@ -13,14 +13,10 @@ use crate::KafkaClientConfig;
 pub struct EngineConfig {
     /// Kafka bootstrap servers, `host:port[,host:port…]`.
     pub brokers: String,
-    /// Consumer group id. Every projection consumes in a group of its own, so that each
-    /// reads every partition of its topics (projections sharing a group would split a
-    /// topic between them, each missing the rest): with this set, a projection's group is
-    /// exactly this id when the engine runs one projection, and `<group_id>.<projection
-    /// name>` when it runs several. Unset: `projectionist.<projection name>`. The group
-    /// thus depends on how many projections a process runs: processes meant to share a
-    /// projection's partitions must run the same set of projections (see
-    /// [`EngineConfig::group_for`]).
+    /// Consumer group id prefix. Every projection consumes in a group of its own,
+    /// `<group_id>.<projection name>`, so that each reads every partition of its topics
+    /// (projections sharing a group would split a topic between them, each missing the
+    /// rest). Unset: `projectionist.<projection name>` (see [`EngineConfig::group_for`]).
     #[serde(default)]
     pub group_id: Option<String>,
     /// Static group membership: this process's stable name in each projection's group
@@ -113,8 +109,8 @@ impl EngineConfig {
         }
     }
 
-    /// Sets the consumer group id: the group itself for a single projection, the prefix of
-    /// `<group_id>.<projection>` for each of several (see the field).
+    /// Sets the consumer group id prefix: each projection consumes in
+    /// `<group_id>.<projection>` (see the field).
     pub fn with_group_id(mut self, group_id: impl Into<String>) -> Self {
         self.group_id = Some(group_id.into());
         self
@@ -158,17 +154,11 @@ impl EngineConfig {
         self
     }
 
-    /// The consumer group of `projection` in an engine running `projections` projections:
-    /// with a configured group id G, exactly G for a lone projection (a single-projection
-    /// deployment keeps its group, offsets and ACLs) and `G.<projection>` for each of
-    /// several, so none shares a group — and a topic's partitions — with another;
-    /// `projectionist.<projection>` without one.
-    pub fn group_for(&self, projection: &str, projections: usize) -> String {
-        match &self.group_id {
-            Some(group) if projections > 1 => format!("{group}.{projection}"),
-            Some(group) => group.clone(),
-            None => format!("projectionist.{projection}"),
-        }
+    /// The consumer group of `projection`: `<group_id>.<projection>`, so that no two
+    /// projections share a group — and a topic's partitions — and a projection's group never
+    /// depends on which others run beside it; `projectionist.<projection>` without a group id.
+    pub fn group_for(&self, projection: &str) -> String {
+        format!("{}.{projection}", self.group_id.as_deref().unwrap_or("projectionist"))
     }
 
     pub(crate) fn batch_max_wait(&self) -> Duration {
@@ -234,16 +224,11 @@ mod tests {
     #[test]
     fn a_configured_group_id_gives_each_of_several_projections_a_group_of_its_own() {
         let cfg = EngineConfig::new("b").with_group_id("projector");
-        assert_eq!(cfg.group_for("bank_accounts", 1), "projector", "a lone projection keeps the group id");
         assert_eq!(
-            ["bank_accounts", "order_status"].map(|p| cfg.group_for(p, 2)),
+            ["bank_accounts", "order_status"].map(|p| cfg.group_for(p)),
             ["projector.bank_accounts", "projector.order_status"]
         );
-        let unset = EngineConfig::new("b");
-        assert_eq!(
-            [unset.group_for("orders", 1), unset.group_for("orders", 3)],
-            ["projectionist.orders", "projectionist.orders"]
-        );
+        assert_eq!(EngineConfig::new("b").group_for("orders"), "projectionist.orders");
     }
 
     #[test]
@@ -253,7 +238,7 @@ mod tests {
             (cfg.batch_max_events, cfg.batch_max_bytes, cfg.batch_max_wait_ms, cfg.max_retries),
             (5000, 4 << 20, 100, 5)
         );
-        assert_eq!(cfg.group_for("bank_accounts", 1), "projectionist.bank_accounts");
+        assert_eq!(cfg.group_for("bank_accounts"), "projectionist.bank_accounts");
         let err = serde_json::from_str::<EngineConfig>(r#"{"brokers": "x", "batch_size": 3}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `batch_size`"), "{err}");
     }

@@ -179,7 +179,7 @@ impl Engine {
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
             validate(reg.projection.as_ref())?;
             let name = reg.projection.name().to_owned();
-            let group = self.config.group_for(&name, self.registrations.len());
+            let group = self.config.group_for(&name);
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
             let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");

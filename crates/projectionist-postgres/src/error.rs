@@ -268,7 +268,13 @@ mod tests {
         }
         let io = || sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert!(super::Error::Database(io()).is_environment());
-        let apply = |error| super::Error::Apply { projection: "p".into(), error };
+        let apply = |error| super::Error::Apply {
+            projection: "p".into(),
+            index: 0,
+            aggregate: "t/a".into(),
+            version: 1,
+            error,
+        };
         assert!(apply(projectionist_core::ApplyError::from(io())).is_environment());
         assert!(!apply(projectionist_core::ApplyError::msg("rule broken")).is_environment());
         let conflict = super::Error::Conflict { detail: "moved".into() };
