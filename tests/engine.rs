@@ -91,8 +91,9 @@ async fn two_projections_run_in_one_process_with_their_own_checkpoints(pool: PgP
 /// A second reader of the account events, with a table of its own: events per account.
 struct AccountEventCounts;
 
-const EVENT_COUNTS: Table =
-    Table::transition("account_event_counts", "account_id").columns(&[("events", "bigint NOT NULL DEFAULT 0")]);
+const EVENT_COUNTS: Table = Table::transition("account_event_counts", "account_id")
+    .aggregate_type(bank_accounts::AGGREGATE_TYPE)
+    .columns(&[("events", "bigint NOT NULL DEFAULT 0")]);
 
 impl Projection<PgConnection> for AccountEventCounts {
     type Event = AccountEvent;
