@@ -17,6 +17,9 @@ enum Ev {
     Opened {
         owner: String,
     },
+    Nudged {
+        by: i64,
+    },
     Deposited {
         amount: i64,
     },
@@ -48,6 +51,7 @@ const ACCOUNTS: Table = Table::transition("c_accounts", "id").aggregate_type("ac
     ("exact", "numeric"),
     ("ratio", "double precision NOT NULL DEFAULT 0"),
     ("total", "numeric NOT NULL DEFAULT 0"),
+    ("small", "smallint NOT NULL DEFAULT 0"),
 ]);
 /// Totals per owner (fan-in), with a default.
 const OWNERS: Table = Table::fan_in("c_owners", "owner").aggregate_type("account").columns(&[
@@ -88,6 +92,7 @@ impl Projection<PgConnection> for Accounts {
             Ev::Credited { by } => row().add("credit", by).add("exact", by).add("ratio", by).into(),
             Ev::Counted { total } => row().add("total", total).into(),
             Ev::Renamed { owner } => row().set("owner", owner).into(),
+            Ev::Nudged { by } => row().add("small", by).into(),
             Ev::Noted { .. } => Writes::custom(),
             Ev::CustomerRenamed { .. } => Writes::none(),
         }
@@ -238,7 +243,22 @@ async fn an_overflow_mid_chain_fails_batched_as_it_does_per_event(pool: PgPool) 
     ];
     for mode in [Mode::PerEvent, Mode::Batch] {
         let err = apply(&pool, &events, mode).await.unwrap_err();
+        assert!(err.to_string().contains("bigint out of range"), "{mode:?}: {err}");
+    }
+    // A smallint: a running sum past its range fails, one that stays inside passes, and a
+    // delta the type cannot take fails although the deltas cancel out.
+    let nudges = |bys: &[i64]| {
+        let mut events = vec![account("s", 1, Ev::Opened { owner: "s".into() })];
+        events.extend(bys.iter().zip(2..).map(|(by, v)| account("s", v, Ev::Nudged { by: *by })));
+        events
+    };
+    for mode in [Mode::PerEvent, Mode::Batch] {
+        let err = apply(&pool, &nudges(&[30000, 10000, -10000]), mode).await.unwrap_err();
+        assert!(err.to_string().contains("smallint out of range"), "{mode:?}: {err}");
+        let err = apply(&pool, &nudges(&[40000, -40000]), mode).await.unwrap_err();
         assert!(err.to_string().contains("out of range"), "{mode:?}: {err}");
+        apply(&pool, &nudges(&[-32768, 32767, 1, -5]), mode).await.unwrap();
+        assert_eq!(row(&pool, "s").await["small"], json!(-5), "{mode:?}");
     }
 }
 

@@ -216,6 +216,11 @@ impl Table {
         self.columns.iter().any(|(c, _)| *c == column)
     }
 
+    /// The declared SQL type of `column` (with its constraints), if declared.
+    pub fn column_type(&self, column: &str) -> Option<&'static str> {
+        self.columns.iter().find(|(c, _)| *c == column).map(|(_, ty)| *ty)
+    }
+
     /// Every identifier of the declaration (table, key, version, columns), for validation.
     pub fn identifiers(&self) -> Vec<&'static str> {
         let mut all = vec![self.name];

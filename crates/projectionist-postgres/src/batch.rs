@@ -16,7 +16,16 @@ use serde_json::{Map, Value};
 use sqlx::types::Json;
 use sqlx::{Connection, PgConnection};
 
-use crate::{is_retryable_sqlx, Error, Ident, Mode, Result};
+use crate::{Error, Ident, Mode, Result};
+
+/// Whether the database refused a statement for a value in it — a data exception (class
+/// 22: a value the column type cannot take, an overflow), a constraint (23: NOT NULL, CHECK,
+/// unique) or a limit (54: an index entry too large) — so that one event is at fault. Any
+/// other refusal (an undefined column, a syntax error) is the same for every event.
+fn is_about_a_value(e: &sqlx::Error) -> bool {
+    let code = e.as_database_error().and_then(|d| d.code());
+    code.is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54"))
+}
 
 /// How many times the per-event path re-plans one event whose rows a concurrent writer moved.
 const PER_EVENT_TRIES: usize = 5;
@@ -43,7 +52,7 @@ pub(crate) async fn apply(
             savepoint.commit().await?;
             Ok(outcomes)
         }
-        Err(Error::Database(e)) if !is_retryable_sqlx(&e) => {
+        Err(Error::Database(e)) if is_about_a_value(&e) => {
             savepoint.rollback().await?;
             tracing::info!(projection, error = %e, "The database refused a set-based statement; applying the events one by one to find the one at fault.");
             apply_per_event(conn, projection, tables, events).await
@@ -215,15 +224,80 @@ enum ColumnKind {
     FoldStored,
     /// `c = ((value + d1) + d2) + …`.
     FoldValue,
+    /// An integer column and integer deltas: `c = t.c + sum`, computed exactly, failing
+    /// exactly when one of the steps of `FoldStored` would overflow (the lowest or the
+    /// highest running sum leaves the type's range), without a fold per row.
+    SumStored(IntType),
+}
+
+/// An integer column type, by its declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntType {
+    Small,
+    Int,
+    Big,
+}
+
+impl IntType {
+    /// The integer type a declaration such as `bigint NOT NULL DEFAULT 0` starts with.
+    fn of(declared: &str) -> Option<Self> {
+        match declared.split_whitespace().next()?.to_ascii_lowercase().as_str() {
+            "smallint" | "int2" => Some(Self::Small),
+            "integer" | "int" | "int4" => Some(Self::Int),
+            "bigint" | "int8" => Some(Self::Big),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Small => "smallint",
+            Self::Int => "integer",
+            Self::Big => "bigint",
+        }
+    }
+
+    fn range(self) -> (i128, i128) {
+        match self {
+            Self::Small => (i16::MIN.into(), i16::MAX.into()),
+            Self::Int => (i32::MIN.into(), i32::MAX.into()),
+            Self::Big => (i64::MIN.into(), i64::MAX.into()),
+        }
+    }
+
+    /// The lowest and highest running sums of `deltas` (0 included) and their sum, when
+    /// every delta is an integer the type takes; `None` sends the column to the fold.
+    fn sums(self, deltas: &[Value]) -> Option<(i128, i128, i128)> {
+        let (min, max) = self.range();
+        let (mut lo, mut hi, mut sum) = (0_i128, 0_i128, 0_i128);
+        for d in deltas {
+            let d = d.as_i64().map(i128::from).or_else(|| d.as_u64().map(i128::from))?;
+            if d < min || d > max {
+                return None;
+            }
+            sum += d;
+            (lo, hi) = (lo.min(sum), hi.max(sum));
+        }
+        Some((lo, hi, sum))
+    }
 }
 
 impl ColumnKind {
-    fn of(column: &ColumnWrite) -> Self {
+    fn of(table: &Table, column: &ColumnWrite) -> Self {
         match (&column.base, column.deltas.len()) {
             (Some(_), 0) => Self::Set,
             (Some(_), _) => Self::FoldValue,
             (None, 1) => Self::Add,
-            (None, _) => Self::FoldStored,
+            (None, _) => {
+                match table
+                    .column_type(column.column)
+                    .and_then(IntType::of)
+                    .filter(|t| t.sums(&column.deltas).is_some())
+                {
+                    Some(ty) => Self::SumStored(ty),
+                    None => Self::FoldStored,
+                }
+            }
         }
     }
 
@@ -243,8 +317,10 @@ struct Shape {
 fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<&RowWrite>)> {
     let mut groups: Vec<(Table, Shape, Vec<&RowWrite>)> = Vec::new();
     for row in rows {
-        let shape =
-            Shape { kind: row.kind, columns: row.columns.iter().map(|c| (c.column, ColumnKind::of(c))).collect() };
+        let shape = Shape {
+            kind: row.kind,
+            columns: row.columns.iter().map(|c| (c.column, ColumnKind::of(&row.table, c))).collect(),
+        };
         match groups.iter_mut().find(|(t, s, _)| *t == row.table && *s == shape) {
             Some((_, _, members)) => members.push(row),
             None => groups.push((row.table, shape, vec![row])),
@@ -264,6 +340,11 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
     extra.extend(
         columns.iter().filter(|(_, _, k)| k.folds()).map(|(raw, ..)| format!("x.doc->'{raw}$d' AS \"{raw}$d\"")),
     );
+    for (raw, ..) in columns.iter().filter(|(_, _, k)| matches!(k, ColumnKind::SumStored(_))) {
+        for part in ["lo", "hi", "sum"] {
+            extra.push(format!("(x.doc->>'{raw}${part}')::numeric AS \"{raw}${part}\""));
+        }
+    }
     let source = format!(
         "(SELECT r.*, {} FROM jsonb_array_elements($1) AS x(doc), LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
         extra.join(", ")
@@ -278,6 +359,18 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
         ColumnKind::Set | ColumnKind::Add => format!("s.{column}"),
         ColumnKind::FoldValue => fold(raw, column, &format!("s.{column}")),
         ColumnKind::FoldStored => fold(raw, column, &format!("t.{column}")),
+        ColumnKind::SumStored(ty) => {
+            let (min, max) = ty.range();
+            let at = |part: &str| format!("t.{column}::numeric + s.\"{raw}${part}\"");
+            // Past the type's range, the cast raises the overflow a step per event raises.
+            format!(
+                "CASE WHEN {hi} > {max} THEN ({hi})::{ty} WHEN {lo} < {min} THEN ({lo})::{ty} ELSE ({sum})::{ty} END",
+                hi = at("hi"),
+                lo = at("lo"),
+                sum = at("sum"),
+                ty = ty.name()
+            )
+        }
     };
     let (sql, check) = match shape.kind {
         RowKind::Insert | RowKind::Merge => {
@@ -337,12 +430,18 @@ fn doc(table: &Table, row: &RowWrite) -> Value {
     let mut doc = Map::with_capacity(row.columns.len() + 3);
     doc.insert(table.key().to_owned(), Value::String(row.key.clone()));
     for column in &row.columns {
-        match ColumnKind::of(column) {
+        match ColumnKind::of(table, column) {
             ColumnKind::Set => {
                 doc.insert(column.column.to_owned(), column.base.clone().unwrap_or_default());
             }
             ColumnKind::Add => {
                 doc.insert(column.column.to_owned(), column.deltas[0].clone());
+            }
+            ColumnKind::SumStored(ty) => {
+                let (lo, hi, sum) = ty.sums(&column.deltas).expect("checked by ColumnKind::of");
+                for (part, n) in [("lo", lo), ("hi", hi), ("sum", sum)] {
+                    doc.insert(format!("{}${part}", column.column), Value::String(n.to_string()));
+                }
             }
             kind => {
                 if kind == ColumnKind::FoldValue {
@@ -371,5 +470,27 @@ fn expect_rows(table: &str, planned: usize, changed: u64) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Conflict { detail: format!("{table}: planned {planned} row(s), changed {changed}") })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IntType;
+    use serde_json::json;
+
+    #[test]
+    fn integer_columns_sum_exactly_with_their_running_extremes() {
+        assert_eq!(IntType::of("bigint NOT NULL DEFAULT 0"), Some(IntType::Big));
+        assert_eq!(IntType::of("INT4"), Some(IntType::Int));
+        assert_eq!(IntType::of("smallint"), Some(IntType::Small));
+        assert_eq!(IntType::of("numeric(12,2)"), None);
+        assert_eq!(IntType::of("bigserial"), None);
+        let ds = [json!(5), json!(-12), json!(u64::MAX), json!(-3)];
+        assert_eq!(IntType::Big.sums(&ds), None, "a delta the type cannot take goes to the fold");
+        let ds = [json!(5), json!(-12), json!(i64::MAX), json!(-3)];
+        let max = i128::from(i64::MAX);
+        assert_eq!(IntType::Big.sums(&ds), Some((-7, max - 7, max - 10)));
+        assert_eq!(IntType::Small.sums(&[json!(1.5)]), None, "not an integer: the fold");
+        assert_eq!(IntType::Small.sums(&[json!("7")]), None, "a string: the fold");
     }
 }
