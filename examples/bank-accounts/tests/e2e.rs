@@ -1,12 +1,15 @@
 //! End to end through the `bank-accounts` binary: a real broker (KAFKA_BROKERS, default
 //! localhost:9092) and a fresh PostgreSQL database per test.
 
-use std::collections::BTreeMap;
+mod common;
+
+use common::{brokers, http_get, rand_test_topic, read_model, BIN};
+
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bank_accounts::generate::{self, ExpectedAccount};
+use bank_accounts::generate;
 use bank_accounts::AccountEvent;
 use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
@@ -16,16 +19,6 @@ use rdkafka::Message;
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-
-const BIN: &str = env!("CARGO_BIN_EXE_bank-accounts");
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into())
-}
-
-fn rand_test_topic(name: &str) -> String {
-    format!("test.{name}.{}", uuid::Uuid::new_v4().simple())
-}
 
 /// What the runner processes need to reach this test's database and topic.
 struct Env {
@@ -148,17 +141,6 @@ impl Drop for Env {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-async fn read_model(pool: &PgPool) -> BTreeMap<String, ExpectedAccount> {
-    let rows: Vec<(String, String, i64, String, i64)> =
-        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
-            .fetch_all(pool)
-            .await
-            .unwrap();
-    rows.into_iter()
-        .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
-        .collect()
 }
 
 async fn applied_so_far(pool: &PgPool) -> i64 {
@@ -498,16 +480,6 @@ async fn publish_reports_malformed_lines_and_commits_nothing_of_their_chunk(pool
 }
 
 /// One GET over plain HTTP/1.1; returns status code and body.
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
-}
-
 /// The value of one sample line `name{labels} value` whose labels include all of `labels`.
 fn sample(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
     metrics

@@ -4,11 +4,15 @@
 //! new ones as soon as they arrive. The engine must wait it out — no partition halts — and
 //! end with the exact read model; `/ready` answers 503 meanwhile.
 
+mod common;
+
+use common::{brokers, http_get, rand_test_topic, read_model, BIN};
+
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bank_accounts::generate::{self, ExpectedAccount};
+use bank_accounts::generate;
 use bank_accounts::BankAccounts;
 use projectionist::kafka::{topics, Engine, EngineConfig};
 use projectionist::postgres::{migrate, MIGRATOR};
@@ -21,18 +25,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-const BIN: &str = env!("CARGO_BIN_EXE_bank-accounts");
-
 /// Longer than the retry budget the tests configure (2 retries, 50 ms then 100 ms) by far.
 const OUTAGE: Duration = Duration::from_secs(6);
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into())
-}
-
-fn rand_test_topic(name: &str) -> String {
-    format!("test.{name}.{}", uuid::Uuid::new_v4().simple())
-}
 
 /// A TCP proxy in front of PostgreSQL that can be taken down and brought back.
 struct Proxy {
@@ -90,17 +84,6 @@ async fn produce(topic: &str, events: &[RawEnvelope]) {
         producer.send(BaseRecord::to(topic).key(&e.aggregate_id).payload(&payload)).map_err(|(e, _)| e).unwrap();
     }
     producer.flush(Duration::from_secs(10)).unwrap();
-}
-
-async fn read_model(pool: &PgPool) -> std::collections::BTreeMap<String, ExpectedAccount> {
-    let rows: Vec<(String, String, i64, String, i64)> =
-        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
-            .fetch_all(pool)
-            .await
-            .unwrap();
-    rows.into_iter()
-        .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
-        .collect()
 }
 
 /// A stream of a few thousand events in two halves: one applied before the outage, one
@@ -234,16 +217,6 @@ async fn checkpoints_are_read_at_assignment_once_postgres_is_back(pool: PgPool) 
 }
 
 /// One GET over plain HTTP/1.1; returns status code and body.
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
-}
-
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn ready_answers_503_while_the_runner_waits_for_postgres(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();

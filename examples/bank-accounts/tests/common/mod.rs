@@ -1,0 +1,43 @@
+//! What the bank-accounts integration tests share: the broker's address, fresh topic names,
+//! the read model as the generator's expectation, and a plain HTTP GET.
+
+use std::collections::BTreeMap;
+
+use bank_accounts::generate::ExpectedAccount;
+use sqlx::PgPool;
+
+/// The projector binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_bank-accounts");
+
+/// The broker: KAFKA_BROKERS, default localhost:9092.
+pub fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into())
+}
+
+/// A topic name no other test uses.
+pub fn rand_test_topic(name: &str) -> String {
+    format!("test.{name}.{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The `bank_accounts` table, as the generator's expectation reads it.
+pub async fn read_model(pool: &PgPool) -> BTreeMap<String, ExpectedAccount> {
+    let rows: Vec<(String, String, i64, String, i64)> =
+        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
+        .collect()
+}
+
+/// `GET path` on `addr`: the status and the body.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
