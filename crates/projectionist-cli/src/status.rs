@@ -1,6 +1,7 @@
 //! `status`: where each projection stands against the broker.
 
-use projectionist_kafka::{checkpoint, topics, KafkaClientConfig, Registration};
+use projectionist_kafka::{topics, KafkaClientConfig, Registration};
+use projectionist_postgres::checkpoint;
 use projectionist_postgres::PgPool;
 
 /// One partition of a registered projection's topic: its stored checkpoint and the

@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 mod batcher;
-pub mod checkpoint;
 pub mod client;
 mod config;
 mod context;

@@ -314,7 +314,14 @@ impl Partition {
         }
         let stored = async {
             let mut conn = self.pool.acquire().await?;
-            crate::checkpoint::store(&mut conn, self.projection.name(), &self.tp.0, self.tp.1, position).await
+            projectionist_postgres::checkpoint::store(
+                &mut conn,
+                self.projection.name(),
+                &self.tp.0,
+                self.tp.1,
+                position,
+            )
+            .await
         };
         match stored.await {
             Ok(()) => {
@@ -560,7 +567,8 @@ impl Partition {
         if let Some((index, gap)) = outcomes.iter().enumerate().find(|(_, o)| matches!(o, Outcome::Gap { .. })) {
             return Ok(Err((index, format!("{gap}: the event's predecessor was never applied"))));
         }
-        crate::checkpoint::store(&mut tx, self.projection.name(), &self.tp.0, self.tp.1, next_offset).await?;
+        projectionist_postgres::checkpoint::store(&mut tx, self.projection.name(), &self.tp.0, self.tp.1, next_offset)
+            .await?;
         tx.commit().await?;
         Ok(Ok(outcomes.iter().collect()))
     }

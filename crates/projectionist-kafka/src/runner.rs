@@ -20,12 +20,12 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::batcher::Limits;
-use crate::checkpoint;
 use crate::context::{EngineContext, Rebalance, Tp};
 use crate::outage::Outage;
 use crate::partition::{Begin, Halt, HaltKind, Partition, Progress, Stop};
 use crate::retry::{Retry, RetryPolicy};
 use crate::{EngineConfig, Result};
+use projectionist_postgres::checkpoint;
 
 /// Live counters of one projection, readable while it runs.
 #[derive(Debug, Default)]

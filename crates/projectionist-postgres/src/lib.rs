@@ -2,6 +2,7 @@
 
 mod apply;
 mod batch;
+pub mod checkpoint;
 mod error;
 mod ident;
 
