@@ -374,3 +374,27 @@ async fn bad_declarations_are_refused_before_any_sql(pool: PgPool) {
         .unwrap();
     assert_eq!(tables, 0, "nothing created");
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_gap_ends_the_batch_and_what_precedes_it_stays_written(pool: PgPool) {
+    use projectionist::postgres::PgProjection;
+    setup(&pool).await;
+    let events = [
+        account("a", 1, Ev::Opened { owner: "ann".into() }),
+        account("a", 3, Ev::Deposited { amount: 5 }),
+        account("b", 1, Ev::Opened { owner: "bob".into() }),
+    ];
+    let gap = Outcome::Gap { expected: 2, found: 3 };
+    for mode in [Mode::Batch, Mode::PerEvent] {
+        projectionist::postgres::reset(&pool, &Accounts).await.unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        let outcomes = Accounts.apply_raw(&mut tx, &events, mode).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(outcomes, [Outcome::Applied, gap], "{mode:?}: the engine halts there");
+        assert_eq!(row(&pool, "a").await["version"], json!(1), "{mode:?}");
+        assert_eq!(row(&pool, "b").await, Value::Null, "{mode:?}: nothing after the gap is written");
+    }
+    // The tools' apply_batch goes on past a gap, so every event has an outcome.
+    let (outcomes, _) = both(&pool, &events).await;
+    assert_eq!(outcomes, [Outcome::Applied, gap, Outcome::Applied]);
+}

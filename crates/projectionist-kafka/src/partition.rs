@@ -491,7 +491,7 @@ impl Partition {
                 let result = this
                     .retry
                     .run_until(
-                        || this.try_apply(batch, next_offset),
+                        || this.try_apply(batch, &messages, next_offset),
                         Retry::of,
                         |e, retrying| {
                             if retrying.kind == Retry::WaitOut {
@@ -510,20 +510,22 @@ impl Partition {
                     return Applied { first_offset: messages[0].offset, next_offset: None, halt: None, abandoned: true };
                 };
                 match result {
-                    Ok(Ok(counts)) => {
+                    Ok(Committed { counts, next_offset, gap }) => {
                         outage.over();
                         this.stats.add(&counts);
-                        this.record_batch(batch, &counts, started.elapsed());
+                        let applied = gap.as_ref().map_or(batch, |(index, _)| &batch[..*index]);
+                        this.record_batch(applied, &counts, started.elapsed());
+                        if let Some((index, reason)) = gap {
+                            let m = &messages[index];
+                            let aggregate = envelopes[index].aggregate_id.clone();
+                            halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind: HaltKind::Gap });
+                        }
                         return Applied {
                             first_offset: messages[0].offset,
                             next_offset: Some(next_offset),
                             halt,
                             abandoned: false,
                         };
-                    }
-                    Ok(Err((index, reason))) => {
-                        halt = Some(Halt { offset: messages[index].offset, timestamp: messages[index].timestamp, aggregate: envelopes[index].aggregate_id.clone(), reason, kind: HaltKind::Gap });
-                        end = index;
                     }
                     Err(e) => {
                         let (index, reason, kind) = classify(&e, this.retry.max_retries);
@@ -539,18 +541,19 @@ impl Partition {
     }
 
     /// One transaction: the batch and its checkpoint, set-based; per event when a
-    /// concurrent writer moved the batch's rows. `Ok(Err(..))` names the first event that
-    /// must not be applied (a gap), after rolling back.
+    /// concurrent writer moved the batch's rows. A gap ends the batch: the events before it
+    /// commit with a checkpoint at its offset, and it is named.
     async fn try_apply(
         &self,
         batch: &[RawEnvelope],
+        messages: &[Msg],
         next_offset: i64,
-    ) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
-        match self.try_apply_in(batch, next_offset, Mode::Batch).await {
+    ) -> projectionist_postgres::Result<Committed> {
+        match self.try_apply_in(batch, messages, next_offset, Mode::Batch).await {
             Err(e @ projectionist_postgres::Error::Conflict { .. }) => {
                 tracing::info!(reason = %e, "Rows moved under the batch; applying it event by event.");
                 metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
-                self.try_apply_in(batch, next_offset, Mode::PerEvent).await
+                self.try_apply_in(batch, messages, next_offset, Mode::PerEvent).await
             }
             other => other,
         }
@@ -559,18 +562,24 @@ impl Partition {
     async fn try_apply_in(
         &self,
         batch: &[RawEnvelope],
+        messages: &[Msg],
         next_offset: i64,
         mode: Mode,
-    ) -> projectionist_postgres::Result<std::result::Result<OutcomeCounts, (usize, String)>> {
+    ) -> projectionist_postgres::Result<Committed> {
         let mut tx = self.pool.begin().await?;
         let outcomes = self.projection.apply_raw(&mut tx, batch, mode).await?;
-        if let Some((index, gap)) = outcomes.iter().enumerate().find(|(_, o)| matches!(o, Outcome::Gap { .. })) {
-            return Ok(Err((index, format!("{gap}: the event's predecessor was never applied"))));
-        }
+        let gap = match outcomes.last() {
+            Some(gap @ Outcome::Gap { .. }) => {
+                Some((outcomes.len() - 1, format!("{gap}: the event's predecessor was never applied")))
+            }
+            _ => None,
+        };
+        let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| messages[*index].offset);
         projectionist_postgres::checkpoint::store(&mut tx, self.projection.name(), &self.tp.0, self.tp.1, next_offset)
             .await?;
         tx.commit().await?;
-        Ok(Ok(outcomes.iter().collect()))
+        let counts = outcomes.iter().filter(|o| !matches!(o, Outcome::Gap { .. })).collect();
+        Ok(Committed { counts, next_offset, gap })
     }
 
     /// Per-batch telemetry: counters, histograms, event age, pool use, span fields.
@@ -621,6 +630,14 @@ pub(crate) struct Applied {
     next_offset: Option<i64>,
     halt: Option<Halt>,
     abandoned: bool,
+}
+
+/// A batch's committed transaction: its outcomes, the checkpoint it stored, and the gap that
+/// ended it, if one did (its index in the batch, and why).
+struct Committed {
+    counts: OutcomeCounts,
+    next_offset: i64,
+    gap: Option<(usize, String)>,
 }
 
 /// How a partition's checkpoint past transaction markers is retried after failing.

@@ -30,7 +30,8 @@ fn is_about_a_value(e: &sqlx::Error) -> bool {
 /// How many times the per-event path re-plans one event whose rows a concurrent writer moved.
 const PER_EVENT_TRIES: usize = 5;
 
-/// Applies a run of planned events in the caller's transaction. Set-based (`Mode::Batch`):
+/// Applies a run of planned events in the caller's transaction, up to its first gap (the
+/// outcomes then end with it, and nothing at or after it is written). Set-based (`Mode::Batch`):
 /// under a savepoint, so that when the database refuses a statement (a value the column
 /// cannot take, a constraint) the run is applied again event by event in the same
 /// transaction, and the error names the event at fault. A statement that changes another
@@ -71,21 +72,38 @@ async fn apply_set_based(
         return Ok(Vec::new());
     }
     let stored = read_stored(conn, projection, tables, events).await?;
-    let plan = plan(tables, &stored, events).map_err(|e| {
-        let event = &events[e.index].0;
-        if e.disagreement {
-            Error::Conflict {
-                detail: format!("{}/{} v{}: {}", event.aggregate_type, event.aggregate_id, event.version, e.problem),
+    let planned = |events: &[(EventRef<'_>, Effect<'_>)]| {
+        plan(tables, &stored, events).map_err(|e| {
+            let event = &events[e.index].0;
+            if e.disagreement {
+                Error::Conflict { detail: format!("{} v{}: {}", aggregate(event), event.version, e.problem) }
+            } else {
+                Error::Invalid {
+                    index: e.index,
+                    aggregate: aggregate(event),
+                    version: event.version,
+                    problem: e.problem,
+                }
             }
-        } else {
-            Error::Invalid { index: e.index, aggregate: aggregate(event), version: event.version, problem: e.problem }
-        }
-    })?;
+        })
+    };
+    let mut plan = planned(events)?;
+    // A gap ends the run: what precedes it is written, nothing at or after it.
+    if let Some(gap) = plan.outcomes.iter().position(|o| matches!(o, Outcome::Gap { .. })) {
+        let outcome = plan.outcomes[gap];
+        plan = planned(&events[..gap])?;
+        plan.outcomes.push(outcome);
+    }
     write_marks(conn, projection, &plan.marks).await?;
     for (table, shape, rows) in group(&plan.rows) {
         write_rows(conn, table, &shape, &rows).await?;
     }
     Ok(plan.outcomes)
+}
+
+/// Whether the last outcome is a gap: the run stopped there.
+pub(crate) fn ends_in_a_gap(outcomes: &[Outcome]) -> bool {
+    matches!(outcomes.last(), Some(Outcome::Gap { .. }))
 }
 
 /// `type/id`, as errors name an aggregate.
@@ -112,6 +130,9 @@ async fn apply_per_event(
                 Ok(outcome) => {
                     savepoint.commit().await?;
                     outcomes.extend(outcome);
+                    if ends_in_a_gap(&outcomes) {
+                        return Ok(outcomes);
+                    }
                     break;
                 }
                 Err(Error::Conflict { detail }) => {
