@@ -190,12 +190,7 @@ impl RawEnvelope {
     }
 }
 
-impl<E> Envelope<E> {
-    /// The version the aggregate must be at for this event to apply as a transition.
-    pub fn previous_version(&self) -> i64 {
-        self.version - 1
-    }
-}
+impl<E> Envelope<E> {}
 
 impl<E: Serialize> Envelope<E> {
     /// Converts back to a [`RawEnvelope`] (used by producers and test kits).
@@ -288,7 +283,6 @@ mod tests {
             Decoded::Event(env) => {
                 assert_eq!(env.event, Ev::Deposited { amount: 500 });
                 assert_eq!(env.aggregate_id, "acc-1");
-                assert_eq!(env.previous_version(), 2);
             }
             other => panic!("expected an event, got {other:?}"),
         }

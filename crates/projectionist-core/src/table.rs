@@ -200,11 +200,6 @@ impl Table {
         self.gate
     }
 
-    /// The declared columns besides key and version.
-    pub const fn declared_columns(&self) -> &'static [(&'static str, &'static str)] {
-        self.columns
-    }
-
     /// Whether the version gate of this table moves with every event of the aggregate
     /// (upsert and transition tables).
     pub const fn is_gated(&self) -> bool {

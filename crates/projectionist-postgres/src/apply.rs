@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use projectionist_core::plan::{Effect, EventRef};
 use projectionist_core::{
-    event_types, validate_projection_name, Decoded, Envelope, Outcome, Projection, RawEnvelope, Table, Writes,
+    validate_projection_name, Decoded, Envelope, Outcome, Projection, RawEnvelope, Table, Writes,
 };
 use sqlx::{PgConnection, PgPool};
 
@@ -32,8 +32,6 @@ pub trait PgProjection: Send + Sync + 'static {
     fn tables(&self) -> &[Table];
     /// See [`Projection::schema`].
     fn schema(&self) -> &[&str];
-    /// Whether the projection has a variant for `event_type`.
-    fn handles(&self, event_type: &str) -> bool;
     /// Decodes `batch` and applies it in offset order in the caller's transaction, one
     /// outcome per envelope up to the first [`Outcome::Gap`]: the outcomes then end with it,
     /// and nothing at or after it is written, so what precedes it can commit. An error
@@ -64,10 +62,6 @@ impl<P: Projection<PgConnection>> PgProjection for P {
 
     fn schema(&self) -> &[&str] {
         Projection::schema(self)
-    }
-
-    fn handles(&self, event_type: &str) -> bool {
-        event_types::<P::Event>().is_none_or(|types| types.contains(&event_type))
     }
 
     async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>> {
