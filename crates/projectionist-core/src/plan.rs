@@ -223,6 +223,8 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
     let mut rows: BTreeMap<(usize, String), RowState> = BTreeMap::new();
     let mut marks: BTreeMap<(String, String), (Option<i64>, Option<i64>)> = BTreeMap::new();
     let mut outcomes = Vec::with_capacity(events.len());
+    // Per aggregate type: the gated tables it owns, and whether the watermark gates it.
+    let mut owned: HashMap<&str, (Vec<usize>, bool)> = HashMap::new();
 
     for (index, (event, effect)) in events.iter().enumerate() {
         let fail = |problem: String| PlanError { index, problem, disagreement: false };
@@ -236,10 +238,13 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             writes.iter().map(|w| check(tables, event, w).map_err(fail)).collect::<Result<Vec<usize>, _>>()?;
 
         // Classify against every gate the aggregate owns in this projection.
-        let gated: Vec<usize> =
-            (0..tables.len()).filter(|&t| tables[t].is_gated() && tables[t].owns(event.aggregate_type)).collect();
+        let (gated, watermarked) = owned.entry(event.aggregate_type).or_insert_with(|| {
+            let gated = (0..tables.len()).filter(|&t| tables[t].is_gated() && tables[t].owns(event.aggregate_type));
+            (gated.collect(), watermarked(tables, event.aggregate_type))
+        });
+        let (gated, watermarked) = (gated.as_slice(), *watermarked);
         let mut verdicts: Vec<(&str, Verdict)> = Vec::with_capacity(gated.len() + 1);
-        for &t in &gated {
+        for &t in gated {
             let table = &tables[t];
             let state = rows.entry((t, event.aggregate_id.to_owned())).or_insert_with(|| {
                 let stored = stored.rows.get(table.name()).and_then(|m| m.get(event.aggregate_id)).copied();
@@ -251,7 +256,6 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             };
             verdicts.push((table.name(), verdict));
         }
-        let watermarked = watermarked(tables, event.aggregate_type);
         let mark_key = (event.aggregate_type.to_owned(), event.aggregate_id.to_owned());
         if watermarked {
             let mark = marks.entry(mark_key.clone()).or_insert_with(|| {

@@ -8,9 +8,7 @@
 
 use std::collections::HashMap;
 
-use projectionist_core::plan::{
-    plan, watermarked, ColumnWrite, Effect, EventRef, MarkWrite, RowKind, RowWrite, Stored,
-};
+use projectionist_core::plan::{plan, watermarked, Effect, EventRef, MarkWrite, RowKind, RowWrite, Stored};
 use projectionist_core::{Outcome, Table};
 use serde_json::{Map, Value};
 use sqlx::types::Json;
@@ -95,8 +93,8 @@ async fn apply_set_based(
         plan.outcomes.push(outcome);
     }
     write_marks(conn, projection, &plan.marks).await?;
-    for (table, shape, rows) in group(&plan.rows) {
-        write_rows(conn, table, &shape, &rows).await?;
+    for (table, shape, docs) in group(&plan.rows) {
+        write_rows(conn, table, &shape, docs).await?;
     }
     Ok(plan.outcomes)
 }
@@ -262,11 +260,16 @@ enum IntType {
 impl IntType {
     /// The integer type a declaration such as `bigint NOT NULL DEFAULT 0` starts with.
     fn of(declared: &str) -> Option<Self> {
-        match declared.split_whitespace().next()?.to_ascii_lowercase().as_str() {
-            "smallint" | "int2" => Some(Self::Small),
-            "integer" | "int" | "int4" => Some(Self::Int),
-            "bigint" | "int8" => Some(Self::Big),
-            _ => None,
+        let first = declared.split_whitespace().next()?;
+        let is = |names: &[&str]| names.iter().any(|n| first.eq_ignore_ascii_case(n));
+        if is(&["smallint", "int2"]) {
+            Some(Self::Small)
+        } else if is(&["integer", "int", "int4"]) {
+            Some(Self::Int)
+        } else if is(&["bigint", "int8"]) {
+            Some(Self::Big)
+        } else {
+            None
         }
     }
 
@@ -304,24 +307,6 @@ impl IntType {
 }
 
 impl ColumnKind {
-    fn of(table: &Table, column: &ColumnWrite) -> Self {
-        match (&column.base, column.deltas.len()) {
-            (Some(_), 0) => Self::Set,
-            (Some(_), _) => Self::FoldValue,
-            (None, 1) => Self::Add,
-            (None, _) => {
-                match table
-                    .column_type(column.column)
-                    .and_then(IntType::of)
-                    .filter(|t| t.sums(&column.deltas).is_some())
-                {
-                    Some(ty) => Self::SumStored(ty),
-                    None => Self::FoldStored,
-                }
-            }
-        }
-    }
-
     fn folds(self) -> bool {
         matches!(self, Self::FoldStored | Self::FoldValue)
     }
@@ -334,23 +319,21 @@ struct Shape {
     columns: Vec<(&'static str, ColumnKind)>,
 }
 
-/// Row writes grouped by table and shape, one statement each, in plan order.
-fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<&RowWrite>)> {
-    let mut groups: Vec<(Table, Shape, Vec<&RowWrite>)> = Vec::new();
+/// Row writes grouped by table and shape, one statement each, in plan order: each row
+/// encoded once, as the JSON object its statement reads.
+fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<Value>)> {
+    let mut groups: Vec<(Table, Shape, Vec<Value>)> = Vec::new();
     for row in rows {
-        let shape = Shape {
-            kind: row.kind,
-            columns: row.columns.iter().map(|c| (c.column, ColumnKind::of(&row.table, c))).collect(),
-        };
+        let (shape, doc) = encode(row);
         match groups.iter_mut().find(|(t, s, _)| *t == row.table && *s == shape) {
-            Some((_, _, members)) => members.push(row),
-            None => groups.push((row.table, shape, vec![row])),
+            Some((_, _, docs)) => docs.push(doc),
+            None => groups.push((row.table, shape, vec![doc])),
         }
     }
     groups
 }
 
-async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: &[&RowWrite]) -> Result<()> {
+async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, docs: Vec<Value>) -> Result<()> {
     let name = Ident::new(table.name())?;
     let key = Ident::new(table.key())?;
     let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
@@ -437,45 +420,59 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
             (format!("UPDATE {name} AS t SET {} FROM {source} WHERE {guard}", sets.join(", ")), true)
         }
     };
-    let docs: Vec<Value> = rows.iter().map(|r| doc(&table, r)).collect();
+    let planned = docs.len();
     let result = sqlx::query(&sql).bind(Json(Value::Array(docs))).execute(&mut *conn).await?;
     if check {
-        expect_rows(table.name(), rows.len(), result.rows_affected())?;
+        expect_rows(table.name(), planned, result.rows_affected())?;
     }
     Ok(())
 }
 
-/// One row as the JSON object `jsonb_populate_record` reads: key, base values, version, the
-/// version the row must still have, and each folded column's deltas as `{"c$d": [{"c": d}, …]}`.
-fn doc(table: &Table, row: &RowWrite) -> Value {
+/// A row's statement shape and the JSON object `jsonb_populate_record` reads for it: key,
+/// base values, version, the version the row must still have, per folded column its deltas
+/// as `{"c$d": [{"c": d}, …]}`, per summed column `c$lo`, `c$hi` and `c$sum`.
+fn encode(row: &RowWrite) -> (Shape, Value) {
+    let table = &row.table;
     let mut doc = Map::with_capacity(row.columns.len() + 3);
     doc.insert(table.key().to_owned(), Value::String(row.key.clone()));
+    let mut columns = Vec::with_capacity(row.columns.len());
     for column in &row.columns {
-        match ColumnKind::of(table, column) {
-            ColumnKind::Set => {
-                doc.insert(column.column.to_owned(), column.base.clone().unwrap_or_default());
+        let name = column.column;
+        let deltas = |doc: &mut Map<String, Value>| {
+            let one = |d: &Value| Value::Object(Map::from_iter([(name.to_owned(), d.clone())]));
+            doc.insert(format!("{name}$d"), Value::Array(column.deltas.iter().map(one).collect()));
+        };
+        let kind = match (&column.base, column.deltas.as_slice()) {
+            (Some(base), []) => {
+                doc.insert(name.to_owned(), base.clone());
+                ColumnKind::Set
             }
-            ColumnKind::Add => {
-                doc.insert(column.column.to_owned(), column.deltas[0].clone());
+            (Some(base), _) => {
+                doc.insert(name.to_owned(), base.clone());
+                deltas(&mut doc);
+                ColumnKind::FoldValue
             }
-            ColumnKind::SumStored(ty) => {
-                let (lo, hi, sum) = ty.sums(&column.deltas).expect("checked by ColumnKind::of");
-                for (part, n) in [("lo", lo), ("hi", hi), ("sum", sum)] {
-                    doc.insert(format!("{}${part}", column.column), Value::String(n.to_string()));
+            (None, [delta]) => {
+                doc.insert(name.to_owned(), delta.clone());
+                ColumnKind::Add
+            }
+            (None, _) => {
+                let int = table.column_type(name).and_then(IntType::of);
+                match int.and_then(|ty| Some((ty, ty.sums(&column.deltas)?))) {
+                    Some((ty, (lo, hi, sum))) => {
+                        for (part, n) in [("lo", lo), ("hi", hi), ("sum", sum)] {
+                            doc.insert(format!("{name}${part}"), Value::String(n.to_string()));
+                        }
+                        ColumnKind::SumStored(ty)
+                    }
+                    None => {
+                        deltas(&mut doc);
+                        ColumnKind::FoldStored
+                    }
                 }
             }
-            kind => {
-                if kind == ColumnKind::FoldValue {
-                    doc.insert(column.column.to_owned(), column.base.clone().unwrap_or_default());
-                }
-                let deltas = column.deltas.iter().map(|d| {
-                    let mut one = Map::with_capacity(1);
-                    one.insert(column.column.to_owned(), d.clone());
-                    Value::Object(one)
-                });
-                doc.insert(format!("{}$d", column.column), Value::Array(deltas.collect()));
-            }
-        }
+        };
+        columns.push((name, kind));
     }
     if let Some(version) = row.version {
         doc.insert(table.version().to_owned(), Value::from(version));
@@ -483,7 +480,7 @@ fn doc(table: &Table, row: &RowWrite) -> Value {
     if let Some(expected) = row.expected {
         doc.insert("$expected".to_owned(), Value::from(expected));
     }
-    Value::Object(doc)
+    (Shape { kind: row.kind, columns }, Value::Object(doc))
 }
 
 fn expect_rows(table: &str, planned: usize, changed: u64) -> Result<()> {
