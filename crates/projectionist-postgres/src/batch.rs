@@ -289,6 +289,16 @@ impl IntType {
         }
     }
 
+    /// `base + d1 + d2 + …` when every value is an integer and every step stays in the
+    /// type's range; `None` sends the column to the fold (which raises what a step raises).
+    fn total(self, base: &Value, deltas: &[Value]) -> Option<i64> {
+        let (min, max) = self.range();
+        let (lo, hi, sum) = self.sums(deltas)?;
+        let base = i128::from(base.as_i64()?);
+        let fits = |v: i128| (min..=max).contains(&v);
+        (fits(base) && fits(base + lo) && fits(base + hi)).then(|| (base + sum) as i64)
+    }
+
     /// The lowest and highest running sums of `deltas` (0 included) and their sum, when
     /// every delta is an integer the type takes; `None` sends the column to the fold.
     fn sums(self, deltas: &[Value]) -> Option<(i128, i128, i128)> {
@@ -447,10 +457,19 @@ fn encode(row: &RowWrite) -> (Shape, Value) {
                 doc.insert(name.to_owned(), base.clone());
                 ColumnKind::Set
             }
+            // An integer column, every step known: added here, exactly, as the column would.
             (Some(base), _) => {
-                doc.insert(name.to_owned(), base.clone());
-                deltas(&mut doc);
-                ColumnKind::FoldValue
+                match table.column_type(name).and_then(IntType::of).and_then(|ty| ty.total(base, &column.deltas)) {
+                    Some(total) => {
+                        doc.insert(name.to_owned(), Value::from(total));
+                        ColumnKind::Set
+                    }
+                    None => {
+                        doc.insert(name.to_owned(), base.clone());
+                        deltas(&mut doc);
+                        ColumnKind::FoldValue
+                    }
+                }
             }
             (None, [delta]) => {
                 doc.insert(name.to_owned(), delta.clone());
@@ -510,5 +529,9 @@ mod tests {
         assert_eq!(IntType::Big.sums(&ds), Some((-7, max - 7, max - 10)));
         assert_eq!(IntType::Small.sums(&[json!(1.5)]), None, "not an integer: the fold");
         assert_eq!(IntType::Small.sums(&[json!("7")]), None, "a string: the fold");
+        assert_eq!(IntType::Small.total(&json!(32000), &[json!(700), json!(-700)]), Some(32000));
+        assert_eq!(IntType::Small.total(&json!(32000), &[json!(800), json!(-800)]), None, "a step overflows");
+        assert_eq!(IntType::Small.total(&json!(-32768), &[json!(-1), json!(1)]), None, "a step overflows");
+        assert_eq!(IntType::Big.total(&json!("5"), &[json!(1)]), None, "a string base: the fold");
     }
 }
