@@ -309,10 +309,12 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
     }
 
     let mut plan = Plan { outcomes, ..Plan::default() };
+    // By table, then by key: the order of `rows`.
+    let mut ordered: Vec<(usize, RowWrite)> = Vec::with_capacity(rows.len());
     for ((t, key), state) in rows {
         let table = tables[t];
         let mut push = |kind, expected, version, columns| {
-            plan.rows.push(RowWrite { table, key: key.clone(), kind, expected, version, columns })
+            ordered.push((t, RowWrite { table, key: key.clone(), kind, expected, version, columns }))
         };
         if !table.is_gated() {
             if state.created.is_some() {
@@ -337,7 +339,8 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
         }
     }
     // Per table, inserts and merges before the updates that may build on them.
-    plan.rows.sort_by_key(|r| (tables.iter().position(|t| *t == r.table), r.kind == RowKind::Update));
+    ordered.sort_by_key(|(t, r)| (*t, r.kind == RowKind::Update));
+    plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
     for ((aggregate_type, aggregate_id), (stored, current)) in marks {
         if let (Some(version), true) = (current, current != stored) {
             plan.marks.push(MarkWrite { aggregate_type, aggregate_id, expected: stored, version });
@@ -384,7 +387,7 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
         (Gate::FanIn, Target::Aggregate { .. }) => {
             return Err(format!("table {name} is fan-in: use row(key), not write(event)"))
         }
-        (Gate::FanIn, Target::Row(key)) => check_key(&format!("table {name}: row key"), key)?,
+        (Gate::FanIn, Target::Row(key)) => check_key("row key", key).map_err(|e| format!("table {name}: {e}"))?,
         (Gate::Upsert | Gate::Transition, Target::Row(_)) => {
             return Err(format!("table {name} is gated by version: use write(event), not row(key)"))
         }

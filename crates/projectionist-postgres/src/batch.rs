@@ -335,7 +335,7 @@ fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<Value>)> {
     let mut groups: Vec<(Table, Shape, Vec<Value>)> = Vec::new();
     for row in rows {
         let (shape, doc) = encode(row);
-        match groups.iter_mut().find(|(t, s, _)| *t == row.table && *s == shape) {
+        match groups.iter_mut().find(|(t, s, _)| t.name() == row.table.name() && *s == shape) {
             Some((_, _, docs)) => docs.push(doc),
             None => groups.push((row.table, shape, vec![doc])),
         }
