@@ -1,8 +1,11 @@
 //! The event envelope: wire format, validation and typed decoding.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::de::value::BorrowedStrDeserializer;
+use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -77,52 +80,28 @@ impl RawEnvelope {
     /// Errors name the offending field and the problem, e.g.
     /// `field `version`: must be >= 1, got 0`.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| DecodeError::Json(e.to_string()))?;
-        Self::from_value(value)
+        // serde would also read an array into the struct: only an object is an envelope.
+        let object = bytes.trim_ascii_start().first() == Some(&b'{');
+        match serde_json::from_slice::<Wire<'_>>(bytes) {
+            Ok(wire) if object => wire.validate(),
+            // Not an object, or not JSON: say which.
+            Err(e) => match serde_json::from_slice::<Value>(bytes) {
+                Ok(value) if !value.is_object() => Err(DecodeError::NotAnObject(json_kind(&value))),
+                _ => Err(DecodeError::Json(e.to_string())),
+            },
+            Ok(_) => match serde_json::from_slice::<Value>(bytes) {
+                Ok(value) => Err(DecodeError::NotAnObject(json_kind(&value))),
+                Err(e) => Err(DecodeError::Json(e.to_string())),
+            },
+        }
     }
 
     /// Validates an envelope given as a JSON value.
     pub fn from_value(value: Value) -> Result<Self, DecodeError> {
-        let Value::Object(mut obj) = value else {
+        if !value.is_object() {
             return Err(DecodeError::NotAnObject(json_kind(&value)));
-        };
-        let id = take_str(&mut obj, "id")?;
-        let id = Uuid::parse_str(&id).map_err(|e| DecodeError::field("id", format!("not a UUID ({e}): {id:?}")))?;
-        let aggregate_type = take_key(&mut obj, "aggregate_type")?;
-        let aggregate_id = take_key(&mut obj, "aggregate_id")?;
-        let version = match obj.remove("version") {
-            None | Some(Value::Null) => return Err(DecodeError::missing("version")),
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(v) if v >= 1 => v,
-                Some(v) => return Err(DecodeError::field("version", format!("must be >= 1, got {v}"))),
-                None => return Err(DecodeError::field("version", format!("must be an integer >= 1, got {n}"))),
-            },
-            Some(other) => {
-                return Err(DecodeError::field(
-                    "version",
-                    format!("must be an integer >= 1, got {}", json_kind(&other)),
-                ))
-            }
-        };
-        let event_type = take_nonempty(&mut obj, "type")?;
-        let occurred_at = take_str(&mut obj, "occurred_at")?;
-        let occurred_at = DateTime::parse_from_rfc3339(&occurred_at)
-            .map_err(|e| {
-                DecodeError::field("occurred_at", format!("not an RFC 3339 timestamp ({e}): {occurred_at:?}"))
-            })?
-            .with_timezone(&Utc);
-        let data = match obj.remove("data") {
-            None => return Err(DecodeError::missing("data")),
-            Some(v) => v,
-        };
-        let metadata = match obj.remove("metadata") {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(v),
-            Some(other) => {
-                return Err(DecodeError::field("metadata", format!("must be an object, got {}", json_kind(&other))))
-            }
-        };
-        Ok(Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
+        }
+        Wire::deserialize(value).map_err(|e| DecodeError::Json(e.to_string()))?.validate()
     }
 
     /// Builds an envelope with a fresh id for `event`, a serde enum tagged by `type` with
@@ -168,24 +147,248 @@ impl RawEnvelope {
     /// An event type `E` has no variant for is [`Decoded::Unhandled`], not an error;
     /// a known type whose data does not fit is an error naming the type and the problem.
     pub fn decode<E: DeserializeOwned + 'static>(self) -> Result<Decoded<E>, DecodeError> {
+        match self.event::<E>()? {
+            Some(event) => Ok(Decoded::Event(event)),
+            None => Ok(Decoded::Unhandled(self)),
+        }
+    }
+
+    /// As [`RawEnvelope::decode`], reading the envelope in place: the typed envelope, or
+    /// `None` when `E` has no variant for the event type. The data is decoded straight
+    /// from its JSON value, not copied first.
+    pub fn event<E: DeserializeOwned + 'static>(&self) -> Result<Option<Envelope<E>>, DecodeError> {
         if let Some(types) = crate::event_types::<E>() {
             if !types.contains(&self.event_type.as_str()) {
-                return Ok(Decoded::Unhandled(self));
+                return Ok(None);
             }
         }
-        let tagged = serde_json::json!({ "type": self.event_type, "data": self.data });
-        match serde_json::from_value::<E>(tagged) {
-            Ok(event) => Ok(Decoded::Event(Envelope {
+        let tagged = Tagged { event_type: &self.event_type, data: &self.data };
+        match E::deserialize(tagged) {
+            Ok(event) => Ok(Some(Envelope {
                 id: self.id,
-                aggregate_type: self.aggregate_type,
-                aggregate_id: self.aggregate_id,
+                aggregate_type: self.aggregate_type.clone(),
+                aggregate_id: self.aggregate_id.clone(),
                 version: self.version,
-                event_type: self.event_type,
+                event_type: self.event_type.clone(),
                 occurred_at: self.occurred_at,
                 event,
-                metadata: self.metadata,
+                metadata: self.metadata.clone(),
             })),
-            Err(e) => Err(DecodeError::Data { event_type: self.event_type, reason: e.to_string() }),
+            Err(e) => Err(DecodeError::Data { event_type: self.event_type.clone(), reason: e.to_string() }),
+        }
+    }
+}
+
+/// The envelope as it arrives: every field kept as whatever JSON it is, so that checking it
+/// names the field and the problem (serde's own errors would name a position instead).
+/// Strings are borrowed from the bytes where they hold no escapes.
+#[derive(serde::Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    id: Scalar<'a>,
+    #[serde(borrow, default)]
+    aggregate_type: Scalar<'a>,
+    #[serde(borrow, default)]
+    aggregate_id: Scalar<'a>,
+    #[serde(borrow, default)]
+    version: Scalar<'a>,
+    #[serde(borrow, default, rename = "type")]
+    event_type: Scalar<'a>,
+    #[serde(borrow, default)]
+    occurred_at: Scalar<'a>,
+    #[serde(default, deserialize_with = "present")]
+    data: Option<Value>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+/// A field that is there, even as `null` (`Option<Value>` alone reads `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+impl Wire<'_> {
+    fn validate(self) -> Result<RawEnvelope, DecodeError> {
+        let id = self.id.string("id")?;
+        let id = Uuid::parse_str(&id).map_err(|e| DecodeError::field("id", format!("not a UUID ({e}): {id:?}")))?;
+        let aggregate_type = self.aggregate_type.key("aggregate_type")?;
+        let aggregate_id = self.aggregate_id.key("aggregate_id")?;
+        let version = match self.version {
+            Scalar::Null => return Err(DecodeError::missing("version")),
+            Scalar::Number(n) => match n.as_i64() {
+                Some(v) if v >= 1 => v,
+                Some(v) => return Err(DecodeError::field("version", format!("must be >= 1, got {v}"))),
+                None => return Err(DecodeError::field("version", format!("must be an integer >= 1, got {n}"))),
+            },
+            other => {
+                let kind = other.kind();
+                return Err(DecodeError::field("version", format!("must be an integer >= 1, got {kind}")));
+            }
+        };
+        let event_type = self.event_type.nonempty("type")?;
+        let occurred_at = self.occurred_at.string("occurred_at")?;
+        let occurred_at = DateTime::parse_from_rfc3339(&occurred_at)
+            .map_err(|e| {
+                DecodeError::field("occurred_at", format!("not an RFC 3339 timestamp ({e}): {occurred_at:?}"))
+            })?
+            .with_timezone(&Utc);
+        let data = self.data.ok_or_else(|| DecodeError::missing("data"))?;
+        let metadata = match self.metadata {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Object(_)) => Some(v),
+            Some(other) => {
+                return Err(DecodeError::field("metadata", format!("must be an object, got {}", json_kind(&other))))
+            }
+        };
+        Ok(RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
+    }
+}
+
+/// An envelope field of any JSON kind (absent reads as `Null`); only strings and numbers
+/// keep their value.
+#[derive(Default)]
+enum Scalar<'a> {
+    #[default]
+    Null,
+    Bool,
+    Number(serde_json::Number),
+    String(Cow<'a, str>),
+    Array,
+    Object,
+}
+
+impl<'a> Scalar<'a> {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Null => "null",
+            Self::Bool => "a boolean",
+            Self::Number(_) => "a number",
+            Self::String(_) => "a string",
+            Self::Array => "an array",
+            Self::Object => "an object",
+        }
+    }
+
+    fn string(self, field: &'static str) -> Result<Cow<'a, str>, DecodeError> {
+        match self {
+            Self::Null => Err(DecodeError::missing(field)),
+            Self::String(s) => Ok(s),
+            other => Err(DecodeError::field(field, format!("must be a string, got {}", other.kind()))),
+        }
+    }
+
+    fn nonempty(self, field: &'static str) -> Result<String, DecodeError> {
+        let s = self.string(field)?;
+        if s.trim().is_empty() {
+            return Err(DecodeError::field(field, "must not be empty"));
+        }
+        Ok(s.into_owned())
+    }
+
+    /// A non-empty string the engine can store as a key (see [`crate::MAX_KEY_BYTES`]).
+    fn key(self, field: &'static str) -> Result<String, DecodeError> {
+        let s = self.nonempty(field)?;
+        crate::check_key("the value", &s).map_err(|problem| DecodeError::field(field, problem))?;
+        Ok(s)
+    }
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Scalar<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScalarVisitor(std::marker::PhantomData))
+    }
+}
+
+struct ScalarVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> Visitor<'de> for ScalarVisitor<'a> {
+    type Value = Scalar<'a>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_none<E>(self) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Scalar<'a>, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::Bool)
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::Number(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::Number(v.into()))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Scalar<'a>, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Scalar::Null, Scalar::Number))
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::String(Cow::Borrowed(v)))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::String(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Scalar<'a>, E> {
+        Ok(Scalar::String(Cow::Owned(v)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar<'a>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Scalar::Array)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar<'a>, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Scalar::Object)
+    }
+}
+
+/// The event as the projection's enum reads it, `{"type": …, "data": …}`, without building
+/// that object: the tag is the envelope's `type`, the content its `data`.
+struct Tagged<'a> {
+    event_type: &'a str,
+    data: &'a Value,
+}
+
+impl<'de> serde::Deserializer<'de> for Tagged<'de> {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        visitor.visit_map(TaggedFields { tagged: self, next: 0 })
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+        unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+struct TaggedFields<'a> {
+    tagged: Tagged<'a>,
+    next: u8,
+}
+
+impl<'de> MapAccess<'de> for TaggedFields<'de> {
+    type Error = serde_json::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
+        let key = match self.next {
+            0 => "type",
+            1 => "data",
+            _ => return Ok(None),
+        };
+        seed.deserialize(BorrowedStrDeserializer::new(key)).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Self::Error> {
+        self.next += 1;
+        match self.next {
+            1 => seed.deserialize(BorrowedStrDeserializer::new(self.tagged.event_type)),
+            _ => seed.deserialize(self.tagged.data),
         }
     }
 }
@@ -211,29 +414,6 @@ impl<E: Serialize> Envelope<E> {
             metadata: self.metadata.clone(),
         }
     }
-}
-
-fn take_str(obj: &mut Map<String, Value>, field: &'static str) -> Result<String, DecodeError> {
-    match obj.remove(field) {
-        None | Some(Value::Null) => Err(DecodeError::missing(field)),
-        Some(Value::String(s)) => Ok(s),
-        Some(other) => Err(DecodeError::field(field, format!("must be a string, got {}", json_kind(&other)))),
-    }
-}
-
-fn take_nonempty(obj: &mut Map<String, Value>, field: &'static str) -> Result<String, DecodeError> {
-    let s = take_str(obj, field)?;
-    if s.trim().is_empty() {
-        return Err(DecodeError::field(field, "must not be empty"));
-    }
-    Ok(s)
-}
-
-/// A non-empty string the engine can store as a key (see [`crate::MAX_KEY_BYTES`]).
-fn take_key(obj: &mut Map<String, Value>, field: &'static str) -> Result<String, DecodeError> {
-    let s = take_nonempty(obj, field)?;
-    crate::check_key("the value", &s).map_err(|problem| DecodeError::field(field, problem))?;
-    Ok(s)
 }
 
 fn json_kind(v: &Value) -> &'static str {
