@@ -12,7 +12,6 @@
 //!   them in the column's own arithmetic (`((c + a1) + a2) + …`), so fractions, rounding to
 //!   a column's scale, floats and overflow behave as one `UPDATE` per event would.
 
-use std::collections::BTreeMap;
 use std::collections::HashMap;
 
 use serde_json::Value;
@@ -218,10 +217,19 @@ impl RowState {
     }
 }
 
+/// A gate's version where the batch starts and where it stands now.
+type Moves = (Option<i64>, Option<i64>);
+
 /// Plans `events` (in offset order) against `stored` for a projection owning `tables`.
-pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'_>)]) -> Result<Plan, PlanError> {
-    let mut rows: BTreeMap<(usize, String), RowState> = BTreeMap::new();
-    let mut marks: BTreeMap<(String, String), (Option<i64>, Option<i64>)> = BTreeMap::new();
+pub fn plan<'a>(
+    tables: &[Table],
+    stored: &Stored,
+    events: &'a [(EventRef<'a>, Effect<'a>)],
+) -> Result<Plan, PlanError> {
+    // Keyed by what the events hold (no key copied per event); ordered at the end.
+    let mut rows: HashMap<(usize, &'a str), RowState> = HashMap::new();
+    // Per aggregate (type, id): the version stored, and the version it moves to.
+    let mut marks: HashMap<(&'a str, &'a str), Moves> = HashMap::new();
     let mut outcomes = Vec::with_capacity(events.len());
     // Per aggregate type: the gated tables it owns, and whether the watermark gates it.
     let mut owned: HashMap<&str, (Vec<usize>, bool)> = HashMap::new();
@@ -246,7 +254,7 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
         let mut verdicts: Vec<(&str, Verdict)> = Vec::with_capacity(gated.len() + 1);
         for &t in gated {
             let table = &tables[t];
-            let state = rows.entry((t, event.aggregate_id.to_owned())).or_insert_with(|| {
+            let state = rows.entry((t, event.aggregate_id)).or_insert_with(|| {
                 let stored = stored.rows.get(table.name()).and_then(|m| m.get(event.aggregate_id)).copied();
                 RowState { stored, current: stored, ..RowState::default() }
             });
@@ -256,10 +264,11 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             };
             verdicts.push((table.name(), verdict));
         }
-        let mark_key = (event.aggregate_type.to_owned(), event.aggregate_id.to_owned());
+        let mark_key = (event.aggregate_type, event.aggregate_id);
         if watermarked {
-            let mark = marks.entry(mark_key.clone()).or_insert_with(|| {
-                let stored = stored.marks.get(&mark_key).copied();
+            let mark = marks.entry(mark_key).or_insert_with(|| {
+                let owned = (event.aggregate_type.to_owned(), event.aggregate_id.to_owned());
+                let stored = stored.marks.get(&owned).copied();
                 (stored, stored)
             });
             verdicts.push(("the aggregate watermark", transition(mark.1, event.version)));
@@ -282,7 +291,7 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             if *v == Verdict::Free {
                 continue;
             }
-            let state = rows.get_mut(&(t, event.aggregate_id.to_owned())).expect("state made above");
+            let state = rows.get_mut(&(t, event.aggregate_id)).expect("state made above");
             if state.current.is_none() {
                 state.created = Some(Some(event.version));
             }
@@ -293,7 +302,7 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
         }
         for (write, &t) in writes.iter().zip(&targets) {
             let key = match &write.target {
-                Target::Aggregate { key, .. } | Target::Row(key) => key.clone(),
+                Target::Aggregate { key, .. } | Target::Row(key) => key.as_str(),
             };
             let state = rows.entry((t, key)).or_default();
             if tables[t].is_gated() {
@@ -309,12 +318,11 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
     }
 
     let mut plan = Plan { outcomes, ..Plan::default() };
-    // By table, then by key: the order of `rows`.
     let mut ordered: Vec<(usize, RowWrite)> = Vec::with_capacity(rows.len());
     for ((t, key), state) in rows {
         let table = tables[t];
         let mut push = |kind, expected, version, columns| {
-            ordered.push((t, RowWrite { table, key: key.clone(), kind, expected, version, columns }))
+            ordered.push((t, RowWrite { table, key: key.to_owned(), kind, expected, version, columns }))
         };
         if !table.is_gated() {
             if state.created.is_some() {
@@ -338,14 +346,19 @@ pub fn plan(tables: &[Table], stored: &Stored, events: &[(EventRef<'_>, Effect<'
             }
         }
     }
-    // Per table, inserts and merges before the updates that may build on them.
-    ordered.sort_by_key(|(t, r)| (*t, r.kind == RowKind::Update));
+    // Per table, inserts and merges before the updates that may build on them; then by
+    // key, so that concurrent writers lock rows in one order.
+    ordered.sort_unstable_by(|(t, a), (u, b)| {
+        (t, a.kind == RowKind::Update, &a.key).cmp(&(u, b.kind == RowKind::Update, &b.key))
+    });
     plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
     for ((aggregate_type, aggregate_id), (stored, current)) in marks {
         if let (Some(version), true) = (current, current != stored) {
+            let (aggregate_type, aggregate_id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
             plan.marks.push(MarkWrite { aggregate_type, aggregate_id, expected: stored, version });
         }
     }
+    plan.marks.sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
     Ok(plan)
 }
 
@@ -380,7 +393,7 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
     }
     let t = tables
         .iter()
-        .position(|t| *t == write.table)
+        .position(|t| t.same(&write.table))
         .ok_or_else(|| format!("table {name} is written but not declared in tables()"))?;
     match (write.table.gate(), &write.target) {
         (Gate::Custom, _) => return Err(format!("table {name} is custom: write it in apply, not project")),

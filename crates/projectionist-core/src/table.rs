@@ -96,6 +96,20 @@ impl Table {
         Self { name, key, version: "version", gate, columns: &[], ddl: None, owners: Owners::Undeclared }
     }
 
+    /// Whether `other` is this declaration (`==`, without comparing the columns one by one
+    /// when both are copies of one `const` and so share them).
+    pub(crate) fn same(&self, other: &Table) -> bool {
+        let Self { name, key, version, gate, columns, ddl, owners } = *other;
+        let columns = std::ptr::eq(self.columns, columns) || self.columns == columns;
+        columns
+            && self.name == name
+            && self.key == key
+            && self.version == version
+            && self.gate == gate
+            && self.ddl == ddl
+            && self.owners == owners
+    }
+
     /// A [state-transfer](Gate::Upsert) table keyed by the aggregate id in column `key`.
     pub const fn upsert(name: &'static str, key: &'static str) -> Self {
         Self::new(name, key, Gate::Upsert)
