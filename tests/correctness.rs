@@ -388,7 +388,9 @@ async fn a_gap_ends_the_batch_and_what_precedes_it_stays_written(pool: PgPool) {
     for mode in [Mode::Batch, Mode::PerEvent] {
         projectionist::postgres::reset(&pool, &Accounts).await.unwrap();
         let mut tx = pool.begin().await.unwrap();
-        let outcomes = Accounts.apply_raw(&mut tx, &events, mode).await.unwrap();
+        let prepared = Accounts.prepare(&events);
+        assert!(prepared.failure().is_none() && prepared.len() == events.len());
+        let outcomes = Accounts.write(&mut tx, &prepared, mode).await.unwrap().outcomes;
         tx.commit().await.unwrap();
         assert_eq!(outcomes, [Outcome::Applied, gap], "{mode:?}: the engine halts there");
         assert_eq!(row(&pool, "a").await["version"], json!(1), "{mode:?}");

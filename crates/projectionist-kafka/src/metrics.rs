@@ -79,3 +79,38 @@ pub fn describe() {
     describe_gauge!(POSTGRES_WAITING, "1 while a partition waits for PostgreSQL to come back, else 0.");
     describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
 }
+
+/// A batch committed: its outcome counters, size, duration and the age of its last event;
+/// the pool's use; the batch span's fields.
+pub(crate) fn batch_committed(
+    pool: &projectionist_postgres::PgPool,
+    projection: &str,
+    tp: &crate::context::Tp,
+    batch: &[projectionist_core::RawEnvelope],
+    counts: &projectionist_core::OutcomeCounts,
+    took: std::time::Duration,
+) {
+    let projection = projection.to_owned();
+    let span = tracing::Span::current();
+    span.record("applied", counts.applied)
+        .record("duplicate", counts.duplicate)
+        .record("stale", counts.stale)
+        .record("ignored", counts.ignored);
+    tracing::debug!(took_ms = took.as_millis() as u64, "Batch committed.");
+    metrics::counter!(EVENTS_APPLIED, "projection" => projection.clone()).increment(counts.applied);
+    for (reason, n) in [("duplicate", counts.duplicate), ("stale", counts.stale), ("ignored", counts.ignored)] {
+        metrics::counter!(EVENTS_SKIPPED, "projection" => projection.clone(), "reason" => reason).increment(n);
+    }
+    metrics::histogram!(BATCH_SIZE, "projection" => projection.clone()).record(batch.len() as f64);
+    metrics::histogram!(BATCH_DURATION, "projection" => projection.clone()).record(took.as_secs_f64());
+    metrics::counter!(CHECKPOINT_COMMITS, "projection" => projection.clone()).increment(1);
+    if let Some(last) = batch.last() {
+        let age = (crate::partition::now_ms() - last.occurred_at.timestamp_millis()).max(0) as f64 / 1000.0;
+        let (topic, partition) = (tp.0.clone(), tp.1.to_string());
+        metrics::gauge!(APPLIED_EVENT_AGE_SECONDS, "projection" => projection, "topic" => topic, "partition" => partition)
+            .set(age);
+    }
+    let (size, idle) = (pool.size(), pool.num_idle() as u32);
+    metrics::gauge!(PG_POOL_CONNECTIONS, "state" => "in_use").set(size.saturating_sub(idle) as f64);
+    metrics::gauge!(PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+}

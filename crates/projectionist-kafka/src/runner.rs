@@ -22,7 +22,7 @@ use tracing::Instrument;
 use crate::batcher::Limits;
 use crate::context::{EngineContext, Rebalance, Tp};
 use crate::outage::Outage;
-use crate::partition::{Begin, Halt, HaltKind, Partition, Progress, Stop};
+use crate::partition::{Begin, Halt, HaltKind, Order, Partition, Progress};
 use crate::retry::{Retry, RetryPolicy};
 use crate::{EngineConfig, Result};
 use projectionist_postgres::checkpoint;
@@ -89,7 +89,7 @@ impl Stats {
 
 /// A running partition task.
 struct Task {
-    stop: watch::Sender<Stop>,
+    stop: watch::Sender<Order>,
     handle: JoinHandle<()>,
     progress: Arc<Progress>,
 }
@@ -109,6 +109,32 @@ pub(crate) struct Runner {
     assigning: Option<Assigning>,
     /// Partitions already replayed from offset zero (`from_beginning`: once per process).
     replayed: HashSet<Tp>,
+}
+
+/// Where an assigned partition starts reading.
+enum StartAt {
+    /// At its checkpoint: the next offset to apply.
+    Checkpoint(i64),
+    /// At its earliest offset: no checkpoint yet, or a replay.
+    Beginning,
+    /// Nowhere: its checkpoint cannot be read (why); it halts.
+    Unreadable(String),
+}
+
+impl StartAt {
+    fn offset(&self) -> Offset {
+        match self {
+            Self::Checkpoint(next) => Offset::Offset(*next),
+            Self::Beginning | Self::Unreadable(_) => Offset::Beginning,
+        }
+    }
+
+    fn checkpoint(&self) -> Option<i64> {
+        match self {
+            Self::Checkpoint(next) => Some(*next),
+            Self::Beginning | Self::Unreadable(_) => None,
+        }
+    }
 }
 
 /// An assignment waiting for its partitions' checkpoints.
@@ -200,7 +226,7 @@ impl Runner {
         // Finish the batches in flight and what is buffered: those events were read while
         // we owned their partitions.
         let parts: Vec<Tp> = self.tasks.keys().cloned().collect();
-        let committed = self.stop(&parts, Stop::Shutdown).await;
+        let committed = self.stop(&parts, Order::Shutdown).await;
         // Make sure Kafka holds what Postgres holds: the exact next offsets of committed
         // batches, never the consumer's current position.
         let mut tpl = TopicPartitionList::new();
@@ -237,7 +263,7 @@ impl Runner {
     async fn begin_assign(&mut self, parts: Vec<Tp>) {
         // A partition assigned again in the same process waits for its previous task.
         let again: Vec<Tp> = parts.iter().filter(|tp| self.tasks.contains_key(*tp)).cloned().collect();
-        self.stop(&again, Stop::Revoke).await;
+        self.stop(&again, Order::Revoke).await;
         let mut parts = parts;
         if let Some(earlier) = self.assigning.take() {
             // librdkafka should wait for the first to be answered; should it not, read both.
@@ -280,15 +306,11 @@ impl Runner {
         let mut queues = Vec::new();
         for tp in &parts {
             let start = match &stored {
-                _ if self.config.from_beginning && self.replayed.insert(tp.clone()) => Ok(None),
-                Ok(found) => Ok(found.get(tp).copied()),
-                Err(e) => Err(format!("cannot read its checkpoint from PostgreSQL: {e}")),
+                _ if self.config.from_beginning && self.replayed.insert(tp.clone()) => StartAt::Beginning,
+                Ok(found) => found.get(tp).map_or(StartAt::Beginning, |next| StartAt::Checkpoint(*next)),
+                Err(e) => StartAt::Unreadable(format!("cannot read its checkpoint from PostgreSQL: {e}")),
             };
-            let offset = match start {
-                Ok(Some(next)) => Offset::Offset(next),
-                _ => Offset::Beginning,
-            };
-            if let Err(e) = tpl.add_partition_offset(&tp.0, tp.1, offset) {
+            if let Err(e) = tpl.add_partition_offset(&tp.0, tp.1, start.offset()) {
                 tracing::error!(projection = %name, topic = %tp.0, partition = tp.1, error = %e, "Cannot set start offset.");
             }
             // Split before assigning: librdkafka then never forwards this partition's
@@ -313,22 +335,22 @@ impl Runner {
                 Begin::Halted
             } else {
                 match &start {
-                    Err(reason) => Begin::Halt(Halt {
+                    StartAt::Unreadable(reason) => Begin::Halt(Halt {
                         offset: -1,
                         timestamp: None,
                         aggregate: "?".into(),
                         reason: reason.clone(),
                         kind: HaltKind::Error,
                     }),
-                    Ok(_) => Begin::Run,
+                    StartAt::Checkpoint(_) | StartAt::Beginning => Begin::Run,
                 }
             };
-            tracing::info!(projection = %name, topic = %tp.0, partition = tp.1, start = ?start.as_ref().ok().copied().flatten(), "Partition assigned.");
+            tracing::info!(projection = %name, topic = %tp.0, partition = tp.1, start = ?start.checkpoint(), "Partition assigned.");
             let Some(queue) = queue else {
                 tracing::error!(projection = %name, topic = %tp.0, partition = tp.1, "Cannot split the partition's queue off the consumer.");
                 continue;
             };
-            let progress = Arc::new(Progress::new(start.as_ref().ok().copied().flatten()));
+            let progress = Arc::new(Progress::new(start.checkpoint()));
             let partition = Partition {
                 tp: tp.clone(),
                 projection: self.projection.clone(),
@@ -340,7 +362,7 @@ impl Runner {
                 exit_when_caught_up: self.config.exit_when_caught_up,
                 progress: progress.clone(),
             };
-            let (stop, stopped) = watch::channel(Stop::No);
+            let (stop, stopped) = watch::channel(Order::Run);
             let handle = tokio::spawn(partition.run(queue, stopped, begin));
             self.tasks.insert(tp.clone(), Task { stop, handle, progress: progress.clone() });
             self.consumer.context().owned.lock().expect("owned lock").insert(tp, progress);
@@ -362,7 +384,7 @@ impl Runner {
                 self.assigning.take().expect("assigning").read.abort();
             }
         }
-        self.stop(&parts, Stop::Revoke).await;
+        self.stop(&parts, Order::Revoke).await;
         for (topic, partition) in &parts {
             tracing::info!(projection = %self.name(), topic = %topic, partition, "Partition revoked.");
         }
@@ -375,7 +397,7 @@ impl Runner {
 
     /// Stops the tasks of `parts` and waits for them; returns each one's last committed
     /// next offset.
-    async fn stop(&mut self, parts: &[Tp], how: Stop) -> Vec<(Tp, i64)> {
+    async fn stop(&mut self, parts: &[Tp], how: Order) -> Vec<(Tp, i64)> {
         let mut stopping = Vec::new();
         for tp in parts {
             if let Some(task) = self.tasks.remove(tp) {
@@ -401,24 +423,12 @@ impl Runner {
     /// It cannot be put back in order, so the partition halts rather than skip it.
     async fn stray(&mut self, tp: Tp, offset: i64) {
         tracing::error!(projection = %self.name(), topic = %tp.0, partition = tp.1, offset, "Message arrived outside its partition's queue.");
-        let committed = self.stop(std::slice::from_ref(&tp), Stop::Revoke).await;
+        let committed = self.stop(std::slice::from_ref(&tp), Order::Revoke).await;
         let at = committed.first().map_or(offset, |(_, next)| *next);
-        crate::partition::pause(&self.consumer, &tp);
         let reason =
             "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
-        self.stats.halted.lock().expect("halted lock").insert(tp.clone());
-        self.stats.halts.lock().expect("halts lock").push(
-            crate::Error::Halted {
-                projection: self.name().to_owned(),
-                topic: tp.0.clone(),
-                partition: tp.1,
-                offset: at,
-                aggregate: "?".into(),
-                reason,
-            }
-            .to_string(),
-        );
-        metrics::counter!(crate::metrics::EVENTS_FAILED, "projection" => self.name().to_owned(), "reason" => HaltKind::Error.label()).increment(1);
+        let halt = Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error };
+        crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer);
     }
 
     /// Every owned partition reached the high watermark it had when assigned (halted ones

@@ -1,13 +1,12 @@
 //! Running projections against PostgreSQL: the object-safe form the engine holds, and
 //! applying a batch of raw envelopes inside one transaction.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use projectionist_core::plan::{Effect, EventRef};
-use projectionist_core::{
-    validate_projection_name, Decoded, Envelope, Outcome, Projection, RawEnvelope, Table, Writes,
-};
+use projectionist_core::{validate_projection_name, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use sqlx::{PgConnection, PgPool};
 
 use crate::{batch, Error, Ident, Result};
@@ -15,11 +14,85 @@ use crate::{batch, Error, Ident, Result};
 /// How a batch is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Set-based: the batch planned in memory, a few statements per table. The default.
+    /// Set-based: the batch planned in memory, a few statements per table; event by event
+    /// (in the same transaction) when the database refuses a value or a concurrent writer
+    /// moved the batch's rows. The default.
     Batch,
     /// One event at a time, each under a savepoint, waiting on concurrent writers' row
-    /// locks: what a batch falls back to when a concurrent writer moved its rows.
+    /// locks: what a batch falls back to.
     PerEvent,
+}
+
+/// A batch decoded and projected once, outside any transaction, so that writing it again
+/// (a retry, a prefix after a failure) decodes and projects nothing again. Made by
+/// [`PgProjection::prepare`]; it holds the events up to the first that could not be
+/// prepared, and that event's error.
+pub struct Prepared {
+    events: Vec<PreparedEvent>,
+    failure: Option<Error>,
+}
+
+struct PreparedEvent {
+    aggregate_type: String,
+    aggregate_id: String,
+    version: i64,
+    step: Step,
+}
+
+/// What one prepared event does.
+enum Step {
+    /// The projection has no variant for its type.
+    Unhandled,
+    /// The projection's writes.
+    Writes(Writes),
+    /// The typed envelope, for the projection's `apply` (an `Envelope<P::Event>`).
+    Custom(Box<dyn Any + Send + Sync>),
+}
+
+impl Prepared {
+    /// Events prepared (those before the failure, if any).
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether no event was prepared.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The event that could not be prepared (its index is [`Prepared::len`]), and why.
+    pub fn failure(&self) -> Option<&Error> {
+        self.failure.as_ref()
+    }
+
+    /// Takes the failure out, leaving the prepared events.
+    pub fn take_failure(&mut self) -> Option<Error> {
+        self.failure.take()
+    }
+
+    /// Keeps the first `len` events only (the failure, if any, goes too).
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.events.len() {
+            self.events.truncate(len);
+            self.failure = None;
+        }
+    }
+
+    fn event(&self, index: usize) -> EventRef<'_> {
+        let e = &self.events[index];
+        EventRef { aggregate_type: &e.aggregate_type, aggregate_id: &e.aggregate_id, version: e.version }
+    }
+}
+
+/// What [`PgProjection::write`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// One outcome per event, up to and including the first [`Outcome::Gap`] (the batch
+    /// ends there: nothing at or after it was written).
+    pub outcomes: Vec<Outcome>,
+    /// Whether the set-based path gave way to the per-event path (a value the database
+    /// refused, or a concurrent writer).
+    pub per_event: bool,
 }
 
 /// A projection over PostgreSQL with its event type erased, so the engine can hold many
@@ -32,22 +105,15 @@ pub trait PgProjection: Send + Sync + 'static {
     fn tables(&self) -> &[Table];
     /// See [`Projection::schema`].
     fn schema(&self) -> &[&str];
-    /// Decodes `batch` and applies it in offset order in the caller's transaction, one
-    /// outcome per envelope up to the first [`Outcome::Gap`]: the outcomes then end with it,
-    /// and nothing at or after it is written, so what precedes it can commit. An error
-    /// about one event names it
-    /// ([`Error::event_index`]): a decode failure, a write the declarations forbid, a value
-    /// the database refuses; nothing of the batch is to be committed then.
-    /// [`Error::Conflict`] in [`Mode::Batch`]: roll back and apply the batch again in
-    /// [`Mode::PerEvent`].
-    async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>>;
-}
-
-/// One decoded event and what it does.
-enum Item<E> {
-    Unhandled,
-    Writes(Writes),
-    Custom(Envelope<E>),
+    /// Decodes and projects `batch`, each event once, up to the first that fails (an
+    /// [`Error::Decode`] naming it, or [`Error::Declaration`] for the whole batch).
+    fn prepare(&self, batch: &[RawEnvelope]) -> Prepared;
+    /// Writes a prepared batch in offset order in the caller's transaction, up to its first
+    /// [`Outcome::Gap`]: the outcomes then end with it, and nothing at or after it is
+    /// written, so what precedes it can commit. An error about one event names it
+    /// ([`Error::event_index`]): a write the declarations forbid, a value the database
+    /// refuses, a failing `apply`; nothing of the batch is to be committed then.
+    async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode) -> Result<Written>;
 }
 
 #[async_trait]
@@ -64,57 +130,70 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         Projection::schema(self)
     }
 
-    async fn apply_raw(&self, conn: &mut PgConnection, batch: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>> {
-        let name = Projection::name(self);
-        let tables = Projection::tables(self);
-        check_declarations(name, tables)?;
-        let mut items = Vec::with_capacity(batch.len());
+    fn prepare(&self, batch: &[RawEnvelope]) -> Prepared {
+        let mut events = Vec::with_capacity(batch.len());
+        if let Err(failure) = check_declarations(Projection::name(self), Projection::tables(self)) {
+            return Prepared { events, failure: Some(failure) };
+        }
         for (index, raw) in batch.iter().enumerate() {
-            let decoded = raw.clone().decode::<P::Event>().map_err(|source| Error::Decode {
-                index,
-                aggregate: format!("{}/{}", raw.aggregate_type, raw.aggregate_id),
-                version: raw.version,
-                source,
-            })?;
-            items.push(match decoded {
-                Decoded::Unhandled(_) => Item::Unhandled,
-                Decoded::Event(env) => match self.project(&env) {
-                    writes if writes.is_custom() => Item::Custom(env),
-                    writes => Item::Writes(writes),
+            let step = match raw.event::<P::Event>() {
+                Err(source) => {
+                    let aggregate = format!("{}/{}", raw.aggregate_type, raw.aggregate_id);
+                    let failure = Error::Decode { index, aggregate, version: raw.version, source };
+                    return Prepared { events, failure: Some(failure) };
+                }
+                Ok(None) => Step::Unhandled,
+                Ok(Some(env)) => match self.project(&env) {
+                    writes if writes.is_custom() => Step::Custom(Box::new(env)),
+                    writes => Step::Writes(writes),
                 },
+            };
+            events.push(PreparedEvent {
+                aggregate_type: raw.aggregate_type.clone(),
+                aggregate_id: raw.aggregate_id.clone(),
+                version: raw.version,
+                step,
             });
         }
-        let event = |i: usize| {
-            let raw = &batch[i];
-            EventRef { aggregate_type: &raw.aggregate_type, aggregate_id: &raw.aggregate_id, version: raw.version }
-        };
-        let mut outcomes = Vec::with_capacity(batch.len());
+        Prepared { events, failure: None }
+    }
+
+    async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode) -> Result<Written> {
+        let name = Projection::name(self);
+        let tables = Projection::tables(self);
+        let events = &prepared.events;
+        let mut written = Written { outcomes: Vec::with_capacity(events.len()), per_event: false };
         let mut start = 0;
         // Runs of planned events go set-based; a custom event goes to `apply` between them.
-        while start < items.len() {
-            let end =
-                items[start..].iter().position(|i| matches!(i, Item::Custom(_))).map_or(items.len(), |p| start + p);
+        while start < events.len() {
+            let end = events[start..]
+                .iter()
+                .position(|e| matches!(e.step, Step::Custom(_)))
+                .map_or(events.len(), |p| start + p);
             if end > start {
                 let run: Vec<(EventRef<'_>, Effect<'_>)> = (start..end)
                     .map(|i| {
-                        let effect = match &items[i] {
-                            Item::Writes(w) => Effect::Writes(w.writes()),
+                        let effect = match &events[i].step {
+                            Step::Writes(w) => Effect::Writes(w.writes()),
                             _ => Effect::Unhandled,
                         };
-                        (event(i), effect)
+                        (prepared.event(i), effect)
                     })
                     .collect();
-                let applied = batch::apply(conn, name, tables, &run, mode).await.map_err(|e| e.shifted(start))?;
-                outcomes.extend(applied);
-                if batch::ends_in_a_gap(&outcomes) {
-                    return Ok(outcomes);
+                let (outcomes, per_event) =
+                    batch::apply(conn, name, tables, &run, mode).await.map_err(|e| e.shifted(start))?;
+                written.outcomes.extend(outcomes);
+                written.per_event |= per_event;
+                if batch::ends_in_a_gap(&written.outcomes) {
+                    return Ok(written);
                 }
             }
-            if let Some(Item::Custom(env)) = items.get(end) {
+            if let Some(Step::Custom(env)) = events.get(end).map(|e| &e.step) {
+                let env = env.downcast_ref::<Envelope<P::Event>>().expect("prepared by this projection");
                 // Gated like any event: its gates move, and `apply` runs only if it applies.
-                let gated = batch::apply(conn, name, tables, &[(event(end), Effect::Custom)], Mode::PerEvent)
-                    .await
-                    .map_err(|e| e.shifted(end))?;
+                let event = [(prepared.event(end), Effect::Custom)];
+                let (gated, _) =
+                    batch::apply(conn, name, tables, &event, Mode::PerEvent).await.map_err(|e| e.shifted(end))?;
                 let outcome = match gated.first() {
                     Some(Outcome::Applied) => self.apply(conn, env).await.map_err(|error| Error::Apply {
                         projection: name.into(),
@@ -126,14 +205,14 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                     Some(other) => *other,
                     None => unreachable!("one outcome per event"),
                 };
-                outcomes.push(outcome);
-                if batch::ends_in_a_gap(&outcomes) {
-                    return Ok(outcomes);
+                written.outcomes.push(outcome);
+                if batch::ends_in_a_gap(&written.outcomes) {
+                    return Ok(written);
                 }
             }
             start = end + 1;
         }
-        Ok(outcomes)
+        Ok(written)
     }
 }
 
@@ -161,18 +240,14 @@ pub fn validate(projection: &dyn PgProjection) -> Result<()> {
 }
 
 /// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka
-/// engine adds its own in the same transaction): set-based, or per event when a concurrent
-/// writer moved the batch's rows. Used by tests and tools: unlike the engine, which halts
-/// a partition at a gap, it goes on past one (the gap's event is not applied), so every
-/// event has an outcome.
+/// engine adds its own in the same transaction): set-based, or per event where the batch
+/// needs it. Used by tests and tools: unlike the engine, which halts a partition at a gap,
+/// it goes on past one (the gap's event is not applied), so every event has an outcome.
 pub async fn apply_batch(pool: &PgPool, projection: &dyn PgProjection, batch: &[RawEnvelope]) -> Result<Vec<Outcome>> {
-    match apply_batch_in(pool, projection, batch, Mode::Batch).await {
-        Err(Error::Conflict { .. }) => apply_batch_in(pool, projection, batch, Mode::PerEvent).await,
-        other => other,
-    }
+    apply_batch_in(pool, projection, batch, Mode::Batch).await
 }
 
-/// As [`apply_batch`], always in the given mode.
+/// As [`apply_batch`], starting in the given mode.
 pub async fn apply_batch_in(
     pool: &PgPool,
     projection: &dyn PgProjection,
@@ -183,7 +258,12 @@ pub async fn apply_batch_in(
     let mut outcomes = Vec::with_capacity(batch.len());
     while outcomes.len() < batch.len() {
         let start = outcomes.len();
-        outcomes.extend(projection.apply_raw(&mut tx, &batch[start..], mode).await.map_err(|e| e.shifted(start))?);
+        let mut prepared = projection.prepare(&batch[start..]);
+        if let Some(failure) = prepared.take_failure() {
+            return Err(failure.shifted(start));
+        }
+        let written = projection.write(&mut tx, &prepared, mode).await.map_err(|e| e.shifted(start))?;
+        outcomes.extend(written.outcomes);
     }
     tx.commit().await?;
     Ok(outcomes)

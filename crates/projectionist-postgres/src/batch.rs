@@ -10,7 +10,9 @@ use std::collections::HashMap;
 
 use projectionist_core::plan::{plan, watermarked, Effect, EventRef, MarkWrite, RowKind, RowWrite, Stored};
 use projectionist_core::{Outcome, Table};
-use serde_json::{Map, Value};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{Connection, PgConnection};
 
@@ -29,32 +31,32 @@ fn is_about_a_value(e: &sqlx::Error) -> bool {
 const PER_EVENT_TRIES: usize = 5;
 
 /// Applies a run of planned events in the caller's transaction, up to its first gap (the
-/// outcomes then end with it, and nothing at or after it is written). Set-based (`Mode::Batch`):
-/// under a savepoint, so that when the database refuses a statement (a value the column
-/// cannot take, a constraint) the run is applied again event by event in the same
-/// transaction, and the error names the event at fault. A statement that changes another
-/// number of rows than planned (a concurrent writer) is [`Error::Conflict`]: roll back and
-/// take the per-event path.
+/// outcomes then end with it, and nothing at or after it is written); with whether it went
+/// event by event. Set-based (`Mode::Batch`) under a savepoint: when the database refuses
+/// a statement (a value the column cannot take, a constraint), or a statement changes
+/// another number of rows than planned (a concurrent writer moved them), the savepoint is
+/// rolled back and the run applied again event by event in the same transaction — which
+/// names the event at fault, and waits on the concurrent writer's row locks.
 pub(crate) async fn apply(
     conn: &mut PgConnection,
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
     mode: Mode,
-) -> Result<Vec<Outcome>> {
+) -> Result<(Vec<Outcome>, bool)> {
     if mode == Mode::PerEvent {
-        return apply_per_event(conn, projection, tables, events).await;
+        return Ok((apply_per_event(conn, projection, tables, events).await?, true));
     }
     let mut savepoint = conn.begin().await?;
     match apply_set_based(&mut savepoint, projection, tables, events).await {
         Ok(outcomes) => {
             savepoint.commit().await?;
-            Ok(outcomes)
+            Ok((outcomes, false))
         }
-        Err(Error::Database(e)) if is_about_a_value(&e) => {
+        Err(e) if matches!(&e, Error::Conflict { .. }) || matches!(&e, Error::Database(d) if is_about_a_value(d)) => {
             savepoint.rollback().await?;
-            tracing::info!(projection, error = %e, "The database refused a set-based statement; applying the events one by one to find the one at fault.");
-            apply_per_event(conn, projection, tables, events).await
+            tracing::info!(projection, reason = %e, "The set-based statements could not apply the batch; applying its events one by one.");
+            Ok((apply_per_event(conn, projection, tables, events).await?, true))
         }
         Err(e) => Err(e),
     }
@@ -93,8 +95,8 @@ async fn apply_set_based(
         plan.outcomes.push(outcome);
     }
     write_marks(conn, projection, &plan.marks).await?;
-    for (table, shape, docs) in group(&plan.rows) {
-        write_rows(conn, table, &shape, docs).await?;
+    for (table, shape, rows) in group(&plan.rows) {
+        write_rows(conn, table, &shape, rows).await?;
     }
     Ok(plan.outcomes)
 }
@@ -330,20 +332,47 @@ struct Shape {
 }
 
 /// Row writes grouped by table and shape, one statement each, in plan order: each row
-/// encoded once, as the JSON object its statement reads.
-fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Vec<Value>)> {
-    let mut groups: Vec<(Table, Shape, Vec<Value>)> = Vec::new();
+/// encoded once, straight into the JSON array text its statement reads.
+fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Rows)> {
+    let mut groups: Vec<(Table, Shape, Rows)> = Vec::new();
+    let mut doc = Vec::new();
     for row in rows {
-        let (shape, doc) = encode(row);
+        doc.clear();
+        let shape = encode(row, &mut doc);
         match groups.iter_mut().find(|(t, s, _)| t.name() == row.table.name() && *s == shape) {
-            Some((_, _, docs)) => docs.push(doc),
-            None => groups.push((row.table, shape, vec![doc])),
+            Some((_, _, rows)) => rows.push(&doc),
+            None => {
+                let mut rows = Rows::default();
+                rows.push(&doc);
+                groups.push((row.table, shape, rows));
+            }
         }
     }
     groups
 }
 
-async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, docs: Vec<Value>) -> Result<()> {
+/// A statement's rows: a JSON array, as text, and how many.
+#[derive(Default)]
+struct Rows {
+    json: Vec<u8>,
+    count: usize,
+}
+
+impl Rows {
+    fn push(&mut self, doc: &[u8]) {
+        self.json.push(if self.count == 0 { b'[' } else { b',' });
+        self.json.extend_from_slice(doc);
+        self.count += 1;
+    }
+
+    fn into_json(mut self) -> Box<RawValue> {
+        self.json.push(b']');
+        let text = String::from_utf8(self.json).expect("serde_json writes UTF-8");
+        RawValue::from_string(text).expect("the rows are JSON, written by `encode`")
+    }
+}
+
+async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: Rows) -> Result<()> {
     let name = Ident::new(table.name())?;
     let key = Ident::new(table.key())?;
     let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
@@ -430,57 +459,67 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, docs: 
             (format!("UPDATE {name} AS t SET {} FROM {source} WHERE {guard}", sets.join(", ")), true)
         }
     };
-    let planned = docs.len();
-    let result = sqlx::query(&sql).bind(Json(Value::Array(docs))).execute(&mut *conn).await?;
+    let planned = rows.count;
+    let result = sqlx::query(&sql).bind(Json(rows.into_json())).execute(&mut *conn).await?;
     if check {
         expect_rows(table.name(), planned, result.rows_affected())?;
     }
     Ok(())
 }
 
-/// A row's statement shape and the JSON object `jsonb_populate_record` reads for it: key,
-/// base values, version, the version the row must still have, per folded column its deltas
-/// as `{"c$d": [{"c": d}, …]}`, per summed column `c$lo`, `c$hi` and `c$sum`.
-fn encode(row: &RowWrite) -> (Shape, Value) {
+/// A row's statement shape, and into `out` the JSON object `jsonb_populate_record` reads
+/// for it: key, base values, version, the version the row must still have, per folded
+/// column its deltas as `{"c$d": [{"c": d}, …]}`, per summed column `c$lo`, `c$hi` and
+/// `c$sum`.
+fn encode(row: &RowWrite, out: &mut Vec<u8>) -> Shape {
     let table = &row.table;
-    let mut doc = Map::with_capacity(row.columns.len() + 3);
-    doc.insert(table.key().to_owned(), Value::String(row.key.clone()));
+    let mut doc = Doc::new(out);
+    doc.field(table.key(), "", &row.key);
     let mut columns = Vec::with_capacity(row.columns.len());
     for column in &row.columns {
         let name = column.column;
-        let deltas = |doc: &mut Map<String, Value>| {
-            let one = |d: &Value| Value::Object(Map::from_iter([(name.to_owned(), d.clone())]));
-            doc.insert(format!("{name}$d"), Value::Array(column.deltas.iter().map(one).collect()));
+        let deltas = |doc: &mut Doc<'_>| {
+            doc.key(name, "$d");
+            doc.out.push(b'[');
+            for (i, d) in column.deltas.iter().enumerate() {
+                if i > 0 {
+                    doc.out.push(b',');
+                }
+                let mut one = Doc::new(doc.out);
+                one.field(name, "", d);
+                one.end();
+            }
+            doc.out.push(b']');
         };
         let kind = match (&column.base, column.deltas.as_slice()) {
             (Some(base), []) => {
-                doc.insert(name.to_owned(), base.clone());
+                doc.field(name, "", base);
                 ColumnKind::Set
             }
             // An integer column, every step known: added here, exactly, as the column would.
             (Some(base), _) => {
                 match table.column_type(name).and_then(IntType::of).and_then(|ty| ty.total(base, &column.deltas)) {
                     Some(total) => {
-                        doc.insert(name.to_owned(), Value::from(total));
+                        doc.field(name, "", &total);
                         ColumnKind::Set
                     }
                     None => {
-                        doc.insert(name.to_owned(), base.clone());
+                        doc.field(name, "", base);
                         deltas(&mut doc);
                         ColumnKind::FoldValue
                     }
                 }
             }
             (None, [delta]) => {
-                doc.insert(name.to_owned(), delta.clone());
+                doc.field(name, "", delta);
                 ColumnKind::Add
             }
             (None, _) => {
                 let int = table.column_type(name).and_then(IntType::of);
                 match int.and_then(|ty| Some((ty, ty.sums(&column.deltas)?))) {
                     Some((ty, (lo, hi, sum))) => {
-                        for (part, n) in [("lo", lo), ("hi", hi), ("sum", sum)] {
-                            doc.insert(format!("{name}${part}"), Value::String(n.to_string()));
+                        for (part, n) in [("$lo", lo), ("$hi", hi), ("$sum", sum)] {
+                            doc.field(name, part, &n.to_string());
                         }
                         ColumnKind::SumStored(ty)
                     }
@@ -494,12 +533,49 @@ fn encode(row: &RowWrite) -> (Shape, Value) {
         columns.push((name, kind));
     }
     if let Some(version) = row.version {
-        doc.insert(table.version().to_owned(), Value::from(version));
+        doc.field(table.version(), "", &version);
     }
     if let Some(expected) = row.expected {
-        doc.insert("$expected".to_owned(), Value::from(expected));
+        doc.field("$expected", "", &expected);
     }
-    (Shape { kind: row.kind, columns }, Value::Object(doc))
+    doc.end();
+    Shape { kind: row.kind, columns }
+}
+
+/// A JSON object written field by field.
+struct Doc<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl<'a> Doc<'a> {
+    fn new(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Self { out, first: true }
+    }
+
+    /// Writes the key `name` followed by `suffix` (JSON-escaped), and the colon.
+    fn key(&mut self, name: &str, suffix: &str) {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        if suffix.is_empty() {
+            serde_json::to_writer(&mut *self.out, name).expect("a string always serialises");
+        } else {
+            serde_json::to_writer(&mut *self.out, &format!("{name}{suffix}")).expect("a string always serialises");
+        }
+        self.out.push(b':');
+    }
+
+    fn field(&mut self, name: &str, suffix: &str, value: &(impl Serialize + ?Sized)) {
+        self.key(name, suffix);
+        serde_json::to_writer(&mut *self.out, value).expect("a JSON value always serialises");
+    }
+
+    fn end(self) {
+        self.out.push(b'}');
+    }
 }
 
 fn expect_rows(table: &str, planned: usize, changed: u64) -> Result<()> {

@@ -6,7 +6,10 @@ pub mod checkpoint;
 mod error;
 mod ident;
 
-pub use apply::{apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, SharedProjection};
+pub use apply::{
+    apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, Prepared, SharedProjection,
+    Written,
+};
 pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};
 pub use ident::Ident;
 pub use sqlx::{PgConnection, PgPool};

@@ -1,0 +1,183 @@
+//! Applying one batch: decoded and projected once, then written in one PostgreSQL
+//! transaction with its checkpoint — PostgreSQL outages waited out, other transient
+//! failures retried a bounded number of times, and what retrying cannot fix halting the
+//! partition at the event at fault after committing what precedes it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use projectionist_core::{Outcome, OutcomeCounts, RawEnvelope};
+use projectionist_postgres::{Mode, Prepared};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::decode::{decode_until_poison, Msg};
+use super::{Halt, HaltKind, Order, Partition};
+use crate::metrics as m;
+use crate::outage::Outage;
+use crate::retry::Retry;
+
+impl Partition {
+    /// Applies one batch, waiting out PostgreSQL outages for as long as they last and
+    /// retrying other transient failures a bounded number of times; a gap, a poison event
+    /// or a failure retrying does not cure halts at that event after applying (and
+    /// committing) what precedes it. `through`: the position after the batch when it holds
+    /// everything read (its checkpoint then also covers the transaction markers that
+    /// followed it). Once `stop` says stop, a wait between attempts ends and the batch is
+    /// abandoned (nothing of it committed): a revoked partition's next owner, or the next
+    /// run, reads it again from the checkpoint, and a shutdown need not outlast an outage.
+    pub(super) async fn apply(
+        self: Arc<Self>,
+        messages: Vec<Msg>,
+        through: Option<i64>,
+        order: watch::Receiver<Order>,
+    ) -> Applied {
+        let span = tracing::info_span!(
+            "batch",
+            projection = %self.name(),
+            topic = %self.tp.0,
+            partition = self.tp.1,
+            first_offset = messages.first().map_or(-1, |m| m.offset),
+            last_offset = messages.last().map_or(-1, |m| m.offset),
+            size = messages.len(),
+            applied = tracing::field::Empty,
+            duplicate = tracing::field::Empty,
+            stale = tracing::field::Empty,
+            ignored = tracing::field::Empty,
+        );
+        let this = self.clone();
+        async move {
+            let (envelopes, mut halt) = decode_until_poison(&messages);
+            // Decoded and projected once: a retry writes the same prepared events again.
+            let mut prepared = this.projection.prepare(&envelopes);
+            if let Some(failure) = prepared.take_failure() {
+                let index = prepared.len();
+                halt = Some(this.halt_at(&messages[index], &envelopes[index], &failure));
+            }
+            let mut end = prepared.len();
+            while end > 0 {
+                prepared.truncate(end);
+                let batch = &envelopes[..end];
+                let after_last = messages[end - 1].offset + 1;
+                let next_offset = match through {
+                    Some(position) if end == messages.len() => position.max(after_last),
+                    _ => after_last,
+                };
+                let started = Instant::now();
+                let mut outage = Outage::new(this.stats.clone(), this.name());
+                let mut order = order.clone();
+                let result = this
+                    .retry
+                    .run_until(
+                        || this.try_apply(&prepared, &messages, next_offset),
+                        Retry::of,
+                        |e, retrying| {
+                            if retrying.kind == Retry::WaitOut {
+                                outage.failed(e, retrying);
+                            } else {
+                                let delay_ms = retrying.delay.as_millis() as u64;
+                                let attempt = retrying.attempt;
+                                tracing::warn!(error = %e, attempt, delay_ms, "Retryable failure; trying the batch again.");
+                            }
+                            metrics::counter!(m::BATCH_RETRIES, "projection" => this.name().to_owned()).increment(1);
+                        },
+                        async move {
+                            let _ = order.wait_for(|o| *o != Order::Run).await;
+                        },
+                    )
+                    .await;
+                let Some(result) = result else { return Applied::Abandoned };
+                match result {
+                    Ok(Committed { counts, next_offset, gap }) => {
+                        outage.over();
+                        this.stats.add(&counts);
+                        let applied = gap.as_ref().map_or(batch, |(index, _)| &batch[..*index]);
+                        m::batch_committed(&this.pool, this.name(), &this.tp, applied, &counts, started.elapsed());
+                        if let Some((index, reason)) = gap {
+                            let (m, aggregate) = (&messages[index], envelopes[index].aggregate_id.clone());
+                            let kind = HaltKind::Gap;
+                            halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind });
+                        }
+                        return Applied::Committed { first_offset: messages[0].offset, next_offset, halt };
+                    }
+                    Err(e) => {
+                        let index = e.event_index().unwrap_or(0);
+                        halt = Some(this.halt_at(&messages[index], &envelopes[index], &e));
+                        end = index;
+                    }
+                }
+            }
+            Applied::Halted(halt.expect("a batch commits, or halts at an event"))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Where a failure that retries did not cure (or that retrying cannot fix) stops the
+    /// partition: at the event it names, `message`, decoded as `envelope`.
+    fn halt_at(&self, message: &Msg, envelope: &RawEnvelope, e: &projectionist_postgres::Error) -> Halt {
+        let (reason, kind) = classify(e, self.retry.max_retries);
+        let aggregate = envelope.aggregate_id.clone();
+        Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind }
+    }
+
+    /// One transaction: the prepared batch and its checkpoint. A gap ends the batch: the
+    /// events before it commit with a checkpoint at its offset, and it is named.
+    async fn try_apply(
+        &self,
+        prepared: &Prepared,
+        messages: &[Msg],
+        next_offset: i64,
+    ) -> projectionist_postgres::Result<Committed> {
+        let mut tx = self.pool.begin().await?;
+        let written = self.projection.write(&mut tx, prepared, Mode::Batch).await?;
+        let outcomes = written.outcomes;
+        let gap = match outcomes.last() {
+            Some(gap @ Outcome::Gap { .. }) => {
+                Some((outcomes.len() - 1, format!("{gap}: the event's predecessor was never applied")))
+            }
+            _ => None,
+        };
+        let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| messages[*index].offset);
+        projectionist_postgres::checkpoint::store(&mut tx, self.projection.name(), &self.tp.0, self.tp.1, next_offset)
+            .await?;
+        tx.commit().await?;
+        if written.per_event {
+            metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
+        }
+        let counts = outcomes.iter().filter(|o| !matches!(o, Outcome::Gap { .. })).collect();
+        Ok(Committed { counts, next_offset, gap })
+    }
+}
+
+/// A batch's result.
+#[derive(Debug)]
+pub(crate) enum Applied {
+    /// Committed, the checkpoint at `next_offset` (the batch started at `first_offset`);
+    /// with `halt`, the partition stops there (nothing at or after it was applied).
+    Committed { first_offset: i64, next_offset: i64, halt: Option<Halt> },
+    /// Nothing committed: the partition stops at the batch's first event.
+    Halted(Halt),
+    /// Nothing committed: the partition was stopped while the batch waited to be retried
+    /// (its events are read again from the checkpoint).
+    Abandoned,
+}
+
+/// A batch's committed transaction: its outcomes, the checkpoint it stored, and the gap that
+/// ended it, if one did (its index in the batch, and why).
+struct Committed {
+    counts: OutcomeCounts,
+    next_offset: i64,
+    gap: Option<(usize, String)>,
+}
+
+/// Why a failure that retries did not cure stops the partition, and its kind.
+fn classify(e: &projectionist_postgres::Error, retries: u32) -> (String, HaltKind) {
+    match e {
+        projectionist_postgres::Error::Decode { source, .. } => (source.to_string(), HaltKind::Poison),
+        projectionist_postgres::Error::Invalid { problem, .. } => (problem.clone(), HaltKind::Error),
+        other if other.is_retryable() => (format!("{other} (gave up after {retries} retries)"), HaltKind::Error),
+        // A value the database refused, a failing `apply`, ...
+        other => (other.to_string(), HaltKind::Error),
+    }
+}

@@ -1,0 +1,324 @@
+//! One assigned partition's task: it reads the partition's own queue, cuts batches (see
+//! [`crate::batcher`]), applies each in one PostgreSQL transaction together with its
+//! checkpoint, commits the Kafka offset afterwards, waits out PostgreSQL outages (see
+//! [`crate::outage`]), retries other transient failures a bounded number of times and
+//! halts the partition at what retrying cannot fix. Partitions run side by side, each with
+//! its own task.
+//!
+//! - `mod.rs` (here): the task's loop, its state, one method per thing it waits for;
+//! - [`apply`]: one batch, decoded and projected once, written with its checkpoint;
+//! - [`progress`]: the checkpoint as others see it, Kafka commits, markers, caught-up;
+//! - [`halt`]: where and why a partition stopped, reported in one place;
+//! - [`decode`]: messages and their envelopes.
+
+mod apply;
+mod decode;
+mod halt;
+mod progress;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{FutureExt, StreamExt};
+use projectionist_postgres::{PgPool, SharedProjection};
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
+use rdkafka::consumer::StreamConsumer;
+use rdkafka::error::KafkaResult;
+use rdkafka::message::BorrowedMessage;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::batcher::{Batcher, Limits};
+use crate::context::{EngineContext, Tp};
+use crate::retry::RetryPolicy;
+use crate::runner::Stats;
+use apply::Applied;
+use decode::Msg;
+pub(crate) use halt::{pause, report, Halt, HaltKind};
+use progress::MarkerRetry;
+pub(crate) use progress::Progress;
+
+/// How long a revoked partition waits for its batch in flight before abandoning it (its
+/// transaction rolls back; the next owner reads it again from the checkpoint), so that a
+/// statement stuck on a lock cannot hold up the group's rebalance.
+const REVOKE_GRACE: Duration = Duration::from_secs(15);
+
+/// What the runner asks of a partition task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// Keep going.
+    Run,
+    /// The partition was revoked: finish the batch in flight (within [`REVOKE_GRACE`]),
+    /// drop the rest (it is read again from the checkpoint by the next owner).
+    Revoke,
+    /// The engine stops: finish the batch in flight, apply what is buffered, then end.
+    Shutdown,
+}
+
+/// How a partition task begins.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// Reading from its start offset.
+    Run,
+    /// Halted at once (its checkpoint could not be read): the halt is reported.
+    Halt(Halt),
+    /// Already halted earlier in this process: it stays paused, nothing is reported again.
+    Halted,
+}
+
+/// What the task needs besides its queue.
+pub(crate) struct Partition {
+    pub tp: Tp,
+    pub projection: SharedProjection,
+    pub pool: PgPool,
+    pub consumer: Arc<StreamConsumer<EngineContext>>,
+    pub stats: Arc<Stats>,
+    pub limits: Limits,
+    pub retry: RetryPolicy,
+    pub exit_when_caught_up: bool,
+    pub progress: Arc<Progress>,
+}
+
+/// The batch being applied, in a task of its own.
+struct InFlight {
+    handle: JoinHandle<Applied>,
+    /// Broker timestamp of its first message.
+    oldest: Option<i64>,
+}
+
+/// The task's state between two turns of its loop.
+struct Task {
+    partition: Arc<Partition>,
+    batcher: Batcher<Msg>,
+    in_flight: Option<InFlight>,
+    /// Broker timestamp of the message a halt stopped at.
+    halted_at: Option<i64>,
+    order: Order,
+    /// When a revoked partition stops waiting for its batch in flight.
+    revoke_deadline: Option<Instant>,
+    /// The high watermark to reach (`exit_when_caught_up`), once read.
+    target: Option<i64>,
+    markers: MarkerRetry,
+}
+
+/// Whether the loop goes on.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Break,
+}
+
+impl Partition {
+    fn name(&self) -> &str {
+        self.projection.name()
+    }
+
+    /// Runs the partition until `orders` say otherwise. A partition that begins halted
+    /// reads nothing and only waits to be stopped.
+    pub(crate) async fn run(
+        self,
+        queue: StreamPartitionQueue<EngineContext>,
+        mut orders: watch::Receiver<Order>,
+        begin: Begin,
+    ) {
+        let mut task = Task {
+            batcher: Batcher::new(self.limits),
+            partition: Arc::new(self),
+            in_flight: None,
+            halted_at: None,
+            order: Order::Run,
+            revoke_deadline: None,
+            target: None,
+            markers: MarkerRetry::new(),
+        };
+        match begin {
+            Begin::Run => {}
+            Begin::Halt(halt) => task.halt(halt),
+            Begin::Halted => {
+                task.batcher.halt();
+                task.partition.progress.caught_up.store(true, Ordering::SeqCst);
+                pause(&task.partition.consumer, &task.partition.tp);
+            }
+        }
+        let mut stream = queue.stream();
+        // Wakes an idle partition: checkpoint past trailing transaction markers, caught-up check.
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Read what is ready without waiting, up to the batch bounds.
+            let mut drained = false;
+            while task.order == Order::Run && task.batcher.wants_more() {
+                // Nothing ready, or an error (logged): apply what is buffered.
+                if !stream.next().now_or_never().is_some_and(|received| task.receive(received)) {
+                    drained = true;
+                    break;
+                }
+            }
+            if task.in_flight.is_none() && task.start_batch(drained, &orders) == Flow::Break {
+                break;
+            }
+            task.idle_work(drained).await;
+            let deadline = if task.batcher.in_flight() { None } else { task.batcher.deadline() };
+            let revoke_deadline = task.in_flight.as_ref().and(task.revoke_deadline);
+            tokio::select! {
+                biased;
+                applied = join(&mut task.in_flight) => {
+                    if task.finished(applied) == Flow::Break {
+                        break;
+                    }
+                }
+                changed = orders.changed(), if task.order == Order::Run => {
+                    task.order = if changed.is_ok() { *orders.borrow() } else { Order::Shutdown };
+                    if task.order == Order::Revoke {
+                        task.revoke_deadline = Some(Instant::now() + REVOKE_GRACE);
+                    }
+                }
+                received = stream.next(), if task.order == Order::Run && task.batcher.wants_more() => {
+                    task.receive(received);
+                }
+                () = sleep_until(deadline) => {}
+                () = sleep_until(revoke_deadline) => {
+                    task.abandon().await;
+                    break;
+                }
+                _ = tick.tick() => {}
+            }
+        }
+    }
+}
+
+impl Task {
+    fn name(&self) -> &str {
+        self.partition.name()
+    }
+
+    /// Buffers a message read from the partition's queue; an error is logged (librdkafka
+    /// recovers by itself). Returns whether a message was buffered.
+    fn receive(&mut self, received: Option<KafkaResult<BorrowedMessage<'_>>>) -> bool {
+        match received {
+            Some(Ok(message)) => {
+                let msg = Msg::from_kafka(&message);
+                self.partition.stats.read.fetch_add(1, Ordering::Relaxed);
+                let bytes = msg.bytes();
+                self.batcher.push(msg, bytes, Instant::now());
+                true
+            }
+            Some(Err(e)) => {
+                let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
+                tracing::warn!(projection = %self.name(), %topic, partition, error = %e, "Kafka error on the partition; continuing.");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Cuts the next batch, if one is due, and starts applying it. Breaks once stopping
+    /// leaves nothing to apply.
+    fn start_batch(&mut self, drained: bool, orders: &watch::Receiver<Order>) -> Flow {
+        let batch = match self.order {
+            Order::Run => self.batcher.cut(Instant::now(), drained).map(|(batch, _)| batch),
+            Order::Shutdown => self.batcher.rest(),
+            Order::Revoke => None,
+        };
+        let Some(batch) = batch else {
+            return if self.order == Order::Run { Flow::Continue } else { Flow::Break };
+        };
+        // Everything read is in this batch: it may end past the last message, at the
+        // position after the transaction markers read with it.
+        let through = if drained && self.batcher.is_empty() { self.partition.position() } else { None };
+        let oldest = batch.first().and_then(|m| m.timestamp);
+        let handle = tokio::spawn(self.partition.clone().apply(batch, through, orders.clone()));
+        self.in_flight = Some(InFlight { handle, oldest });
+        Flow::Continue
+    }
+
+    /// With nothing in flight or buffered: the checkpoint past transaction markers, the
+    /// caught-up check; always: the age of the oldest message not applied, for the lag.
+    async fn idle_work(&mut self, drained: bool) {
+        let idle = self.in_flight.is_none() && self.batcher.is_empty() && drained;
+        if idle && self.order == Order::Run && !self.batcher.is_halted() {
+            self.partition.checkpoint_past_markers(&mut self.markers).await;
+        }
+        if self.partition.exit_when_caught_up && idle {
+            self.partition.check_caught_up(&mut self.target, self.batcher.is_halted()).await;
+        }
+        let oldest = match &self.in_flight {
+            Some(in_flight) => in_flight.oldest,
+            None if self.batcher.is_halted() => self.halted_at,
+            None => self.batcher.first().and_then(|m| m.timestamp),
+        };
+        self.partition.progress.oldest_unapplied_ms.store(oldest.unwrap_or(-1), Ordering::SeqCst);
+    }
+
+    /// Takes the result of the batch that was in flight.
+    fn finished(&mut self, applied: Result<Applied, tokio::task::JoinError>) -> Flow {
+        let in_flight = self.in_flight.take().expect("a batch was in flight");
+        match applied {
+            Ok(Applied::Abandoned) => {
+                // Stopped while waiting for PostgreSQL: nothing of the batch was committed,
+                // its events are read again from the checkpoint.
+                let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
+                tracing::info!(projection = %self.name(), %topic, partition, "Stopped while waiting for PostgreSQL; the batch was not applied and is read again from the checkpoint.");
+                return Flow::Break;
+            }
+            Ok(Applied::Committed { first_offset, next_offset, halt }) => {
+                self.partition.committed(first_offset, next_offset);
+                match halt {
+                    Some(halt) => self.halt(halt),
+                    None => self.batcher.committed(),
+                }
+            }
+            Ok(Applied::Halted(halt)) => self.halt(halt),
+            Err(e) => {
+                // A panic in projection code: the batch rolled back with its transaction.
+                let offset = self.partition.progress.committed.load(Ordering::SeqCst).max(0);
+                let reason = format!("the projection's task failed: {e}");
+                let kind = HaltKind::Error;
+                self.halt(Halt { offset, timestamp: in_flight.oldest, aggregate: "?".into(), reason, kind });
+            }
+        }
+        Flow::Continue
+    }
+
+    /// Stops the partition at `halt`: what is buffered after it is dropped, and it is reported.
+    fn halt(&mut self, halt: Halt) {
+        let dropped = self.batcher.halt();
+        tracing::debug!(dropped, "Buffered messages after the halt dropped.");
+        self.halted_at = halt.timestamp.or(self.halted_at);
+        let partition = &self.partition;
+        partition.progress.caught_up.store(true, Ordering::SeqCst);
+        report(partition.name(), &partition.tp, halt, &partition.stats, &partition.consumer);
+    }
+
+    /// Revoked, and the batch in flight outlasted [`REVOKE_GRACE`]: it is abandoned (its
+    /// transaction rolls back), the next owner reads it again from the checkpoint.
+    async fn abandon(&mut self) {
+        if let Some(in_flight) = self.in_flight.take() {
+            in_flight.handle.abort();
+            let _ = in_flight.handle.await;
+            let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
+            let grace_s = REVOKE_GRACE.as_secs();
+            tracing::warn!(projection = %self.name(), %topic, partition, grace_s, "Revoked, and the batch in flight did not finish in time; it was abandoned and is read again from the checkpoint by the next owner.");
+        }
+    }
+}
+
+async fn join(in_flight: &mut Option<InFlight>) -> Result<Applied, tokio::task::JoinError> {
+    match in_flight {
+        Some(in_flight) => (&mut in_flight.handle).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Now, in ms since the epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}

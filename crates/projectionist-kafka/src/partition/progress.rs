@@ -1,0 +1,194 @@
+//! A partition's progress: its checkpoint as the runner and the lag metrics see it, the
+//! Kafka copy of each commit, the checkpoint moved past transaction markers at idle
+//! moments, and whether it caught up.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use super::Partition;
+use crate::outage::{Throttle, LOG_EVERY};
+
+/// A partition's progress, shared with the runner and the statistics callback.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    /// Next offset the checkpoint holds: the start checkpoint, then each commit's (−1 while
+    /// unknown: no checkpoint yet).
+    pub committed: AtomicI64,
+    /// Reached the high watermark it had when assigned (or halted: it cannot move).
+    pub caught_up: AtomicBool,
+    /// Broker timestamp (ms since the epoch) of the oldest message read and not applied —
+    /// in the batch in flight, buffered, or the one a halt stopped at; −1 when none.
+    pub oldest_unapplied_ms: AtomicI64,
+}
+
+impl Progress {
+    /// A partition starting at `checkpoint` (none: from the beginning).
+    pub(crate) fn new(checkpoint: Option<i64>) -> Self {
+        Self {
+            committed: AtomicI64::new(checkpoint.unwrap_or(-1)),
+            caught_up: AtomicBool::new(false),
+            oldest_unapplied_ms: AtomicI64::new(-1),
+        }
+    }
+
+    /// Lag against the partition's `head` (the next offset a `read_committed` reader can
+    /// reach) and its `low` watermark: offsets between the checkpoint and the head, and
+    /// seconds — 0 when caught up, else the age of the oldest message read and not applied
+    /// (`None` while no such message is known). `None` when the head is unknown yet.
+    pub(crate) fn lag(&self, head: i64, low: i64, now_ms: i64) -> Option<(i64, Option<f64>)> {
+        if head < 0 {
+            return None;
+        }
+        let committed = self.committed.load(Ordering::SeqCst);
+        let applied_to = if committed >= 0 { committed } else { low.max(0) };
+        let messages = (head - applied_to).max(0);
+        if messages == 0 {
+            return Some((0, Some(0.0)));
+        }
+        let oldest = self.oldest_unapplied_ms.load(Ordering::SeqCst);
+        Some((messages, (oldest >= 0).then(|| (now_ms - oldest).max(0) as f64 / 1000.0)))
+    }
+}
+
+impl Partition {
+    /// The consumer's position in this partition: the next offset to read, past the
+    /// transaction markers (and, on brokers that filter them, aborted records) read so far.
+    /// Only this task reads the partition's queue, so with nothing buffered or in flight
+    /// every message before it is applied.
+    pub(super) fn position(&self) -> Option<i64> {
+        let positions = self.consumer.position().ok()?;
+        match positions.find_partition(&self.tp.0, self.tp.1).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// With everything read applied, moves the checkpoint (and the Kafka offset) past what
+    /// followed the last applied message without being one: a transaction's commit marker
+    /// takes an offset of its own, so without this a caught-up projection would show lag.
+    /// A failure (PostgreSQL away, say) is tried again at a later idle moment, after a
+    /// growing delay, and logged when it begins and then at most every [`LOG_EVERY`].
+    pub(super) async fn checkpoint_past_markers(&self, retry: &mut MarkerRetry) {
+        let Some(position) = self.position() else { return };
+        if position <= self.progress.committed.load(Ordering::SeqCst) {
+            return;
+        }
+        if retry.not_before.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let stored = async {
+            let mut conn = self.pool.acquire().await?;
+            projectionist_postgres::checkpoint::store(
+                &mut conn,
+                self.projection.name(),
+                &self.tp.0,
+                self.tp.1,
+                position,
+            )
+            .await
+        };
+        match stored.await {
+            Ok(()) => {
+                tracing::debug!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, position, "Checkpoint moved past transaction markers.");
+                *retry = MarkerRetry::new();
+                self.committed(position, position);
+            }
+            Err(e) => {
+                let delay = self.retry.wait_delay(retry.failures);
+                retry.failures += 1;
+                retry.not_before = Some(Instant::now() + delay);
+                if retry.log.due() {
+                    tracing::warn!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, failures = retry.failures, error = %e, "Cannot move the checkpoint past transaction markers; trying again later.")
+                }
+            }
+        }
+    }
+
+    /// Whether this partition reached the high watermark it had when first checked; the
+    /// watermark query runs off the async runtime (it blocks).
+    pub(super) async fn check_caught_up(&self, target: &mut Option<i64>, halted: bool) {
+        if self.progress.caught_up.load(Ordering::SeqCst) {
+            return;
+        }
+        if halted {
+            self.progress.caught_up.store(true, Ordering::SeqCst);
+            return;
+        }
+        if target.is_none() {
+            let (consumer, (topic, partition)) = (self.consumer.clone(), self.tp.clone());
+            let high = tokio::task::spawn_blocking(move || {
+                consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)).map(|(_, high)| high)
+            })
+            .await;
+            match high {
+                Ok(Ok(high)) => *target = Some(high),
+                Ok(Err(e)) => {
+                    tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot read the high watermark; trying again.")
+                }
+                Err(e) => tracing::warn!(error = %e, "Watermark query failed."),
+            }
+        }
+        let Some(target) = *target else { return };
+        // The checkpoint, not the position: at an idle moment it is moved past the markers
+        // read, so it reaches the watermark exactly when everything before it is applied.
+        if target == 0 || self.progress.committed.load(Ordering::SeqCst) >= target {
+            self.progress.caught_up.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The checkpoint moved to `next` (from the batch starting at `first`, when it is the
+    /// first since the partition started without one): progress, then Kafka's copy.
+    pub(super) fn committed(&self, first: i64, next: i64) {
+        let previous = self.progress.committed.swap(next, Ordering::SeqCst);
+        let from = if previous >= 0 { previous } else { first };
+        self.stats.advanced.fetch_add((next - from).max(0) as u64, Ordering::Relaxed);
+        self.commit_kafka(next);
+    }
+
+    fn commit_kafka(&self, next_offset: i64) {
+        let mut tpl = TopicPartitionList::new();
+        if tpl.add_partition_offset(&self.tp.0, self.tp.1, Offset::Offset(next_offset)).is_ok() {
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                // Postgres holds the position; Kafka's copy only serves lag tools.
+                tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Kafka offset commit failed.");
+            }
+        }
+    }
+}
+
+/// How a partition's checkpoint past transaction markers is retried after failing.
+pub(super) struct MarkerRetry {
+    failures: u32,
+    not_before: Option<Instant>,
+    log: Throttle,
+}
+
+impl MarkerRetry {
+    pub(super) fn new() -> Self {
+        Self { failures: 0, not_before: None, log: Throttle::new(LOG_EVERY) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_is_zero_at_the_head_and_else_the_age_of_the_oldest_unapplied_message() {
+        let now = 1_000_000;
+        let progress = Progress::new(Some(100));
+        assert_eq!(progress.lag(-1, 0, now), None, "head unknown yet: nothing exported");
+        assert_eq!(progress.lag(100, 0, now), Some((0, Some(0.0))), "caught up");
+        assert_eq!(progress.lag(90, 0, now), Some((0, Some(0.0))), "never negative");
+        assert_eq!(progress.lag(105, 0, now), Some((5, None)), "behind, nothing read yet: age unknown");
+        progress.oldest_unapplied_ms.store(now - 2_500, Ordering::SeqCst);
+        assert_eq!(progress.lag(105, 0, now), Some((5, Some(2.5))));
+        progress.committed.store(105, Ordering::SeqCst);
+        assert_eq!(progress.lag(105, 0, now), Some((0, Some(0.0))), "applied: 0 again, whatever is remembered");
+        let fresh = Progress::new(None);
+        assert_eq!(fresh.lag(50, 20, now), Some((30, None)), "no checkpoint: counted from the low watermark");
+    }
+}
