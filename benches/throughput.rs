@@ -112,9 +112,34 @@ fn kafka_drain(topic: &str, expected: usize) -> f64 {
     read as f64 / started.expect("read something").elapsed().as_secs_f64()
 }
 
+/// CPU seconds (user + system) of this process's children that have been waited for, from
+/// `/proc/self/stat` (`cutime`, `cstime`): around one projector run, its own CPU.
+fn children_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat (Linux)");
+    // Fields after the command name: state is field 3, cutime 16, cstime 17.
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat format").1.split_whitespace().collect();
+    let ticks: f64 = fields[13].parse::<f64>().unwrap() + fields[14].parse::<f64>().unwrap();
+    let per_second = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    ticks / per_second
+}
+
+/// One projector run: deliveries/s, peak RSS in MiB, CPU seconds (user + system).
+struct Run {
+    rate: f64,
+    rss_mib: f64,
+    cpu_seconds: f64,
+}
+
 /// The whole pipeline: the bank-accounts projector binary, from its first partition
-/// assignment to caught up. Returns deliveries/s and the process's peak RSS in MiB.
-fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> (f64, f64) {
+/// assignment to caught up: deliveries/s, the process's peak RSS, and its CPU time (from
+/// start to exit, connections and start-up included).
+fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run {
+    let cpu_before = children_cpu_seconds();
     let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let group = format!("bench-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
@@ -168,7 +193,11 @@ fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> (f64
     let took = assigned.expect("the projector was assigned partitions").elapsed();
     assert!(status.success(), "the projector failed: {status}");
     let _ = watcher.join();
-    (deliveries as f64 / took.as_secs_f64(), peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0)
+    Run {
+        rate: deliveries as f64 / took.as_secs_f64(),
+        rss_mib: peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0,
+        cpu_seconds: children_cpu_seconds() - cpu_before,
+    }
 }
 
 /// PostgreSQL alone: the deliveries staged in a table, then applied server-side by
@@ -298,10 +327,12 @@ async fn main() {
     println!("  Kafka alone (read_committed drain)          {drain:>10.0} deliveries/s");
 
     let (pool, url) = fresh_database("projectionist_bench_pipeline").await;
-    let (first, rss_small) = pipeline(&url, &topic, events.len(), &["--reset"]);
+    let first_run = pipeline(&url, &topic, events.len(), &["--reset"]);
+    let (first, rss_small) = (first_run.rate, first_run.rss_mib);
     assert_eq!(versions(&pool).await, want, "the pipeline applied every event");
     println!("  pipeline (Kafka -> gate -> checkpoint)      {first:>10.0} deliveries/s");
-    let (replay, _) = pipeline(&url, &topic, events.len(), &["--from-beginning"]);
+    let replay_run = pipeline(&url, &topic, events.len(), &["--from-beginning"]);
+    let replay = replay_run.rate;
     assert_eq!(versions(&pool).await, want, "the replay changed nothing");
     println!("  replay of the projected stream (all dups)   {replay:>10.0} deliveries/s");
 
@@ -320,10 +351,23 @@ async fn main() {
         let big = stream(rss_deliveries);
         let (big_topic, _) = publish(&big).await;
         let (big_pool, big_url) = fresh_database("projectionist_bench_rss").await;
-        let (big_rate, rss_big) = pipeline(&big_url, &big_topic, big.len(), &["--reset"]);
+        let big_run = pipeline(&big_url, &big_topic, big.len(), &["--reset"]);
+        let (big_rate, rss_big) = (big_run.rate, big_run.rss_mib);
         drop(big_pool);
-        println!("  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {} deliveries ({big_rate:.0} deliveries/s)", big.len());
+        let cpu_us = big_run.cpu_seconds / big.len() as f64 * 1e6;
+        println!(
+            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {} deliveries ({big_rate:.0} deliveries/s, {cpu_us:.2} us CPU per delivery)",
+            big.len()
+        );
     }
+    let per_delivery = |run: &Run| run.cpu_seconds / events.len() as f64 * 1e6;
+    println!(
+        "  projector CPU per delivery (user+sys)      {:>10.2} us   first pass ({:.2} s); replay {:.2} us ({:.2} s)",
+        per_delivery(&first_run),
+        first_run.cpu_seconds,
+        per_delivery(&replay_run),
+        replay_run.cpu_seconds
+    );
     println!("ratios (targets in parentheses):");
     println!("  pipeline / PostgreSQL ceiling  {:>6.2}   (>= 0.7)", first / ceiling);
     println!("  pipeline / naive inbox         {:>6.1}   (>= 30)", first / inbox);
