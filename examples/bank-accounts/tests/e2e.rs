@@ -271,6 +271,11 @@ async fn two_runners_in_one_group_share_the_partitions(pool: PgPool) {
         assert!(status.success(), "SIGTERM ends a runner with exit 0");
     }
     for log in [&log_a, &log_b] {
+        // The runner has exited; the tasks reading its pipes may still be at the last lines.
+        let started = Instant::now();
+        while !log.lock().unwrap().contains("bank_accounts: read") && started.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let log = log.lock().unwrap();
         let read = summary_number(&log, "bank_accounts: read");
         assert!(read > 0, "each runner applied part of the stream:\n{log}");
