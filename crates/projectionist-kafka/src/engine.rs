@@ -230,7 +230,7 @@ impl Engine {
             ("session.timeout.ms", "6000"),
             ("heartbeat.interval.ms", "2000"),
             // Eager: a group's members must all use one protocol, and eager is what earlier
-            // releases used (cooperative-sticky is supported: see the README).
+            // releases used (cooperative-sticky is supported: see docs/operations.md).
             ("partition.assignment.strategy", "range"),
             ("max.poll.interval.ms", "60000"),
             ("statistics.interval.ms", "5000"),
