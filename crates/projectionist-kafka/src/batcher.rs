@@ -22,17 +22,6 @@ pub(crate) struct Limits {
     pub max_wait: Duration,
 }
 
-/// Why a batch was cut (a label for telemetry and tests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cut {
-    /// The count or byte bound was reached.
-    Full,
-    /// Nothing more to read right now: apply promptly.
-    Drained,
-    /// The oldest message waited `max_wait`.
-    Waited,
-}
-
 /// Buffered messages of one partition, and whether its one batch is in flight.
 #[derive(Debug)]
 pub(crate) struct Batcher<M> {
@@ -69,23 +58,18 @@ impl<M> Batcher<M> {
     /// buffer full, the partition drained (`drained`: nothing more to read right now), or
     /// the oldest message waited `max_wait`. The batch is then in flight until
     /// [`Batcher::committed`] or [`Batcher::halt`].
-    pub(crate) fn cut(&mut self, now: Instant, drained: bool) -> Option<(Vec<M>, Cut)> {
+    pub(crate) fn cut(&mut self, now: Instant, drained: bool) -> Option<Vec<M>> {
         if self.in_flight || self.halted || self.buffer.is_empty() {
             return None;
         }
-        let why = if !self.wants_more() {
-            Cut::Full
-        } else if drained {
-            Cut::Drained
-        } else if self.oldest.is_some_and(|t| now >= t + self.limits.max_wait) {
-            Cut::Waited
-        } else {
+        let waited = self.oldest.is_some_and(|t| now >= t + self.limits.max_wait);
+        if self.wants_more() && !drained && !waited {
             return None;
-        };
+        }
         self.in_flight = true;
         self.bytes = 0;
         self.oldest = None;
-        Some((std::mem::take(&mut self.buffer), why))
+        Some(std::mem::take(&mut self.buffer))
     }
 
     /// When the buffer is due by `max_wait` (`None` when empty).
@@ -154,7 +138,7 @@ mod tests {
         let t = Instant::now();
         let mut b = Batcher::new(limits(1000, 1 << 20));
         b.push(1, 10, t);
-        assert_eq!(b.cut(t, true), Some((vec![1], Cut::Drained)));
+        assert_eq!(b.cut(t, true), Some(vec![1]));
     }
 
     #[test]
@@ -171,7 +155,7 @@ mod tests {
         }
         assert!(!b.wants_more(), "a full buffer stops reading: backpressure");
         b.committed();
-        assert_eq!(b.cut(t, false), Some((vec![1, 2, 3], Cut::Full)));
+        assert_eq!(b.cut(t, false), Some(vec![1, 2, 3]));
     }
 
     #[test]
@@ -182,10 +166,10 @@ mod tests {
         assert!(b.wants_more());
         b.push(2, 60, t);
         assert!(!b.wants_more());
-        assert_eq!(b.cut(t, false), Some((vec![1, 2], Cut::Full)));
+        assert_eq!(b.cut(t, false), Some(vec![1, 2]));
         b.committed();
         b.push(3, 500, t);
-        assert_eq!(b.cut(t, false), Some((vec![3], Cut::Full)), "a message larger than the bound makes a batch alone");
+        assert_eq!(b.cut(t, false), Some(vec![3]), "a message larger than the bound makes a batch alone");
     }
 
     #[test]
@@ -196,7 +180,7 @@ mod tests {
         assert_eq!(b.cut(t + Duration::from_millis(50), false), None);
         b.push(2, 10, t + Duration::from_millis(50));
         assert_eq!(b.deadline(), Some(t + Duration::from_millis(100)));
-        assert_eq!(b.cut(t + Duration::from_millis(100), false), Some((vec![1, 2], Cut::Waited)));
+        assert_eq!(b.cut(t + Duration::from_millis(100), false), Some(vec![1, 2]));
         assert_eq!(b.deadline(), None);
     }
 

@@ -77,7 +77,8 @@ impl Partition {
                             } else {
                                 let delay_ms = retrying.delay.as_millis() as u64;
                                 let attempt = retrying.attempt;
-                                tracing::warn!(error = %e, attempt, delay_ms, "Retryable failure; trying the batch again.");
+                                let message = "Retryable failure; trying the batch again.";
+                                tracing::warn!(error = %e, attempt, delay_ms, "{message}");
                             }
                             metrics::counter!(m::BATCH_RETRIES, "projection" => this.name().to_owned()).increment(1);
                         },

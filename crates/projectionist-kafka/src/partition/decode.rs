@@ -76,7 +76,13 @@ mod tests {
 
     fn envelope(id: &str, version: u64) -> String {
         format!(
-            r#"{{"id":"00000000-0000-4000-8000-00000000000{version}","aggregate_type":"account","aggregate_id":"{id}","version":{version},"type":"Opened","occurred_at":"2026-01-01T00:00:00Z","data":{{}}}}"#
+            concat!(
+                r#"{{"id":"00000000-0000-4000-8000-00000000000{version}","aggregate_type":"account","#,
+                r#""aggregate_id":"{id}","version":{version},"type":"Opened","#,
+                r#""occurred_at":"2026-01-01T00:00:00Z","data":{{}}}}"#
+            ),
+            version = version,
+            id = id
         )
     }
 

@@ -206,7 +206,13 @@ impl Task {
             }
             Some(Err(e)) => {
                 let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
-                tracing::warn!(projection = %self.name(), %topic, partition, error = %e, "Kafka error on the partition; continuing.");
+                tracing::warn!(
+                    projection = %self.name(),
+                    %topic,
+                    partition,
+                    error = %e,
+                    "Kafka error on the partition; continuing."
+                );
                 false
             }
             None => false,
@@ -217,7 +223,7 @@ impl Task {
     /// leaves nothing to apply.
     fn start_batch(&mut self, drained: bool, orders: &watch::Receiver<Order>) -> Flow {
         let batch = match self.order {
-            Order::Run => self.batcher.cut(Instant::now(), drained).map(|(batch, _)| batch),
+            Order::Run => self.batcher.cut(Instant::now(), drained),
             Order::Shutdown => self.batcher.rest(),
             Order::Revoke => None,
         };
@@ -259,7 +265,13 @@ impl Task {
                 // Stopped while waiting for PostgreSQL: nothing of the batch was committed,
                 // its events are read again from the checkpoint.
                 let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
-                tracing::info!(projection = %self.name(), %topic, partition, "Stopped while waiting for PostgreSQL; the batch was not applied and is read again from the checkpoint.");
+                tracing::info!(
+                    projection = %self.name(),
+                    %topic,
+                    partition,
+                    "Stopped while waiting for PostgreSQL; the batch was not applied and is read again from the \
+                     checkpoint."
+                );
                 return Flow::Break;
             }
             Ok(Applied::Committed { first_offset, next_offset, halt }) => {
@@ -299,7 +311,14 @@ impl Task {
             let _ = in_flight.handle.await;
             let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
             let grace_s = REVOKE_GRACE.as_secs();
-            tracing::warn!(projection = %self.name(), %topic, partition, grace_s, "Revoked, and the batch in flight did not finish in time; it was abandoned and is read again from the checkpoint by the next owner.");
+            tracing::warn!(
+                projection = %self.name(),
+                %topic,
+                partition,
+                grace_s,
+                "Revoked, and the batch in flight did not finish in time; it was abandoned and is read again from \
+                 the checkpoint by the next owner."
+            );
         }
     }
 }

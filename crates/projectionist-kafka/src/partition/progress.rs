@@ -92,7 +92,13 @@ impl Partition {
         };
         match stored.await {
             Ok(()) => {
-                tracing::debug!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, position, "Checkpoint moved past transaction markers.");
+                tracing::debug!(
+                    projection = %self.name(),
+                    topic = %self.tp.0,
+                    partition = self.tp.1,
+                    position,
+                    "Checkpoint moved past transaction markers."
+                );
                 *retry = MarkerRetry::new();
                 self.committed(position, position);
             }
@@ -101,7 +107,14 @@ impl Partition {
                 retry.failures += 1;
                 retry.not_before = Some(Instant::now() + delay);
                 if retry.log.due() {
-                    tracing::warn!(projection = %self.name(), topic = %self.tp.0, partition = self.tp.1, failures = retry.failures, error = %e, "Cannot move the checkpoint past transaction markers; trying again later.")
+                    tracing::warn!(
+                        projection = %self.name(),
+                        topic = %self.tp.0,
+                        partition = self.tp.1,
+                        failures = retry.failures,
+                        error = %e,
+                        "Cannot move the checkpoint past transaction markers; trying again later."
+                    )
                 }
             }
         }
@@ -126,7 +139,8 @@ impl Partition {
             match high {
                 Ok(Ok(high)) => *target = Some(high),
                 Ok(Err(e)) => {
-                    tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Cannot read the high watermark; trying again.")
+                    let (topic, partition) = (&self.tp.0, self.tp.1);
+                    tracing::warn!(%topic, partition, error = %e, "Cannot read the high watermark; trying again.")
                 }
                 Err(e) => tracing::warn!(error = %e, "Watermark query failed."),
             }
