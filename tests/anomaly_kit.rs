@@ -1,6 +1,6 @@
 //! The test kit catches what it is for: a projection whose result depends on how the
 //! stream's aggregates interleave fails the anomaly-equivalence check. And custom SQL in
-//! `apply` needs no guard of its own: the engine gates it by the aggregate's watermark.
+//! `apply` needs no guard of its own: the engine gates it by the aggregate's version.
 
 use projectionist::postgres::{PgConnection, MIGRATOR};
 use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, Table, Writes};

@@ -71,7 +71,7 @@ pub enum Decoded<E> {
     Event(Envelope<E>),
     /// The projection has no variant for this event type: report it as
     /// [`Outcome::Ignored`](crate::Outcome::Ignored).
-    Unhandled(RawEnvelope),
+    Ignored(RawEnvelope),
 }
 
 impl RawEnvelope {
@@ -144,12 +144,12 @@ impl RawEnvelope {
     /// Matches the event type against `E` (a serde enum with `#[serde(tag = "type",
     /// content = "data")]`) and decodes its data.
     ///
-    /// An event type `E` has no variant for is [`Decoded::Unhandled`], not an error;
+    /// An event type `E` has no variant for is [`Decoded::Ignored`], not an error;
     /// a known type whose data does not fit is an error naming the type and the problem.
     pub fn decode<E: DeserializeOwned + 'static>(self) -> Result<Decoded<E>, DecodeError> {
         match self.event::<E>()? {
             Some(event) => Ok(Decoded::Event(event)),
-            None => Ok(Decoded::Unhandled(self)),
+            None => Ok(Decoded::Ignored(self)),
         }
     }
 
@@ -568,7 +568,7 @@ mod tests {
         let mut v = good();
         v["type"] = "SomethingElse".into();
         let raw = RawEnvelope::from_value(v).unwrap();
-        assert!(matches!(raw.decode::<Ev>().unwrap(), Decoded::Unhandled(_)));
+        assert!(matches!(raw.decode::<Ev>().unwrap(), Decoded::Ignored(_)));
     }
 
     #[test]

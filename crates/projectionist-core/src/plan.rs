@@ -25,7 +25,7 @@ use crate::Outcome;
 pub struct EventRef<'a> {
     /// Its aggregate type (with the id, the aggregate's identity).
     pub aggregate_type: &'a str,
-    /// Its aggregate id (keys the rows of the tables its type owns, and the watermark).
+    /// Its aggregate id (keys the rows of the tables its type owns, and the aggregate version).
     pub aggregate_id: &'a str,
     /// Its version.
     pub version: i64,
@@ -37,7 +37,7 @@ pub enum Effect<'a> {
     /// The projection handles the type and returned these writes (maybe none).
     Writes(&'a [Write]),
     /// The projection does not handle the type: [`Outcome::Ignored`], the gates still move.
-    Unhandled,
+    Ignored,
     /// The projection's `apply` writes it: the gates move as for any applied event, and
     /// `apply` runs only when the outcome is [`Outcome::Applied`].
     Custom,
@@ -48,8 +48,8 @@ pub enum Effect<'a> {
 pub struct Stored {
     /// Per gated table name: key → version.
     pub rows: HashMap<&'static str, HashMap<String, i64>>,
-    /// Per (aggregate type, aggregate id): the watermark version.
-    pub marks: HashMap<(String, String), i64>,
+    /// Per (aggregate type, aggregate id): the aggregate version.
+    pub aggregates: HashMap<(String, String), i64>,
 }
 
 /// How a row write reaches the table.
@@ -67,35 +67,35 @@ pub enum RowKind {
 /// The new value of one column: `base` (or what the row holds), then each delta added in
 /// order in the column's arithmetic.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ColumnWrite {
+pub struct ColumnWrite<'a> {
     /// The column.
     pub column: &'static str,
     /// The value the column starts from: a set value, or the creating event's own value;
     /// `None`: what the row holds.
-    pub base: Option<Value>,
+    pub base: Option<&'a Value>,
     /// Values added after the base, in event order.
-    pub deltas: Vec<Value>,
+    pub deltas: Vec<&'a Value>,
 }
 
-impl ColumnWrite {
-    fn apply(&mut self, change: &Change) {
+impl<'a> ColumnWrite<'a> {
+    fn apply(&mut self, change: &'a Change) {
         match change.op {
             Op::Set => {
-                self.base = Some(change.value.clone());
+                self.base = Some(&change.value);
                 self.deltas.clear();
             }
-            Op::Add => self.deltas.push(change.value.clone()),
+            Op::Add => self.deltas.push(&change.value),
         }
     }
 }
 
 /// One coalesced row write.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RowWrite {
+pub struct RowWrite<'a> {
     /// The table.
     pub table: Table,
     /// The row key.
-    pub key: String,
+    pub key: &'a str,
     /// How it is written.
     pub kind: RowKind,
     /// Gated updates: the version the row must still have.
@@ -104,12 +104,12 @@ pub struct RowWrite {
     pub version: Option<i64>,
     /// The columns written. An insert's have a base; a merge's have a base (a set) or one
     /// delta (an add), never both.
-    pub columns: Vec<ColumnWrite>,
+    pub columns: Vec<ColumnWrite<'a>>,
 }
 
-/// One watermark move.
+/// One aggregate version move.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MarkWrite {
+pub struct AggregateWrite {
     /// Aggregate type.
     pub aggregate_type: String,
     /// Aggregate id.
@@ -122,14 +122,14 @@ pub struct MarkWrite {
 
 /// A planned batch: one outcome per event and the writes that realise them.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Plan {
+pub struct Plan<'a> {
     /// One outcome per event, in order.
     pub outcomes: Vec<Outcome>,
     /// Row writes, by table in declaration order, inserts and merges before updates, then
     /// by key.
-    pub rows: Vec<RowWrite>,
-    /// Watermark moves, by aggregate.
-    pub marks: Vec<MarkWrite>,
+    pub rows: Vec<RowWrite<'a>>,
+    /// Aggregate version moves, by aggregate.
+    pub aggregates: Vec<AggregateWrite>,
 }
 
 /// An event that cannot be planned.
@@ -155,7 +155,7 @@ enum Verdict {
         found: i64,
     },
     /// An upsert table with no row, and no write for it; or no gate at all: nothing to move.
-    Free,
+    NoGate,
 }
 
 fn transition(current: Option<i64>, version: i64) -> Verdict {
@@ -172,7 +172,7 @@ fn transition(current: Option<i64>, version: i64) -> Verdict {
 fn upsert(current: Option<i64>, version: i64, written: bool) -> Verdict {
     match current {
         None if written => Verdict::Apply,
-        None => Verdict::Free,
+        None => Verdict::NoGate,
         Some(s) if s < version => Verdict::Apply,
         Some(s) if s == version => Verdict::Duplicate,
         Some(_) => Verdict::Stale,
@@ -182,17 +182,17 @@ fn upsert(current: Option<i64>, version: i64, written: bool) -> Verdict {
 /// A row's writes in the batch: the part that creates it (absolute values) and the part
 /// that follows (built on what the row holds).
 #[derive(Debug, Default)]
-struct RowState {
+struct RowState<'a> {
     stored: Option<i64>,
     current: Option<i64>,
     /// Gated: the version the row was created at in this batch. Fan-in: the first write.
     created: Option<Option<i64>>,
-    first: Vec<ColumnWrite>,
-    rest: Vec<ColumnWrite>,
+    first: Vec<ColumnWrite<'a>>,
+    rest: Vec<ColumnWrite<'a>>,
 }
 
-impl RowState {
-    fn column<'a>(part: &'a mut Vec<ColumnWrite>, column: &'static str) -> &'a mut ColumnWrite {
+impl<'a> RowState<'a> {
+    fn column<'p>(part: &'p mut Vec<ColumnWrite<'a>>, column: &'static str) -> &'p mut ColumnWrite<'a> {
         match part.iter().position(|c| c.column == column) {
             Some(i) => &mut part[i],
             None => {
@@ -204,12 +204,12 @@ impl RowState {
 
     /// Takes `changes` into the first part (with `absolute`, a column's first value is its
     /// base, as on a row the event creates) or into the part that follows.
-    fn take(&mut self, changes: &[Change], first: bool, absolute: bool) {
+    fn take(&mut self, changes: &'a [Change], first: bool, absolute: bool) {
         let part = if first { &mut self.first } else { &mut self.rest };
         for change in changes {
             let column = Self::column(part, change.column);
             if absolute && column.base.is_none() && column.deltas.is_empty() {
-                column.base = Some(change.value.clone());
+                column.base = Some(&change.value);
             } else {
                 column.apply(change);
             }
@@ -225,13 +225,13 @@ pub fn plan<'a>(
     tables: &[Table],
     stored: &Stored,
     events: &'a [(EventRef<'a>, Effect<'a>)],
-) -> Result<Plan, PlanError> {
+) -> Result<Plan<'a>, PlanError> {
     // Keyed by what the events hold (no key copied per event); ordered at the end.
-    let mut rows: HashMap<(usize, &'a str), RowState> = HashMap::new();
+    let mut rows: HashMap<(usize, &'a str), RowState<'a>> = HashMap::new();
     // Per aggregate (type, id): the version stored, and the version it moves to.
     let mut marks: HashMap<(&'a str, &'a str), Moves> = HashMap::new();
     let mut outcomes = Vec::with_capacity(events.len());
-    // Per aggregate type: the gated tables it owns, and whether the watermark gates it.
+    // Per aggregate type: the gated tables it owns, and whether its aggregate version gates it.
     let mut owned: HashMap<&str, (Vec<usize>, bool)> = HashMap::new();
 
     for (index, (event, effect)) in events.iter().enumerate() {
@@ -240,17 +240,17 @@ pub fn plan<'a>(
         check_key("aggregate_type", event.aggregate_type).map_err(fail)?;
         let writes = match effect {
             Effect::Writes(w) => *w,
-            Effect::Unhandled | Effect::Custom => &[],
+            Effect::Ignored | Effect::Custom => &[],
         };
         let targets =
             writes.iter().map(|w| check(tables, event, w).map_err(fail)).collect::<Result<Vec<usize>, _>>()?;
 
         // Classify against every gate the aggregate owns in this projection.
-        let (gated, watermarked) = owned.entry(event.aggregate_type).or_insert_with(|| {
+        let (gated, aggregate_gated) = owned.entry(event.aggregate_type).or_insert_with(|| {
             let gated = (0..tables.len()).filter(|&t| tables[t].is_gated() && tables[t].owns(event.aggregate_type));
-            (gated.collect(), watermarked(tables, event.aggregate_type))
+            (gated.collect(), aggregate_gated(tables, event.aggregate_type))
         });
-        let (gated, watermarked) = (gated.as_slice(), *watermarked);
+        let (gated, aggregate_gated) = (gated.as_slice(), *aggregate_gated);
         let mut verdicts: Vec<(&str, Verdict)> = Vec::with_capacity(gated.len() + 1);
         for &t in gated {
             let table = &tables[t];
@@ -265,30 +265,30 @@ pub fn plan<'a>(
             verdicts.push((table.name(), verdict));
         }
         let mark_key = (event.aggregate_type, event.aggregate_id);
-        if watermarked {
+        if aggregate_gated {
             let mark = marks.entry(mark_key).or_insert_with(|| {
                 let owned = (event.aggregate_type.to_owned(), event.aggregate_id.to_owned());
-                let stored = stored.marks.get(&owned).copied();
+                let stored = stored.aggregates.get(&owned).copied();
                 (stored, stored)
             });
-            verdicts.push(("the aggregate watermark", transition(mark.1, event.version)));
+            verdicts.push(("the aggregate's version", transition(mark.1, event.version)));
         }
         let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
-        let handled = !matches!(effect, Effect::Unhandled);
+        let handled = !matches!(effect, Effect::Ignored);
         outcomes.push(match verdict {
             Verdict::Gap { expected, found } => Outcome::Gap { expected, found },
             _ if !handled => Outcome::Ignored,
-            Verdict::Apply | Verdict::Free => Outcome::Applied,
+            Verdict::Apply | Verdict::NoGate => Outcome::Applied,
             Verdict::Duplicate => Outcome::Duplicate,
             Verdict::Stale => Outcome::Stale,
         });
-        if !matches!(verdict, Verdict::Apply | Verdict::Free) {
+        if !matches!(verdict, Verdict::Apply | Verdict::NoGate) {
             continue;
         }
 
         // Applied: move every gate, coalesce the writes.
         for (&t, (_, v)) in gated.iter().zip(&verdicts) {
-            if *v == Verdict::Free {
+            if *v == Verdict::NoGate {
                 continue;
             }
             let state = rows.get_mut(&(t, event.aggregate_id)).expect("state made above");
@@ -297,7 +297,7 @@ pub fn plan<'a>(
             }
             state.current = Some(event.version);
         }
-        if watermarked {
+        if aggregate_gated {
             marks.get_mut(&mark_key).expect("mark made above").1 = Some(event.version);
         }
         for (write, &t) in writes.iter().zip(&targets) {
@@ -318,11 +318,11 @@ pub fn plan<'a>(
     }
 
     let mut plan = Plan { outcomes, ..Plan::default() };
-    let mut ordered: Vec<(usize, RowWrite)> = Vec::with_capacity(rows.len());
+    let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(rows.len());
     for ((t, key), state) in rows {
         let table = tables[t];
         let mut push = |kind, expected, version, columns| {
-            ordered.push((t, RowWrite { table, key: key.to_owned(), kind, expected, version, columns }))
+            ordered.push((t, RowWrite { table, key, kind, expected, version, columns }))
         };
         if !table.is_gated() {
             if state.created.is_some() {
@@ -355,23 +355,27 @@ pub fn plan<'a>(
     for ((aggregate_type, aggregate_id), (stored, current)) in marks {
         if let (Some(version), true) = (current, current != stored) {
             let (aggregate_type, aggregate_id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
-            plan.marks.push(MarkWrite { aggregate_type, aggregate_id, expected: stored, version });
+            plan.aggregates.push(AggregateWrite { aggregate_type, aggregate_id, expected: stored, version });
         }
     }
-    plan.marks.sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
+    plan.aggregates
+        .sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
     Ok(plan)
 }
 
-/// Whether events of `aggregate_type` are gated by the aggregate watermark: when a fan-in
+/// Whether events of `aggregate_type` are gated by the aggregate's version: when a fan-in
 /// or custom table of the projection takes them.
-pub fn watermarked(tables: &[Table], aggregate_type: &str) -> bool {
+pub fn aggregate_gated(tables: &[Table], aggregate_type: &str) -> bool {
     tables.iter().any(|t| matches!(t.gate(), Gate::FanIn | Gate::Custom) && t.owns(aggregate_type))
 }
 
 /// Folds what follows a row's insert into the insert where the result cannot depend on
 /// what the insert left in the row: a set, or adds to a column the insert wrote. What is
 /// left (adds to a column the insert did not write: its default, or NULL) stays an update.
-fn coalesce(mut first: Vec<ColumnWrite>, rest: Vec<ColumnWrite>) -> (Vec<ColumnWrite>, Vec<ColumnWrite>) {
+fn coalesce<'a>(
+    mut first: Vec<ColumnWrite<'a>>,
+    rest: Vec<ColumnWrite<'a>>,
+) -> (Vec<ColumnWrite<'a>>, Vec<ColumnWrite<'a>>) {
     if rest.iter().any(|c| c.base.is_none() && !first.iter().any(|f| f.column == c.column)) {
         return (first, rest);
     }
@@ -446,8 +450,8 @@ fn combine(verdicts: &[(&str, Verdict)]) -> Result<Verdict, String> {
     if let Some((_, gap)) = verdicts.iter().find(|(_, v)| matches!(v, Verdict::Gap { .. })) {
         return Ok(*gap);
     }
-    let mut constrained = verdicts.iter().filter(|(_, v)| *v != Verdict::Free);
-    let Some(&(first_name, first)) = constrained.next() else { return Ok(Verdict::Free) };
+    let mut constrained = verdicts.iter().filter(|(_, v)| *v != Verdict::NoGate);
+    let Some(&(first_name, first)) = constrained.next() else { return Ok(Verdict::NoGate) };
     match constrained.find(|(_, v)| *v != first) {
         None => Ok(first),
         Some((name, other)) => Err(format!(
@@ -460,6 +464,10 @@ fn combine(verdicts: &[(&str, Verdict)]) -> Result<Verdict, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn owned(values: &[&Value]) -> Vec<Value> {
+        values.iter().map(|v| (*v).clone()).collect()
+    }
     use crate::Envelope;
 
     const ACC: Table =
@@ -505,10 +513,10 @@ mod tests {
         use Outcome::*;
         assert_eq!(p.outcomes, vec![Applied, Duplicate, Applied, Applied, Stale, Applied]);
         let cols =
-            |r: &RowWrite| r.columns.iter().map(|c| (c.column, c.base.clone(), c.deltas.clone())).collect::<Vec<_>>();
+            |r: &RowWrite| r.columns.iter().map(|c| (c.column, c.base.cloned(), owned(&c.deltas))).collect::<Vec<_>>();
         assert_eq!(p.rows.len(), 2);
         let a = &p.rows[0];
-        assert_eq!((a.key.as_str(), a.kind, a.expected, a.version), ("a", RowKind::Insert, None, Some(2)));
+        assert_eq!((a.key, a.kind, a.expected, a.version), ("a", RowKind::Insert, None, Some(2)));
         assert_eq!(
             cols(a),
             vec![
@@ -518,7 +526,7 @@ mod tests {
             "the creating event's add is absolute, the next one a delta folded in SQL"
         );
         let b = &p.rows[1];
-        assert_eq!((b.key.as_str(), b.kind, b.expected, b.version), ("b", RowKind::Update, Some(3), Some(5)));
+        assert_eq!((b.key, b.kind, b.expected, b.version), ("b", RowKind::Update, Some(3), Some(5)));
         assert_eq!(
             cols(b),
             vec![
@@ -536,14 +544,14 @@ mod tests {
         let p = plan(&[ACC], &Stored::default(), &events).unwrap();
         let shape = p.rows.iter().map(|r| (r.kind, r.expected, r.version)).collect::<Vec<_>>();
         assert_eq!(shape, vec![(RowKind::Insert, None, Some(1)), (RowKind::Update, Some(1), Some(2))]);
-        assert_eq!(p.rows[1].columns[0].deltas, vec![Value::from(5)]);
+        assert_eq!(owned(&p.rows[1].columns[0].deltas), vec![Value::from(5)]);
     }
 
     #[test]
     fn an_event_moves_only_the_gates_its_aggregate_type_owns() {
         let customer = EventRef { aggregate_type: "customer", aggregate_id: "a", version: 3 };
         let w = [ACC.write(&env("a", 1)).set("owner", "ann")];
-        let events = [(customer, Effect::Unhandled), (r("a", 1), Effect::Writes(&w)), (customer, Effect::Custom)];
+        let events = [(customer, Effect::Ignored), (r("a", 1), Effect::Writes(&w)), (customer, Effect::Custom)];
         let p = plan(&[ACC], &Stored::default(), &events).unwrap();
         assert_eq!(p.outcomes, vec![Outcome::Ignored, Outcome::Applied, Outcome::Applied]);
         assert_eq!((p.rows.len(), p.rows[0].version), (1, Some(1)));
@@ -558,9 +566,9 @@ mod tests {
         let mut stored = Stored::default();
         stored.rows.insert("acc", HashMap::from([("a".to_owned(), 1)]));
         let events = [
-            (r("a", 2), Effect::Unhandled),
+            (r("a", 2), Effect::Ignored),
             (r("a", 3), Effect::Writes(&w3)),
-            (r("a", 5), Effect::Unhandled),
+            (r("a", 5), Effect::Ignored),
             (r("z", 2), Effect::Writes(&[])),
         ];
         let p = plan(&[ACC], &stored, &events).unwrap();
@@ -577,24 +585,24 @@ mod tests {
     }
 
     #[test]
-    fn upserts_skip_versions_and_fan_in_follows_the_watermark() {
+    fn upserts_skip_versions_and_fan_in_follows_the_aggregate_version() {
         let s1 = [SNAP.write(&env("a", 2)).set("owner", "x"), STATS.row("c1").add("n", 1)];
         let s2 = [SNAP.write(&env("a", 1)).set("owner", "old"), STATS.row("c1").add("n", 1)];
         let events =
             [(r("a", 2), Effect::Writes(&s1)), (r("a", 2), Effect::Writes(&s1)), (r("a", 1), Effect::Writes(&s2))];
         let mut stored = Stored::default();
-        stored.marks.insert(("account".into(), "a".into()), 1);
+        stored.aggregates.insert(("account".into(), "a".into()), 1);
         let p = plan(&[SNAP, STATS], &stored, &events).unwrap();
         assert_eq!(p.outcomes, vec![Outcome::Applied, Outcome::Duplicate, Outcome::Stale]);
         assert_eq!(p.rows.len(), 2);
         assert_eq!(
-            (p.rows[1].kind, &p.rows[1].columns[0].deltas),
-            (RowKind::Merge, &vec![Value::from(1)]),
+            (p.rows[1].kind, owned(&p.rows[1].columns[0].deltas)),
+            (RowKind::Merge, vec![Value::from(1)]),
             "counted once"
         );
         assert_eq!(
-            p.marks,
-            vec![MarkWrite {
+            p.aggregates,
+            vec![AggregateWrite {
                 aggregate_type: "account".into(),
                 aggregate_id: "a".into(),
                 expected: Some(1),
@@ -626,12 +634,12 @@ mod tests {
     fn gates_that_disagree_and_keys_that_cannot_be_stored_are_errors() {
         let mut stored = Stored::default();
         stored.rows.insert("acc", HashMap::from([("a".to_owned(), 2)]));
-        stored.marks.insert(("account".into(), "a".into()), 1);
-        let err = plan(&[ACC, STATS], &stored, &[(r("a", 2), Effect::Unhandled)]).unwrap_err();
+        stored.aggregates.insert(("account".into(), "a".into()), 1);
+        let err = plan(&[ACC, STATS], &stored, &[(r("a", 2), Effect::Ignored)]).unwrap_err();
         assert!(err.problem.contains("disagree") && err.disagreement, "{err}");
-        let err = plan(&[ACC], &Stored::default(), &[(r(&"k".repeat(2000), 1), Effect::Unhandled)]).unwrap_err();
+        let err = plan(&[ACC], &Stored::default(), &[(r(&"k".repeat(2000), 1), Effect::Ignored)]).unwrap_err();
         assert!(err.problem.contains("aggregate_id is 2000 bytes long") && !err.disagreement, "{err}");
-        let err = plan(&[ACC], &Stored::default(), &[(r("a\0b", 1), Effect::Unhandled)]).unwrap_err();
+        let err = plan(&[ACC], &Stored::default(), &[(r("a\0b", 1), Effect::Ignored)]).unwrap_err();
         assert!(err.problem.contains("NUL character"), "{err}");
     }
 }

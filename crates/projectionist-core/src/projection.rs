@@ -19,7 +19,7 @@ use crate::{ApplyError, Envelope, Outcome, Table, Writes};
 /// time in the batch's transaction (`Tx`: `sqlx::PgConnection` with
 /// `projectionist-postgres`), so it is the slow path. The engine gates it like any event
 /// (the aggregate's declared gates, and with a [custom table](Table::custom) its
-/// watermark) and calls it only for an event that applies.
+/// aggregate version) and calls it only for an event that applies.
 ///
 /// ```
 /// use projectionist_core::{Envelope, Projection, Table, Writes};
@@ -64,7 +64,7 @@ pub trait Projection<Tx: ?Sized + Send>: Send + Sync + 'static {
     /// reported as [`Outcome::Ignored`] and still move the aggregate's version gate.
     type Event: DeserializeOwned + Send + Sync + 'static;
 
-    /// Stable name: keys checkpoints, watermarks, the consumer group and metric labels.
+    /// Stable name: keys checkpoints, aggregate versions, the consumer group and metric labels.
     /// Changing it makes the engine treat the projection as new.
     fn name(&self) -> &str;
 

@@ -17,12 +17,12 @@ pub enum Gate {
     /// `version - 1`; version 1 creates the row.
     Transition,
     /// **Fan-in**: rows not 1:1 with aggregates (totals per customer fed by many orders),
-    /// gated by the aggregate's watermark (`projectionist_watermarks`), which every event of
+    /// gated by the aggregate's version (`projectionist_watermarks`), which every event of
     /// the projection advances by a guarded transition.
     FanIn,
     /// Written only by the projection's own SQL in `apply` (the slow path): the engine
     /// creates, empties and compares it, never writes it, and gates the events `apply`
-    /// sees by the aggregate's watermark, as for fan-in.
+    /// sees by the aggregate's version, as for fan-in.
     Custom,
 }
 
@@ -79,7 +79,7 @@ enum Owners {
 /// gated table without one), and only events of that type move its rows' versions — so a
 /// topic carrying several aggregate types with overlapping ids is safe. Fan-in and custom
 /// tables may declare types too: then only those types' events are gated by the
-/// aggregate watermark; undeclared, every event of the projection is.
+/// aggregate version; undeclared, every event of the projection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Table {
     name: &'static str,
@@ -263,7 +263,7 @@ impl Table {
     }
 
     /// The row keyed `key` in this fan-in table: add `set`s and `add`s. Applied once per
-    /// event, gated by the aggregate's watermark.
+    /// event, gated by the aggregate's version.
     pub fn row(&self, key: impl Into<String>) -> Write {
         Write::new(*self, Target::Row(key.into()))
     }

@@ -113,7 +113,7 @@ impl Write {
 
 /// Everything one event writes: what a projection's `project` returns.
 ///
-/// Empty writes still move the aggregate's version gate (its rows and watermark), so the
+/// Empty writes still move the aggregate's version gate (its rows and aggregate version), so the
 /// aggregate's next event applies. [`Writes::custom`] hands the event to the projection's
 /// `apply` instead (the per-event slow path for custom SQL).
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -57,7 +57,7 @@ impl<M> Batcher<M> {
     /// The next batch, if one is due: nothing in flight, something buffered, and the
     /// buffer full, the partition drained (`drained`: nothing more to read right now), or
     /// the oldest message waited `max_wait`. The batch is then in flight until
-    /// [`Batcher::committed`] or [`Batcher::halt`].
+    /// [`Batcher::settle`] or [`Batcher::halt`].
     pub(crate) fn cut(&mut self, now: Instant, drained: bool) -> Option<Vec<M>> {
         if self.in_flight || self.halted || self.buffer.is_empty() {
             return None;
@@ -78,7 +78,7 @@ impl<M> Batcher<M> {
     }
 
     /// The batch in flight committed.
-    pub(crate) fn committed(&mut self) {
+    pub(crate) fn settle(&mut self) {
         self.in_flight = false;
     }
 
@@ -154,7 +154,7 @@ mod tests {
             assert_eq!(b.cut(t + Duration::from_secs(1), true), None, "nothing is cut while a batch is in flight");
         }
         assert!(!b.wants_more(), "a full buffer stops reading: backpressure");
-        b.committed();
+        b.settle();
         assert_eq!(b.cut(t, false), Some(vec![1, 2, 3]));
     }
 
@@ -167,7 +167,7 @@ mod tests {
         b.push(2, 60, t);
         assert!(!b.wants_more());
         assert_eq!(b.cut(t, false), Some(vec![1, 2]));
-        b.committed();
+        b.settle();
         b.push(3, 500, t);
         assert_eq!(b.cut(t, false), Some(vec![3]), "a message larger than the bound makes a batch alone");
     }
@@ -206,7 +206,7 @@ mod tests {
         assert!(b.cut(t, true).is_some());
         b.push(2, 10, t);
         assert_eq!(b.rest(), None);
-        b.committed();
+        b.settle();
         assert_eq!(b.rest(), Some(vec![2]));
         assert!(b.in_flight() && b.is_empty());
     }

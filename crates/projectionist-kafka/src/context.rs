@@ -16,7 +16,17 @@ use tokio::sync::mpsc;
 use crate::partition::Progress;
 
 /// A topic and partition.
-pub(crate) type Tp = (String, i32);
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Tp {
+    pub topic: String,
+    pub partition: i32,
+}
+
+impl Tp {
+    pub(crate) fn new(topic: impl Into<String>, partition: i32) -> Self {
+        Self { topic: topic.into(), partition }
+    }
+}
 
 /// A change of assignment, for the runner to act on. The group waits until the runner has
 /// assigned the partitions (after reading their checkpoints) or unassigned them (after they
@@ -73,8 +83,8 @@ pub(crate) fn unassign<C: Consumer<EngineContext>>(consumer: &C, parts: &[Tp]) {
     let result = match consumer.rebalance_protocol() {
         RebalanceProtocol::Cooperative => {
             let mut tpl = TopicPartitionList::new();
-            for (topic, partition) in parts {
-                tpl.add_partition(topic, *partition);
+            for tp in parts {
+                tpl.add_partition(&tp.topic, tp.partition);
             }
             consumer.incremental_unassign(&tpl)
         }
@@ -95,7 +105,7 @@ impl ClientContext for EngineContext {
         let now = crate::partition::now_ms();
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
-                let Some(progress) = owned.get(&(topic.clone(), *partition)) else { continue };
+                let Some(progress) = owned.get(&Tp::new(topic.as_str(), *partition)) else { continue };
                 let head = if p.ls_offset >= 0 { p.ls_offset } else { p.hi_offset };
                 let Some((messages, seconds)) = progress.lag(head, p.lo_offset, now) else { continue };
                 let labels = [
@@ -114,7 +124,7 @@ impl ClientContext for EngineContext {
 
 impl ConsumerContext for EngineContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
-        let parts: Vec<Tp> = tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+        let parts: Vec<Tp> = tpl.elements().iter().map(|e| Tp::new(e.topic(), e.partition())).collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "assign").increment(1);

@@ -11,7 +11,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use tokio::sync::{mpsc, watch};
 
 use crate::context::EngineContext;
-use crate::runner::{Runner, Stats};
+use crate::runner::{Member, Runner, Stats};
 use crate::{EngineConfig, Error, Result};
 
 /// A projection and the topics it consumes.
@@ -183,16 +183,9 @@ impl Engine {
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
             let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
-            let runner = Runner::new(
-                reg.projection.clone(),
-                group,
-                self.pool.clone(),
-                self.config.clone(),
-                consumer,
-                rebalances,
-                stats.clone(),
-                joined.clone(),
-            );
+            let member = Member { group, consumer, rebalances };
+            let (pool, config) = (self.pool.clone(), self.config.clone());
+            let runner = Runner::new(reg.projection.clone(), pool, config, member, stats.clone(), joined.clone());
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }

@@ -106,7 +106,7 @@ pub(crate) fn batch_committed(
     metrics::counter!(CHECKPOINT_COMMITS, "projection" => projection.clone()).increment(1);
     if let Some(last) = batch.last() {
         let age = (crate::partition::now_ms() - last.occurred_at.timestamp_millis()).max(0) as f64 / 1000.0;
-        let (topic, partition) = (tp.0.clone(), tp.1.to_string());
+        let (topic, partition) = (tp.topic.clone(), tp.partition.to_string());
         metrics::gauge!(APPLIED_EVENT_AGE_SECONDS, "projection" => projection, "topic" => topic, "partition" => partition)
             .set(age);
     }

@@ -143,18 +143,26 @@ struct Assigning {
     read: JoinHandle<std::result::Result<HashMap<Tp, i64>, String>>,
 }
 
+/// A projection's membership of its consumer group: the group, the consumer, and the
+/// rebalances its callbacks hand over.
+pub(crate) struct Member {
+    pub group: String,
+    pub consumer: Arc<StreamConsumer<EngineContext>>,
+    pub rebalances: mpsc::UnboundedReceiver<Rebalance>,
+}
+
 impl Runner {
-    #[allow(clippy::too_many_arguments)]
+    /// A runner of `projection` in its group (`member`), sharing `stats` and whether it
+    /// holds partitions (`joined`) with the engine.
     pub(crate) fn new(
         projection: SharedProjection,
-        group: String,
         pool: PgPool,
         config: EngineConfig,
-        consumer: Arc<StreamConsumer<EngineContext>>,
-        rebalances: mpsc::UnboundedReceiver<Rebalance>,
+        member: Member,
         stats: Arc<Stats>,
         joined: Arc<AtomicBool>,
     ) -> Self {
+        let Member { group, consumer, rebalances } = member;
         Self {
             projection,
             group,
@@ -196,7 +204,7 @@ impl Runner {
                 // Serves rebalances and errors; messages go to the partitions' own queues.
                 received = self.consumer.recv() => match received {
                     Ok(message) => {
-                        let tp = (message.topic().to_owned(), message.partition());
+                        let tp = Tp::new(message.topic(), message.partition());
                         let offset = message.offset();
                         drop(message);
                         self.stray(tp, offset).await;
@@ -226,12 +234,12 @@ impl Runner {
         // Finish the batches in flight and what is buffered: those events were read while
         // we owned their partitions.
         let parts: Vec<Tp> = self.tasks.keys().cloned().collect();
-        let committed = self.stop(&parts, Order::Shutdown).await;
+        let checkpoints = self.stop(&parts, Order::Shutdown).await;
         // Make sure Kafka holds what Postgres holds: the exact next offsets of committed
         // batches, never the consumer's current position.
         let mut tpl = TopicPartitionList::new();
-        for (tp, next) in committed {
-            let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
+        for (tp, next) in checkpoints {
+            let _ = tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(next));
         }
         self.consumer.context().closing.store(true, Ordering::SeqCst);
         let consumer = self.consumer.clone();
@@ -278,7 +286,11 @@ impl Runner {
             let mut outage = Outage::new(stats, &name);
             let read = retry
                 .run(
-                    || async { checkpoint::read(&pool, &name, &to_read).await.map_err(projectionist_postgres::Error::from) },
+                    || async {
+                        let parts: Vec<(String, i32)> = to_read.iter().map(|tp| (tp.topic.clone(), tp.partition)).collect();
+                        let read = checkpoint::read(&pool, &name, &parts).await?;
+                        Ok::<_, projectionist_postgres::Error>(read.into_iter().map(|((t, p), o)| (Tp::new(t, p), o)).collect())
+                    },
                     Retry::of,
                     |e, retrying| {
                         if retrying.kind == Retry::WaitOut {
@@ -310,12 +322,12 @@ impl Runner {
                 Ok(found) => found.get(tp).map_or(StartAt::Beginning, |next| StartAt::Checkpoint(*next)),
                 Err(e) => StartAt::Unreadable(format!("cannot read its checkpoint from PostgreSQL: {e}")),
             };
-            if let Err(e) = tpl.add_partition_offset(&tp.0, tp.1, start.offset()) {
-                tracing::error!(projection = %name, topic = %tp.0, partition = tp.1, error = %e, "Cannot set start offset.");
+            if let Err(e) = tpl.add_partition_offset(&tp.topic, tp.partition, start.offset()) {
+                tracing::error!(projection = %name, topic = %tp.topic, partition = tp.partition, error = %e, "Cannot set start offset.");
             }
             // Split before assigning: librdkafka then never forwards this partition's
             // messages to the consumer's own queue.
-            let queue = self.consumer.split_partition_queue(&tp.0, tp.1);
+            let queue = self.consumer.split_partition_queue(&tp.topic, tp.partition);
             queues.push((tp.clone(), start, queue));
         }
         let consumer = self.consumer.clone();
@@ -331,7 +343,7 @@ impl Runner {
         };
         for (tp, start, queue) in queues {
             let begin = if self.stats.halted.lock().expect("halted lock").contains(&tp) {
-                tracing::warn!(projection = %name, topic = %tp.0, partition = tp.1, "Partition assigned again, but it halted in this process: it stays halted until restarted.");
+                tracing::warn!(projection = %name, topic = %tp.topic, partition = tp.partition, "Partition assigned again, but it halted in this process: it stays halted until restarted.");
                 Begin::Halted
             } else {
                 match &start {
@@ -345,9 +357,9 @@ impl Runner {
                     StartAt::Checkpoint(_) | StartAt::Beginning => Begin::Run,
                 }
             };
-            tracing::info!(projection = %name, topic = %tp.0, partition = tp.1, start = ?start.checkpoint(), "Partition assigned.");
+            tracing::info!(projection = %name, topic = %tp.topic, partition = tp.partition, start = ?start.checkpoint(), "Partition assigned.");
             let Some(queue) = queue else {
-                tracing::error!(projection = %name, topic = %tp.0, partition = tp.1, "Cannot split the partition's queue off the consumer.");
+                tracing::error!(projection = %name, topic = %tp.topic, partition = tp.partition, "Cannot split the partition's queue off the consumer.");
                 continue;
             };
             let progress = Arc::new(Progress::new(start.checkpoint()));
@@ -385,7 +397,7 @@ impl Runner {
             }
         }
         self.stop(&parts, Order::Revoke).await;
-        for (topic, partition) in &parts {
+        for Tp { topic, partition } in &parts {
             tracing::info!(projection = %self.name(), topic = %topic, partition, "Partition revoked.");
         }
         self.joined.store(!self.tasks.is_empty(), Ordering::SeqCst);
@@ -395,8 +407,8 @@ impl Runner {
         }
     }
 
-    /// Stops the tasks of `parts` and waits for them; returns each one's last committed
-    /// next offset.
+    /// Stops the tasks of `parts` and waits for them; returns each one's checkpoint (the
+    /// next offset to apply), where it has one.
     async fn stop(&mut self, parts: &[Tp], how: Order) -> Vec<(Tp, i64)> {
         let mut stopping = Vec::new();
         for tp in parts {
@@ -406,25 +418,25 @@ impl Runner {
             }
             self.consumer.context().owned.lock().expect("owned lock").remove(tp);
         }
-        let mut committed = Vec::new();
+        let mut checkpoints = Vec::new();
         for (tp, task) in stopping {
             if let Err(e) = task.handle.await {
-                tracing::error!(projection = %self.name(), topic = %tp.0, partition = tp.1, error = %e, "Partition task failed.");
+                tracing::error!(projection = %self.name(), topic = %tp.topic, partition = tp.partition, error = %e, "Partition task failed.");
             }
-            let next = task.progress.committed.load(Ordering::SeqCst);
+            let next = task.progress.checkpoint.load(Ordering::SeqCst);
             if next >= 0 {
-                committed.push((tp, next));
+                checkpoints.push((tp, next));
             }
         }
-        committed
+        checkpoints
     }
 
     /// A message on the consumer's own queue: its partition's queue was not split in time.
     /// It cannot be put back in order, so the partition halts rather than skip it.
     async fn stray(&mut self, tp: Tp, offset: i64) {
-        tracing::error!(projection = %self.name(), topic = %tp.0, partition = tp.1, offset, "Message arrived outside its partition's queue.");
-        let committed = self.stop(std::slice::from_ref(&tp), Order::Revoke).await;
-        let at = committed.first().map_or(offset, |(_, next)| *next);
+        tracing::error!(projection = %self.name(), topic = %tp.topic, partition = tp.partition, offset, "Message arrived outside its partition's queue.");
+        let checkpoints = self.stop(std::slice::from_ref(&tp), Order::Revoke).await;
+        let at = checkpoints.first().map_or(offset, |(_, next)| *next);
         let reason =
             "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
         let halt = Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error };

@@ -42,7 +42,7 @@ struct PreparedEvent {
 /// What one prepared event does.
 enum Step {
     /// The projection has no variant for its type.
-    Unhandled,
+    Ignored,
     /// The projection's writes.
     Writes(Writes),
     /// The typed envelope, for the projection's `apply` (an `Envelope<P::Event>`).
@@ -136,24 +136,32 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             return Prepared { events, failure: Some(failure) };
         }
         for (index, raw) in batch.iter().enumerate() {
-            let step = match raw.event::<P::Event>() {
+            let (aggregate_type, aggregate_id, version) = (&raw.aggregate_type, &raw.aggregate_id, raw.version);
+            let event = match raw.event::<P::Event>() {
                 Err(source) => {
-                    let aggregate = format!("{}/{}", raw.aggregate_type, raw.aggregate_id);
-                    let failure = Error::Decode { index, aggregate, version: raw.version, source };
+                    let aggregate = format!("{aggregate_type}/{aggregate_id}");
+                    let failure = Error::Decode { index, aggregate, version, source };
                     return Prepared { events, failure: Some(failure) };
                 }
-                Ok(None) => Step::Unhandled,
+                Ok(None) => {
+                    let (aggregate_type, aggregate_id) = (aggregate_type.clone(), aggregate_id.clone());
+                    PreparedEvent { aggregate_type, aggregate_id, version, step: Step::Ignored }
+                }
                 Ok(Some(env)) => match self.project(&env) {
-                    writes if writes.is_custom() => Step::Custom(Box::new(env)),
-                    writes => Step::Writes(writes),
+                    writes if writes.is_custom() => PreparedEvent {
+                        aggregate_type: aggregate_type.clone(),
+                        aggregate_id: aggregate_id.clone(),
+                        version,
+                        step: Step::Custom(Box::new(env)),
+                    },
+                    // The envelope's own copies of its keys move on with the writes.
+                    writes => {
+                        let Envelope { aggregate_type, aggregate_id, .. } = env;
+                        PreparedEvent { aggregate_type, aggregate_id, version, step: Step::Writes(writes) }
+                    }
                 },
             };
-            events.push(PreparedEvent {
-                aggregate_type: raw.aggregate_type.clone(),
-                aggregate_id: raw.aggregate_id.clone(),
-                version: raw.version,
-                step,
-            });
+            events.push(event);
         }
         Prepared { events, failure: None }
     }
@@ -175,7 +183,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                     .map(|i| {
                         let effect = match &events[i].step {
                             Step::Writes(w) => Effect::Writes(w.writes()),
-                            _ => Effect::Unhandled,
+                            _ => Effect::Ignored,
                         };
                         (prepared.event(i), effect)
                     })
@@ -284,7 +292,7 @@ pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Resu
     Ok(())
 }
 
-/// Empties the projection's tables and forgets its watermarks and checkpoints, in one
+/// Empties the projection's tables and forgets its aggregate versions and checkpoints, in one
 /// transaction, so the next run rebuilds it from the start of its topics.
 pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
     validate(projection)?;

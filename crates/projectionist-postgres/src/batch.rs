@@ -7,8 +7,11 @@
 //! column's declared type and the engine needs no type mapping of its own.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 
-use projectionist_core::plan::{plan, watermarked, Effect, EventRef, MarkWrite, RowKind, RowWrite, Stored};
+use projectionist_core::plan::{
+    aggregate_gated, plan, AggregateWrite, Effect, EventRef, Plan, RowKind, RowWrite, Stored,
+};
 use projectionist_core::{Outcome, Table};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -72,21 +75,7 @@ async fn apply_set_based(
         return Ok(Vec::new());
     }
     let stored = read_stored(conn, projection, tables, events).await?;
-    let planned = |events: &[(EventRef<'_>, Effect<'_>)]| {
-        plan(tables, &stored, events).map_err(|e| {
-            let event = &events[e.index].0;
-            if e.disagreement {
-                Error::Conflict { detail: format!("{} v{}: {}", aggregate(event), event.version, e.problem) }
-            } else {
-                Error::Invalid {
-                    index: e.index,
-                    aggregate: aggregate(event),
-                    version: event.version,
-                    problem: e.problem,
-                }
-            }
-        })
-    };
+    let planned = |events| planned(tables, &stored, events);
     let mut plan = planned(events)?;
     // A gap ends the run: what precedes it is written, nothing at or after it.
     if let Some(gap) = plan.outcomes.iter().position(|o| matches!(o, Outcome::Gap { .. })) {
@@ -94,11 +83,23 @@ async fn apply_set_based(
         plan = planned(&events[..gap])?;
         plan.outcomes.push(outcome);
     }
-    write_marks(conn, projection, &plan.marks).await?;
+    write_aggregates(conn, projection, &plan.aggregates).await?;
     for (table, shape, rows) in group(&plan.rows) {
         write_rows(conn, table, &shape, rows).await?;
     }
     Ok(plan.outcomes)
+}
+
+/// The plan of `events`, or the error naming the event that cannot be planned.
+fn planned<'a>(tables: &[Table], stored: &Stored, events: &'a [(EventRef<'a>, Effect<'a>)]) -> Result<Plan<'a>> {
+    plan(tables, stored, events).map_err(|e| {
+        let event = &events[e.index].0;
+        if e.disagreement {
+            Error::Conflict { detail: format!("{} v{}: {}", aggregate(event), event.version, e.problem) }
+        } else {
+            Error::Invalid { index: e.index, aggregate: aggregate(event), version: event.version, problem: e.problem }
+        }
+    })
 }
 
 /// Whether the last outcome is a gap: the run stopped there.
@@ -179,7 +180,7 @@ async fn read_stored(
     }
     let mut aggregates: Vec<(&str, &str)> = events
         .iter()
-        .filter(|(e, _)| watermarked(tables, e.aggregate_type))
+        .filter(|(e, _)| aggregate_gated(tables, e.aggregate_type))
         .map(|(e, _)| (e.aggregate_type, e.aggregate_id))
         .collect();
     if !aggregates.is_empty() {
@@ -196,13 +197,14 @@ async fn read_stored(
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?;
-        stored.marks = found.into_iter().map(|(t, i, v)| ((t, i), v)).collect::<HashMap<_, _>>();
+        stored.aggregates = found.into_iter().map(|(t, i, v)| ((t, i), v)).collect::<HashMap<_, _>>();
     }
     Ok(stored)
 }
 
-async fn write_marks(conn: &mut PgConnection, projection: &str, marks: &[MarkWrite]) -> Result<()> {
-    let (inserts, updates): (Vec<&MarkWrite>, Vec<&MarkWrite>) = marks.iter().partition(|m| m.expected.is_none());
+async fn write_aggregates(conn: &mut PgConnection, projection: &str, marks: &[AggregateWrite]) -> Result<()> {
+    let (inserts, updates): (Vec<&AggregateWrite>, Vec<&AggregateWrite>) =
+        marks.iter().partition(|m| m.expected.is_none());
     if !inserts.is_empty() {
         let result = sqlx::query(
             "INSERT INTO projectionist_watermarks (projection, aggregate_type, aggregate_id, version) \
@@ -293,7 +295,7 @@ impl IntType {
 
     /// `base + d1 + d2 + …` when every value is an integer and every step stays in the
     /// type's range; `None` sends the column to the fold (which raises what a step raises).
-    fn total(self, base: &Value, deltas: &[Value]) -> Option<i64> {
+    fn total(self, base: &Value, deltas: &[&Value]) -> Option<i64> {
         let (min, max) = self.range();
         let (lo, hi, sum) = self.sums(deltas)?;
         let base = i128::from(base.as_i64()?);
@@ -303,7 +305,7 @@ impl IntType {
 
     /// The lowest and highest running sums of `deltas` (0 included) and their sum, when
     /// every delta is an integer the type takes; `None` sends the column to the fold.
-    fn sums(self, deltas: &[Value]) -> Option<(i128, i128, i128)> {
+    fn sums(self, deltas: &[&Value]) -> Option<(i128, i128, i128)> {
         let (min, max) = self.range();
         let (mut lo, mut hi, mut sum) = (0_i128, 0_i128, 0_i128);
         for d in deltas {
@@ -335,16 +337,16 @@ struct Shape {
 /// encoded once, straight into the JSON array text its statement reads.
 fn group(rows: &[RowWrite]) -> Vec<(Table, Shape, Rows)> {
     let mut groups: Vec<(Table, Shape, Rows)> = Vec::new();
-    let mut doc = Vec::new();
+    let (mut doc, mut shape) = (Vec::new(), Shape { kind: RowKind::Update, columns: Vec::new() });
     for row in rows {
         doc.clear();
-        let shape = encode(row, &mut doc);
+        encode(row, &mut doc, &mut shape);
         match groups.iter_mut().find(|(t, s, _)| t.name() == row.table.name() && *s == shape) {
             Some((_, _, rows)) => rows.push(&doc),
             None => {
                 let mut rows = Rows::default();
                 rows.push(&doc);
-                groups.push((row.table, shape, rows));
+                groups.push((row.table, shape.clone(), rows));
             }
         }
     }
@@ -471,11 +473,13 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
 /// for it: key, base values, version, the version the row must still have, per folded
 /// column its deltas as `{"c$d": [{"c": d}, …]}`, per summed column `c$lo`, `c$hi` and
 /// `c$sum`.
-fn encode(row: &RowWrite, out: &mut Vec<u8>) -> Shape {
+fn encode(row: &RowWrite, out: &mut Vec<u8>, shape: &mut Shape) {
     let table = &row.table;
     let mut doc = Doc::new(out);
     doc.field(table.key(), "", &row.key);
-    let mut columns = Vec::with_capacity(row.columns.len());
+    shape.kind = row.kind;
+    let columns = &mut shape.columns;
+    columns.clear();
     for column in &row.columns {
         let name = column.column;
         let deltas = |doc: &mut Doc<'_>| {
@@ -519,7 +523,9 @@ fn encode(row: &RowWrite, out: &mut Vec<u8>) -> Shape {
                 match int.and_then(|ty| Some((ty, ty.sums(&column.deltas)?))) {
                     Some((ty, (lo, hi, sum))) => {
                         for (part, n) in [("$lo", lo), ("$hi", hi), ("$sum", sum)] {
-                            doc.field(name, part, &n.to_string());
+                            // As a string: JSON numbers past i64 would lose digits.
+                            doc.key(name, part);
+                            write!(doc.out, "\"{n}\"").expect("writing to a Vec");
                         }
                         ColumnKind::SumStored(ty)
                     }
@@ -539,7 +545,6 @@ fn encode(row: &RowWrite, out: &mut Vec<u8>) -> Shape {
         doc.field("$expected", "", &expected);
     }
     doc.end();
-    Shape { kind: row.kind, columns }
 }
 
 /// A JSON object written field by field.
@@ -560,10 +565,12 @@ impl<'a> Doc<'a> {
             self.out.push(b',');
         }
         self.first = false;
-        if suffix.is_empty() {
-            serde_json::to_writer(&mut *self.out, name).expect("a string always serialises");
-        } else {
-            serde_json::to_writer(&mut *self.out, &format!("{name}{suffix}")).expect("a string always serialises");
+        serde_json::to_writer(&mut *self.out, name).expect("a string always serialises");
+        if !suffix.is_empty() {
+            // Inside the key's quotes: the suffixes are plain ASCII (`$d`, `$lo`, ...).
+            self.out.pop();
+            self.out.extend_from_slice(suffix.as_bytes());
+            self.out.push(b'"');
         }
         self.out.push(b':');
     }
@@ -598,16 +605,16 @@ mod tests {
         assert_eq!(IntType::of("smallint"), Some(IntType::Small));
         assert_eq!(IntType::of("numeric(12,2)"), None);
         assert_eq!(IntType::of("bigserial"), None);
-        let ds = [json!(5), json!(-12), json!(u64::MAX), json!(-3)];
+        let ds = [&json!(5), &json!(-12), &json!(u64::MAX), &json!(-3)];
         assert_eq!(IntType::Big.sums(&ds), None, "a delta the type cannot take goes to the fold");
-        let ds = [json!(5), json!(-12), json!(i64::MAX), json!(-3)];
+        let ds = [&json!(5), &json!(-12), &json!(i64::MAX), &json!(-3)];
         let max = i128::from(i64::MAX);
         assert_eq!(IntType::Big.sums(&ds), Some((-7, max - 7, max - 10)));
-        assert_eq!(IntType::Small.sums(&[json!(1.5)]), None, "not an integer: the fold");
-        assert_eq!(IntType::Small.sums(&[json!("7")]), None, "a string: the fold");
-        assert_eq!(IntType::Small.total(&json!(32000), &[json!(700), json!(-700)]), Some(32000));
-        assert_eq!(IntType::Small.total(&json!(32000), &[json!(800), json!(-800)]), None, "a step overflows");
-        assert_eq!(IntType::Small.total(&json!(-32768), &[json!(-1), json!(1)]), None, "a step overflows");
-        assert_eq!(IntType::Big.total(&json!("5"), &[json!(1)]), None, "a string base: the fold");
+        assert_eq!(IntType::Small.sums(&[&json!(1.5)]), None, "not an integer: the fold");
+        assert_eq!(IntType::Small.sums(&[&json!("7")]), None, "a string: the fold");
+        assert_eq!(IntType::Small.total(&json!(32000), &[&json!(700), &json!(-700)]), Some(32000));
+        assert_eq!(IntType::Small.total(&json!(32000), &[&json!(800), &json!(-800)]), None, "a step overflows");
+        assert_eq!(IntType::Small.total(&json!(-32768), &[&json!(-1), &json!(1)]), None, "a step overflows");
+        assert_eq!(IntType::Big.total(&json!("5"), &[&json!(1)]), None, "a string base: the fold");
     }
 }

@@ -14,7 +14,7 @@ pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};
 pub use ident::Ident;
 pub use sqlx::{PgConnection, PgPool};
 
-/// The engine's migrations (checkpoints, watermarks), embedded from `migrations/`.
+/// The engine's migrations (checkpoints, aggregate versions), embedded from `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
 /// Runs the engine migrations, then creates each projection's tables.

@@ -66,7 +66,7 @@ pub struct AnomalyReport {
 
 /// Applies `events` cleanly in order, then once per [`Variant`] on an emptied read model,
 /// in batches of random size, and asserts every variant ends with table contents (and
-/// fan-in watermarks) identical to the clean run, applies exactly as many events, and
+/// aggregate versions) identical to the clean run, applies exactly as many events, and
 /// reports no gap. Panics naming the variant and the first differing table otherwise.
 pub async fn assert_anomaly_equivalence(
     pool: &PgPool,

@@ -22,7 +22,7 @@ pub fn envelope<E: Serialize>(aggregate_type: &str, aggregate_id: &str, version:
 }
 
 /// Dumps the full contents of the projection's tables (as JSON rows in a stable order),
-/// plus its fan-in watermarks, for exact comparison between runs.
+/// plus its aggregate versions (fan-in and custom tables), for exact comparison between runs.
 pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value {
     let mut dump = serde_json::Map::new();
     for table in projection.tables().iter().map(|t| t.name()) {
@@ -39,7 +39,7 @@ pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value 
     .bind(projection.name())
     .fetch_one(pool)
     .await
-    .unwrap_or_else(|e| panic!("dumping watermarks: {e}"));
+    .unwrap_or_else(|e| panic!("dumping aggregate versions: {e}"));
     dump.insert("projectionist_watermarks".into(), marks);
     Value::Object(dump)
 }

@@ -2,7 +2,7 @@
 //!
 //! Orders projected two ways: `orders`, one row per order moved through its states by
 //! guarded transitions, and `customer_order_stats`, a fan-in total per customer fed by many
-//! orders and gated by the per-order version watermark, so a redelivered `OrderPlaced` is
+//! orders and gated by the per-order aggregate version, so a redelivered `OrderPlaced` is
 //! never counted twice.
 
 #[cfg(feature = "generate")]
@@ -55,7 +55,7 @@ pub const ORDERS: Table = Table::transition("orders", "order_id").aggregate_type
     ("updated_at", "timestamptz"),
 ]);
 
-/// Totals per customer, fed by many orders: fan-in, gated by each order's watermark.
+/// Totals per customer, fed by many orders: fan-in, gated by each order's aggregate version.
 pub const CUSTOMER_STATS: Table = Table::fan_in("customer_order_stats", "customer_id")
     .aggregate_type(AGGREGATE_TYPE)
     .columns(&[("orders_placed", "bigint NOT NULL DEFAULT 0"), ("total_cents", "bigint NOT NULL DEFAULT 0")]);

@@ -1,4 +1,4 @@
-//! The order-status projection (state machine + fan-in watermark) against a real PostgreSQL.
+//! The order-status projection (state machine + fan-in gated by aggregate versions) against a real PostgreSQL.
 
 use order_status::generate::{envelope, expected_customer_stats, stream};
 use order_status::{OrderEvent, OrderStatus};

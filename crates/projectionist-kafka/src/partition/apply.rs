@@ -11,7 +11,7 @@ use projectionist_postgres::{Mode, Prepared};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::decode::{decode_until_poison, Msg};
+use super::decode::{decode_until_poison, At, Msg};
 use super::{Halt, HaltKind, Order, Partition};
 use crate::metrics as m;
 use crate::outage::Outage;
@@ -35,10 +35,10 @@ impl Partition {
         let span = tracing::info_span!(
             "batch",
             projection = %self.name(),
-            topic = %self.tp.0,
-            partition = self.tp.1,
-            first_offset = messages.first().map_or(-1, |m| m.offset),
-            last_offset = messages.last().map_or(-1, |m| m.offset),
+            topic = %self.tp.topic,
+            partition = self.tp.partition,
+            first_offset = messages.first().map_or(-1, |m| m.at.offset),
+            last_offset = messages.last().map_or(-1, |m| m.at.offset),
             size = messages.len(),
             applied = tracing::field::Empty,
             duplicate = tracing::field::Empty,
@@ -47,20 +47,20 @@ impl Partition {
         );
         let this = self.clone();
         async move {
-            let (envelopes, mut halt) = decode_until_poison(&messages);
+            let (at, envelopes, mut halt) = decode_until_poison(messages);
             // Decoded and projected once: a retry writes the same prepared events again.
             let mut prepared = this.projection.prepare(&envelopes);
             if let Some(failure) = prepared.take_failure() {
                 let index = prepared.len();
-                halt = Some(this.halt_at(&messages[index], &envelopes[index], &failure));
+                halt = Some(this.halt_at(at[index], &envelopes[index], &failure));
             }
             let mut end = prepared.len();
             while end > 0 {
                 prepared.truncate(end);
                 let batch = &envelopes[..end];
-                let after_last = messages[end - 1].offset + 1;
+                let after_last = at[end - 1].offset + 1;
                 let next_offset = match through {
-                    Some(position) if end == messages.len() => position.max(after_last),
+                    Some(position) if end == at.len() => position.max(after_last),
                     _ => after_last,
                 };
                 let started = Instant::now();
@@ -69,7 +69,7 @@ impl Partition {
                 let result = this
                     .retry
                     .run_until(
-                        || this.try_apply(&prepared, &messages, next_offset),
+                        || this.try_apply(&prepared, &at, next_offset),
                         Retry::of,
                         |e, retrying| {
                             if retrying.kind == Retry::WaitOut {
@@ -95,15 +95,15 @@ impl Partition {
                         let applied = gap.as_ref().map_or(batch, |(index, _)| &batch[..*index]);
                         m::batch_committed(&this.pool, this.name(), &this.tp, applied, &counts, started.elapsed());
                         if let Some((index, reason)) = gap {
-                            let (m, aggregate) = (&messages[index], envelopes[index].aggregate_id.clone());
+                            let (m, aggregate) = (at[index], envelopes[index].aggregate_id.clone());
                             let kind = HaltKind::Gap;
                             halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind });
                         }
-                        return Applied::Committed { first_offset: messages[0].offset, next_offset, halt };
+                        return Applied::Committed { first_offset: at[0].offset, next_offset, halt };
                     }
                     Err(e) => {
                         let index = e.event_index().unwrap_or(0);
-                        halt = Some(this.halt_at(&messages[index], &envelopes[index], &e));
+                        halt = Some(this.halt_at(at[index], &envelopes[index], &e));
                         end = index;
                     }
                 }
@@ -116,7 +116,7 @@ impl Partition {
 
     /// Where a failure that retries did not cure (or that retrying cannot fix) stops the
     /// partition: at the event it names, `message`, decoded as `envelope`.
-    fn halt_at(&self, message: &Msg, envelope: &RawEnvelope, e: &projectionist_postgres::Error) -> Halt {
+    fn halt_at(&self, message: At, envelope: &RawEnvelope, e: &projectionist_postgres::Error) -> Halt {
         let (reason, kind) = classify(e, self.retry.max_retries);
         let aggregate = envelope.aggregate_id.clone();
         Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind }
@@ -127,7 +127,7 @@ impl Partition {
     async fn try_apply(
         &self,
         prepared: &Prepared,
-        messages: &[Msg],
+        at: &[At],
         next_offset: i64,
     ) -> projectionist_postgres::Result<Committed> {
         let mut tx = self.pool.begin().await?;
@@ -139,9 +139,15 @@ impl Partition {
             }
             _ => None,
         };
-        let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| messages[*index].offset);
-        projectionist_postgres::checkpoint::store(&mut tx, self.projection.name(), &self.tp.0, self.tp.1, next_offset)
-            .await?;
+        let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| at[*index].offset);
+        projectionist_postgres::checkpoint::store(
+            &mut tx,
+            self.projection.name(),
+            &self.tp.topic,
+            self.tp.partition,
+            next_offset,
+        )
+        .await?;
         tx.commit().await?;
         if written.per_event {
             metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);

@@ -6,64 +6,71 @@ use rdkafka::message::{BorrowedMessage, Message};
 
 use super::{Halt, HaltKind};
 
-/// A consumed message, owned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Msg {
+/// Where a message sits in its partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct At {
     pub offset: i64,
-    pub key: Option<String>,
-    pub payload: Option<Vec<u8>>,
     /// The broker's timestamp (create or log-append time), ms since the epoch.
     pub timestamp: Option<i64>,
 }
 
-impl Msg {
-    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>) -> Self {
-        Self {
-            offset: message.offset(),
-            key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-            payload: message.payload().map(<[u8]>::to_vec),
-            timestamp: message.timestamp().to_millis(),
-        }
-    }
+/// A consumed message, decoded as it is read (while the batch before it is written): its
+/// envelope, or why it is poison. The payload is not kept.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Msg {
+    pub at: At,
+    pub envelope: Result<RawEnvelope, Poison>,
+}
 
-    pub(crate) fn bytes(&self) -> usize {
-        self.payload.as_ref().map_or(0, Vec::len) + self.key.as_ref().map_or(0, String::len)
+/// A message that cannot be applied: its key (or `?`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Poison {
+    aggregate: String,
+    reason: String,
+}
+
+impl Msg {
+    /// The message decoded, and its size in bytes (payload and key) for the batch bounds.
+    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>) -> (Self, usize) {
+        let at = At { offset: message.offset(), timestamp: message.timestamp().to_millis() };
+        let (key, payload) = (message.key(), message.payload());
+        let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
+        (Self { at, envelope: decode(key, payload) }, bytes)
     }
 }
 
-/// Decodes messages up to the first poison one: the envelopes before it, and the halt it causes.
-pub(crate) fn decode_until_poison(messages: &[Msg]) -> (Vec<RawEnvelope>, Option<Halt>) {
+/// The messages' places, their envelopes up to the first poison message, and the halt that
+/// one causes.
+pub(crate) fn decode_until_poison(messages: Vec<Msg>) -> (Vec<At>, Vec<RawEnvelope>, Option<Halt>) {
+    let at: Vec<At> = messages.iter().map(|m| m.at).collect();
     let mut envelopes = Vec::with_capacity(messages.len());
     for m in messages {
-        match decode(m) {
+        match m.envelope {
             Ok(e) => envelopes.push(e),
-            Err(reason) => {
-                let halt = Halt {
-                    offset: m.offset,
-                    timestamp: m.timestamp,
-                    aggregate: m.key.clone().unwrap_or_else(|| "?".into()),
-                    reason,
-                    kind: HaltKind::Poison,
-                };
-                return (envelopes, Some(halt));
+            Err(Poison { aggregate, reason }) => {
+                let (offset, timestamp, kind) = (m.at.offset, m.at.timestamp, HaltKind::Poison);
+                return (at, envelopes, Some(Halt { offset, timestamp, aggregate, reason, kind }));
             }
         }
     }
-    (envelopes, None)
+    (at, envelopes, None)
 }
 
-fn decode(m: &Msg) -> std::result::Result<RawEnvelope, String> {
-    let payload = m.payload.as_deref().ok_or("message has no payload (tombstone)")?;
-    let envelope = RawEnvelope::from_slice(payload).map_err(|e| format!("undecodable envelope: {e}"))?;
-    if let Some(key) = &m.key {
-        if *key != envelope.aggregate_id {
-            return Err(format!(
-                "message key {key:?} differs from aggregate_id {:?}: per-aggregate ordering is not guaranteed",
-                envelope.aggregate_id
-            ));
-        }
+fn decode(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<RawEnvelope, Poison> {
+    let poison = |reason: String| Poison {
+        aggregate: key.map_or_else(|| "?".to_owned(), |k| String::from_utf8_lossy(k).into_owned()),
+        reason,
+    };
+    let payload = payload.ok_or_else(|| poison("message has no payload (tombstone)".into()))?;
+    let envelope = RawEnvelope::from_slice(payload).map_err(|e| poison(format!("undecodable envelope: {e}")))?;
+    match key {
+        Some(key) if key != envelope.aggregate_id.as_bytes() => Err(poison(format!(
+            "message key {:?} differs from aggregate_id {:?}: per-aggregate ordering is not guaranteed",
+            String::from_utf8_lossy(key),
+            envelope.aggregate_id
+        ))),
+        _ => Ok(envelope),
     }
-    Ok(envelope)
 }
 
 #[cfg(test)]
@@ -71,7 +78,8 @@ mod tests {
     use super::*;
 
     fn msg(offset: i64, key: &str, payload: &str) -> Msg {
-        Msg { offset, key: Some(key.into()), payload: Some(payload.as_bytes().to_vec()), timestamp: Some(offset) }
+        let at = At { offset, timestamp: Some(offset) };
+        Msg { at, envelope: decode(Some(key.as_bytes()), Some(payload.as_bytes())) }
     }
 
     fn envelope(id: &str, version: u64) -> String {
@@ -89,7 +97,7 @@ mod tests {
     #[test]
     fn decoding_stops_at_the_first_poison_message_and_names_it() {
         let messages = [msg(10, "a", &envelope("a", 1)), msg(11, "b", "{not json"), msg(12, "a", &envelope("a", 2))];
-        let (envelopes, halt) = decode_until_poison(&messages);
+        let (_, envelopes, halt) = decode_until_poison(messages.to_vec());
         assert_eq!(envelopes.len(), 1);
         let halt = halt.expect("a halt");
         assert_eq!((halt.offset, halt.aggregate.as_str(), halt.kind), (11, "b", HaltKind::Poison));
@@ -98,13 +106,13 @@ mod tests {
 
     #[test]
     fn a_key_that_contradicts_the_envelope_is_poison() {
-        let (envelopes, halt) = decode_until_poison(&[msg(5, "x", &envelope("y", 1))]);
+        let (_, envelopes, halt) = decode_until_poison(vec![msg(5, "x", &envelope("y", 1))]);
         assert!(envelopes.is_empty());
         let halt = halt.expect("a halt");
         assert_eq!((halt.offset, halt.kind), (5, HaltKind::Poison));
         assert!(halt.reason.contains("differs from aggregate_id"), "{}", halt.reason);
-        let (_, tombstone) =
-            decode_until_poison(&[Msg { offset: 6, key: Some("x".into()), payload: None, timestamp: None }]);
-        assert!(tombstone.expect("a halt").reason.contains("tombstone"));
+        let tombstone = Msg { at: At { offset: 6, timestamp: None }, envelope: decode(Some(b"x"), None) };
+        let (_, _, halt) = decode_until_poison(vec![tombstone]);
+        assert!(halt.expect("a halt").reason.contains("tombstone"));
     }
 }

@@ -56,8 +56,8 @@ pub(crate) fn report(
 ) {
     let err = crate::Error::Halted {
         projection: projection.to_owned(),
-        topic: tp.0.clone(),
-        partition: tp.1,
+        topic: tp.topic.clone(),
+        partition: tp.partition,
         offset: halt.offset,
         aggregate: halt.aggregate,
         reason: halt.reason,
@@ -81,9 +81,9 @@ pub(crate) fn pause(consumer: &Arc<StreamConsumer<EngineContext>>, tp: &Tp) {
     let (consumer, tp) = (consumer.clone(), tp.clone());
     tokio::task::spawn_blocking(move || {
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&tp.0, tp.1);
+        tpl.add_partition(&tp.topic, tp.partition);
         if let Err(e) = consumer.pause(&tpl) {
-            tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "Cannot pause the partition.");
+            tracing::warn!(topic = %tp.topic, partition = tp.partition, error = %e, "Cannot pause the partition.");
         }
     });
 }

@@ -198,14 +198,13 @@ impl Task {
     fn receive(&mut self, received: Option<KafkaResult<BorrowedMessage<'_>>>) -> bool {
         match received {
             Some(Ok(message)) => {
-                let msg = Msg::from_kafka(&message);
+                let (msg, bytes) = Msg::from_kafka(&message);
                 self.partition.stats.read.fetch_add(1, Ordering::Relaxed);
-                let bytes = msg.bytes();
                 self.batcher.push(msg, bytes, Instant::now());
                 true
             }
             Some(Err(e)) => {
-                let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
+                let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
                 tracing::warn!(
                     projection = %self.name(),
                     %topic,
@@ -233,7 +232,7 @@ impl Task {
         // Everything read is in this batch: it may end past the last message, at the
         // position after the transaction markers read with it.
         let through = if drained && self.batcher.is_empty() { self.partition.position() } else { None };
-        let oldest = batch.first().and_then(|m| m.timestamp);
+        let oldest = batch.first().and_then(|m| m.at.timestamp);
         let handle = tokio::spawn(self.partition.clone().apply(batch, through, orders.clone()));
         self.in_flight = Some(InFlight { handle, oldest });
         Flow::Continue
@@ -252,7 +251,7 @@ impl Task {
         let oldest = match &self.in_flight {
             Some(in_flight) => in_flight.oldest,
             None if self.batcher.is_halted() => self.halted_at,
-            None => self.batcher.first().and_then(|m| m.timestamp),
+            None => self.batcher.first().and_then(|m| m.at.timestamp),
         };
         self.partition.progress.oldest_unapplied_ms.store(oldest.unwrap_or(-1), Ordering::SeqCst);
     }
@@ -264,7 +263,7 @@ impl Task {
             Ok(Applied::Abandoned) => {
                 // Stopped while waiting for PostgreSQL: nothing of the batch was committed,
                 // its events are read again from the checkpoint.
-                let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
+                let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
                 tracing::info!(
                     projection = %self.name(),
                     %topic,
@@ -275,16 +274,16 @@ impl Task {
                 return Flow::Break;
             }
             Ok(Applied::Committed { first_offset, next_offset, halt }) => {
-                self.partition.committed(first_offset, next_offset);
+                self.partition.advance(first_offset, next_offset);
                 match halt {
                     Some(halt) => self.halt(halt),
-                    None => self.batcher.committed(),
+                    None => self.batcher.settle(),
                 }
             }
             Ok(Applied::Halted(halt)) => self.halt(halt),
             Err(e) => {
                 // A panic in projection code: the batch rolled back with its transaction.
-                let offset = self.partition.progress.committed.load(Ordering::SeqCst).max(0);
+                let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
                 let reason = format!("the projection's task failed: {e}");
                 let kind = HaltKind::Error;
                 self.halt(Halt { offset, timestamp: in_flight.oldest, aggregate: "?".into(), reason, kind });
@@ -309,7 +308,7 @@ impl Task {
         if let Some(in_flight) = self.in_flight.take() {
             in_flight.handle.abort();
             let _ = in_flight.handle.await;
-            let (topic, partition) = (&self.partition.tp.0, self.partition.tp.1);
+            let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
             let grace_s = REVOKE_GRACE.as_secs();
             tracing::warn!(
                 projection = %self.name(),

@@ -9,6 +9,7 @@ use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::Partition;
+use crate::context::Tp;
 use crate::outage::{Throttle, LOG_EVERY};
 
 /// A partition's progress, shared with the runner and the statistics callback.
@@ -16,7 +17,7 @@ use crate::outage::{Throttle, LOG_EVERY};
 pub(crate) struct Progress {
     /// Next offset the checkpoint holds: the start checkpoint, then each commit's (−1 while
     /// unknown: no checkpoint yet).
-    pub committed: AtomicI64,
+    pub checkpoint: AtomicI64,
     /// Reached the high watermark it had when assigned (or halted: it cannot move).
     pub caught_up: AtomicBool,
     /// Broker timestamp (ms since the epoch) of the oldest message read and not applied —
@@ -28,7 +29,7 @@ impl Progress {
     /// A partition starting at `checkpoint` (none: from the beginning).
     pub(crate) fn new(checkpoint: Option<i64>) -> Self {
         Self {
-            committed: AtomicI64::new(checkpoint.unwrap_or(-1)),
+            checkpoint: AtomicI64::new(checkpoint.unwrap_or(-1)),
             caught_up: AtomicBool::new(false),
             oldest_unapplied_ms: AtomicI64::new(-1),
         }
@@ -42,8 +43,8 @@ impl Progress {
         if head < 0 {
             return None;
         }
-        let committed = self.committed.load(Ordering::SeqCst);
-        let applied_to = if committed >= 0 { committed } else { low.max(0) };
+        let checkpoint = self.checkpoint.load(Ordering::SeqCst);
+        let applied_to = if checkpoint >= 0 { checkpoint } else { low.max(0) };
         let messages = (head - applied_to).max(0);
         if messages == 0 {
             return Some((0, Some(0.0)));
@@ -60,7 +61,7 @@ impl Partition {
     /// every message before it is applied.
     pub(super) fn position(&self) -> Option<i64> {
         let positions = self.consumer.position().ok()?;
-        match positions.find_partition(&self.tp.0, self.tp.1).map(|e| e.offset()) {
+        match positions.find_partition(&self.tp.topic, self.tp.partition).map(|e| e.offset()) {
             Some(Offset::Offset(o)) => Some(o),
             _ => None,
         }
@@ -73,7 +74,7 @@ impl Partition {
     /// growing delay, and logged when it begins and then at most every [`LOG_EVERY`].
     pub(super) async fn checkpoint_past_markers(&self, retry: &mut MarkerRetry) {
         let Some(position) = self.position() else { return };
-        if position <= self.progress.committed.load(Ordering::SeqCst) {
+        if position <= self.progress.checkpoint.load(Ordering::SeqCst) {
             return;
         }
         if retry.not_before.is_some_and(|t| Instant::now() < t) {
@@ -84,8 +85,8 @@ impl Partition {
             projectionist_postgres::checkpoint::store(
                 &mut conn,
                 self.projection.name(),
-                &self.tp.0,
-                self.tp.1,
+                &self.tp.topic,
+                self.tp.partition,
                 position,
             )
             .await
@@ -94,13 +95,13 @@ impl Partition {
             Ok(()) => {
                 tracing::debug!(
                     projection = %self.name(),
-                    topic = %self.tp.0,
-                    partition = self.tp.1,
+                    topic = %self.tp.topic,
+                    partition = self.tp.partition,
                     position,
                     "Checkpoint moved past transaction markers."
                 );
                 *retry = MarkerRetry::new();
-                self.committed(position, position);
+                self.advance(position, position);
             }
             Err(e) => {
                 let delay = self.retry.wait_delay(retry.failures);
@@ -109,8 +110,8 @@ impl Partition {
                 if retry.log.due() {
                     tracing::warn!(
                         projection = %self.name(),
-                        topic = %self.tp.0,
-                        partition = self.tp.1,
+                        topic = %self.tp.topic,
+                        partition = self.tp.partition,
                         failures = retry.failures,
                         error = %e,
                         "Cannot move the checkpoint past transaction markers; trying again later."
@@ -131,7 +132,7 @@ impl Partition {
             return;
         }
         if target.is_none() {
-            let (consumer, (topic, partition)) = (self.consumer.clone(), self.tp.clone());
+            let (consumer, Tp { topic, partition }) = (self.consumer.clone(), self.tp.clone());
             let high = tokio::task::spawn_blocking(move || {
                 consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)).map(|(_, high)| high)
             })
@@ -139,7 +140,7 @@ impl Partition {
             match high {
                 Ok(Ok(high)) => *target = Some(high),
                 Ok(Err(e)) => {
-                    let (topic, partition) = (&self.tp.0, self.tp.1);
+                    let (topic, partition) = (&self.tp.topic, self.tp.partition);
                     tracing::warn!(%topic, partition, error = %e, "Cannot read the high watermark; trying again.")
                 }
                 Err(e) => tracing::warn!(error = %e, "Watermark query failed."),
@@ -148,15 +149,15 @@ impl Partition {
         let Some(target) = *target else { return };
         // The checkpoint, not the position: at an idle moment it is moved past the markers
         // read, so it reaches the watermark exactly when everything before it is applied.
-        if target == 0 || self.progress.committed.load(Ordering::SeqCst) >= target {
+        if target == 0 || self.progress.checkpoint.load(Ordering::SeqCst) >= target {
             self.progress.caught_up.store(true, Ordering::SeqCst);
         }
     }
 
     /// The checkpoint moved to `next` (from the batch starting at `first`, when it is the
     /// first since the partition started without one): progress, then Kafka's copy.
-    pub(super) fn committed(&self, first: i64, next: i64) {
-        let previous = self.progress.committed.swap(next, Ordering::SeqCst);
+    pub(super) fn advance(&self, first: i64, next: i64) {
+        let previous = self.progress.checkpoint.swap(next, Ordering::SeqCst);
         let from = if previous >= 0 { previous } else { first };
         self.stats.advanced.fetch_add((next - from).max(0) as u64, Ordering::Relaxed);
         self.commit_kafka(next);
@@ -164,10 +165,10 @@ impl Partition {
 
     fn commit_kafka(&self, next_offset: i64) {
         let mut tpl = TopicPartitionList::new();
-        if tpl.add_partition_offset(&self.tp.0, self.tp.1, Offset::Offset(next_offset)).is_ok() {
+        if tpl.add_partition_offset(&self.tp.topic, self.tp.partition, Offset::Offset(next_offset)).is_ok() {
             if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
                 // Postgres holds the position; Kafka's copy only serves lag tools.
-                tracing::warn!(topic = %self.tp.0, partition = self.tp.1, error = %e, "Kafka offset commit failed.");
+                tracing::warn!(topic = %self.tp.topic, partition = self.tp.partition, error = %e, "Kafka offset commit failed.");
             }
         }
     }
@@ -200,7 +201,7 @@ mod tests {
         assert_eq!(progress.lag(105, 0, now), Some((5, None)), "behind, nothing read yet: age unknown");
         progress.oldest_unapplied_ms.store(now - 2_500, Ordering::SeqCst);
         assert_eq!(progress.lag(105, 0, now), Some((5, Some(2.5))));
-        progress.committed.store(105, Ordering::SeqCst);
+        progress.checkpoint.store(105, Ordering::SeqCst);
         assert_eq!(progress.lag(105, 0, now), Some((0, Some(0.0))), "applied: 0 again, whatever is remembered");
         let fresh = Progress::new(None);
         assert_eq!(fresh.lag(50, 20, now), Some((30, None)), "no checkpoint: counted from the low watermark");
