@@ -205,7 +205,8 @@ fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run 
 /// no client in the loop. Written for the bench, not the product's code path.
 async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
     sqlx::raw_sql(
-        "CREATE UNLOGGED TABLE staged (seq bigint, account_id text, version bigint, kind text, owner text, amount bigint, at timestamptz); \
+        "CREATE UNLOGGED TABLE staged (seq bigint, account_id text, version bigint, kind text, owner text, amount \
+        bigint, at timestamptz); \
          TRUNCATE bank_accounts",
     )
     .execute(pool)
@@ -219,20 +220,24 @@ async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
         let owners: Vec<Option<&str>> = chunk.iter().map(|e| e.data.get("owner").and_then(|v| v.as_str())).collect();
         let amounts: Vec<Option<i64>> = chunk.iter().map(|e| e.data.get("amount").and_then(|v| v.as_i64())).collect();
         let at: Vec<chrono::DateTime<chrono::Utc>> = chunk.iter().map(|e| e.occurred_at).collect();
-        sqlx::query("INSERT INTO staged SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::timestamptz[])")
-            .bind(seq)
-            .bind(ids)
-            .bind(versions)
-            .bind(kinds)
-            .bind(owners)
-            .bind(amounts)
-            .bind(at)
-            .execute(pool)
-            .await
-            .unwrap();
+        sqlx::query(
+            "INSERT INTO staged SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], \
+            $5::text[], $6::bigint[], $7::timestamptz[])",
+        )
+        .bind(seq)
+        .bind(ids)
+        .bind(versions)
+        .bind(kinds)
+        .bind(owners)
+        .bind(amounts)
+        .bind(at)
+        .execute(pool)
+        .await
+        .unwrap();
     }
     sqlx::raw_sql(
-        "CREATE UNLOGGED TABLE waves AS SELECT *, row_number() OVER (PARTITION BY account_id ORDER BY seq) AS wave FROM staged; \
+        "CREATE UNLOGGED TABLE waves AS SELECT *, row_number() OVER (PARTITION BY account_id ORDER BY seq) AS wave \
+        FROM staged; \
          CREATE INDEX ON waves (wave); ANALYZE waves",
     )
     .execute(pool)
@@ -244,16 +249,20 @@ async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
         let mut tx = pool.begin().await.unwrap();
         sqlx::query(
             "INSERT INTO bank_accounts (account_id, owner, balance, status, updated_at, version) \
-             SELECT account_id, owner, 0, 'open', at, 1 FROM waves WHERE wave = $1 AND version = 1 ON CONFLICT (account_id) DO NOTHING",
+             SELECT account_id, owner, 0, 'open', at, 1 FROM waves WHERE wave = $1 AND version = 1 ON CONFLICT \
+             (account_id) DO NOTHING",
         )
         .bind(wave)
         .execute(&mut *tx)
         .await
         .unwrap();
         sqlx::query(
-            "UPDATE bank_accounts t SET balance = t.balance + CASE w.kind WHEN 'MoneyDeposited' THEN w.amount WHEN 'MoneyWithdrawn' THEN -w.amount ELSE 0 END, \
-             status = CASE w.kind WHEN 'AccountClosed' THEN 'closed' ELSE t.status END, updated_at = w.at, version = w.version \
-             FROM waves w WHERE w.wave = $1 AND w.version > 1 AND t.account_id = w.account_id AND t.version = w.version - 1",
+            "UPDATE bank_accounts t SET balance = t.balance + CASE w.kind WHEN 'MoneyDeposited' THEN w.amount WHEN \
+            'MoneyWithdrawn' THEN -w.amount ELSE 0 END, \
+             status = CASE w.kind WHEN 'AccountClosed' THEN 'closed' ELSE t.status END, updated_at = w.at, version = \
+             w.version \
+             FROM waves w WHERE w.wave = $1 AND w.version > 1 AND t.account_id = w.account_id AND t.version = \
+             w.version - 1",
         )
         .bind(wave)
         .execute(&mut *tx)
@@ -267,10 +276,13 @@ async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
 /// The pattern the gate replaces: per event, a transaction inserting the event id into a
 /// processed-messages table, then an unguarded write when the id was new.
 async fn inbox(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
-    sqlx::raw_sql("CREATE TABLE processed_messages (id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now()); TRUNCATE bank_accounts")
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE processed_messages (id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT \
+        now()); TRUNCATE bank_accounts",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
     let started = Instant::now();
     for e in events {
         let mut tx = pool.begin().await.unwrap();
@@ -356,7 +368,8 @@ async fn main() {
         drop(big_pool);
         let cpu_us = big_run.cpu_seconds / big.len() as f64 * 1e6;
         println!(
-            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {} deliveries ({big_rate:.0} deliveries/s, {cpu_us:.2} us CPU per delivery)",
+            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {} deliveries ({big_rate:.0} \
+            deliveries/s, {cpu_us:.2} us CPU per delivery)",
             big.len()
         );
     }

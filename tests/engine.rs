@@ -152,8 +152,10 @@ async fn inject_failures(pool: &PgPool, failures: i64, sqlstate: &str) {
     sqlx::raw_sql(&format!(
         "CREATE SEQUENCE inject_calls; \
          CREATE FUNCTION inject_failure() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN IF nextval('inject_calls') <= {failures} THEN RAISE EXCEPTION 'injected failure' USING ERRCODE = '{sqlstate}'; END IF; RETURN NULL; END $$; \
-         CREATE TRIGGER inject BEFORE INSERT OR UPDATE ON bank_accounts FOR EACH STATEMENT EXECUTE FUNCTION inject_failure();"
+         $$ BEGIN IF nextval('inject_calls') <= {failures} THEN RAISE EXCEPTION 'injected failure' USING ERRCODE = \
+         '{sqlstate}'; END IF; RETURN NULL; END $$; \
+         CREATE TRIGGER inject BEFORE INSERT OR UPDATE ON bank_accounts FOR EACH STATEMENT EXECUTE FUNCTION \
+         inject_failure();"
     ))
     .execute(pool)
     .await

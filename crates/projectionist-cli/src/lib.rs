@@ -6,7 +6,13 @@
 //! # impl projectionist_core::Projection<sqlx::PgConnection> for BankAccounts {
 //! #     type Event = serde_json::Value;
 //! #     fn name(&self) -> &str { "bank_accounts" }
-//! #     async fn apply(&self, _: &mut sqlx::PgConnection, _: &projectionist_core::Envelope<serde_json::Value>) -> Result<projectionist_core::Outcome, projectionist_core::ApplyError> { todo!() }
+//! #     async fn apply(
+//! #         &self,
+//! #         _: &mut sqlx::PgConnection,
+//! #         _: &projectionist_core::Envelope<serde_json::Value>,
+//! #     ) -> Result<projectionist_core::Outcome, projectionist_core::ApplyError> {
+//! #         todo!()
+//! #     }
 //! # }
 //! #[tokio::main]
 //! async fn main() -> std::process::ExitCode {
@@ -110,14 +116,24 @@ struct RunArgs {
     group_instance_id: Option<String>,
     /// Most events per batch (one transaction per partition). Batches grow to this bound
     /// while a partition is behind and stay small at the head.
-    #[arg(long, alias = "batch-size", env = "PROJECTIONIST_BATCH_MAX_EVENTS", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_EVENTS)]
+    #[arg(
+        long,
+        alias = "batch-size",
+        env = "PROJECTIONIST_BATCH_MAX_EVENTS",
+        default_value_t = EngineConfig::DEFAULT_BATCH_MAX_EVENTS
+    )]
     batch_max_events: usize,
     /// Most payload bytes per batch.
     #[arg(long, env = "PROJECTIONIST_BATCH_MAX_BYTES", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_BYTES)]
     batch_max_bytes: usize,
     /// Longest a partition's oldest buffered event waits for the rest of its batch while
     /// events keep arriving, in milliseconds (with nothing more to read it applies at once).
-    #[arg(long, alias = "batch-wait-ms", env = "PROJECTIONIST_BATCH_MAX_WAIT_MS", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS)]
+    #[arg(
+        long,
+        alias = "batch-wait-ms",
+        env = "PROJECTIONIST_BATCH_MAX_WAIT_MS",
+        default_value_t = EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS
+    )]
     batch_max_wait_ms: u64,
     /// Retries of a batch after a transient database error (serialization failure, deadlock,
     /// concurrent writer). PostgreSQL being unreachable, restarting or read-only is waited
@@ -257,7 +273,10 @@ impl App {
         if args.reset {
             for r in &selected {
                 projectionist_postgres::reset(&pool, r.projection.as_ref()).await?;
-                tracing::info!(projection = %r.projection.name(), "Projection reset: tables truncated, checkpoints and watermarks forgotten.");
+                tracing::info!(
+                    projection = %r.projection.name(),
+                    "Projection reset: tables truncated, checkpoints and watermarks forgotten."
+                );
             }
         }
         let target = progress_target(&pool, &client, &selected, args.from_beginning || args.reset).await;
@@ -299,7 +318,8 @@ impl App {
             let c = stats.outcomes();
             let read = stats.read.load(std::sync::atomic::Ordering::Relaxed);
             println!(
-                "{name}: read {read} events in {elapsed:.2}s ({:.0}/s): applied {}, duplicates skipped {}, stale skipped {}, ignored {}",
+                "{name}: read {read} events in {elapsed:.2}s ({:.0}/s): applied {}, duplicates skipped {}, stale \
+                skipped {}, ignored {}",
                 read as f64 / elapsed.max(1e-9),
                 c.applied,
                 c.duplicate,

@@ -88,7 +88,8 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
     }
     progress.finish((published + bad_lines) as u64);
     println!(
-        "Published {published} events to {} in {transactions} transaction(s); {bad_lines} malformed line(s), {skipped_chunks} chunk(s) not published.",
+        "Published {published} events to {} in {transactions} transaction(s); {bad_lines} malformed line(s), \
+        {skipped_chunks} chunk(s) not published.",
         args.topic
     );
     Ok(if bad_lines > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })

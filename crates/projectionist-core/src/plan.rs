@@ -455,7 +455,8 @@ fn combine(verdicts: &[(&str, Verdict)]) -> Result<Verdict, String> {
     match constrained.find(|(_, v)| *v != first) {
         None => Ok(first),
         Some((name, other)) => Err(format!(
-            "the aggregate's gates disagree ({first_name}: {first:?}, {name}: {other:?}): a table was changed outside the engine, \
+            "the aggregate's gates disagree ({first_name}: {first:?}, {name}: {other:?}): a table was changed outside \
+            the engine, \
              or the projection's tables changed; reset the projection"
         )),
     }

@@ -64,7 +64,10 @@ enum Owners {
 ///
 /// assert_eq!(
 ///     ACCOUNTS.ddl(),
-///     r#"CREATE TABLE IF NOT EXISTS "bank_accounts" ("account_id" text PRIMARY KEY, "owner" text, "balance" bigint NOT NULL DEFAULT 0, "version" bigint NOT NULL)"#
+///     concat!(
+///         r#"CREATE TABLE IF NOT EXISTS "bank_accounts" ("account_id" text PRIMARY KEY, "owner" text, "#,
+///         r#""balance" bigint NOT NULL DEFAULT 0, "version" bigint NOT NULL)"#
+///     )
 /// );
 /// ```
 ///

@@ -293,10 +293,30 @@ mod tests {
     fn classifies_librdkafka_reasons() {
         use ConnectFailure::*;
         let cases = [
-            (Some(RDKafkaErrorCode::SSL), "ssl://127.0.0.1:19093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate could not be verified", Certificate),
-            (Some(RDKafkaErrorCode::SSL), "SSL handshake failed: error:0A00045C:SSL routines::tlsv13 alert certificate required", TlsHandshake),
-            (Some(RDKafkaErrorCode::Authentication), "SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256", Authentication),
-            (Some(RDKafkaErrorCode::BrokerTransportFailure), "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused", Unreachable),
+            (
+                Some(RDKafkaErrorCode::SSL),
+                "ssl://127.0.0.1:19093/bootstrap: SSL handshake failed: error:0A000086:SSL \
+                routines::certificate verify failed: broker certificate could not be verified",
+                Certificate,
+            ),
+            (
+                Some(RDKafkaErrorCode::SSL),
+                "SSL handshake failed: error:0A00045C:SSL routines::tlsv13 alert \
+                certificate required",
+                TlsHandshake,
+            ),
+            (
+                Some(RDKafkaErrorCode::Authentication),
+                "SASL authentication error: Authentication failed during \
+                authentication due to invalid credentials with SASL mechanism SCRAM-SHA-256",
+                Authentication,
+            ),
+            (
+                Some(RDKafkaErrorCode::BrokerTransportFailure),
+                "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 \
+                failed: Connection refused",
+                Unreachable,
+            ),
         ];
         for (code, reason, want) in cases {
             assert_eq!(ConnectFailure::classify(code, reason), want, "{reason}");

@@ -127,14 +127,22 @@ impl ConsumerContext for EngineContext {
         let parts: Vec<Tp> = tpl.elements().iter().map(|e| Tp::new(e.topic(), e.partition())).collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                metrics::counter!(crate::metrics::REBALANCES, "projection" => self.projection.clone(), "kind" => "assign").increment(1);
+                metrics::counter!(
+                    crate::metrics::REBALANCES,
+                    "projection" => self.projection.clone(),
+                    "kind" => "assign")
+                .increment(1);
                 if !self.closing.load(Ordering::SeqCst) {
                     let _ = self.events.send(Rebalance::Assign(parts));
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(consumer, parts),
             other => {
-                tracing::error!(projection = %self.projection, error = ?other, "Rebalance failed; dropping the assignment.");
+                tracing::error!(
+                    projection = %self.projection,
+                    error = ?other,
+                    "Rebalance failed; dropping the assignment."
+                );
                 self.revoke(consumer, parts);
             }
         }

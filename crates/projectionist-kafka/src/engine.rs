@@ -26,7 +26,10 @@ pub struct Registration {
 /// Drives registered projections from Kafka into PostgreSQL.
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::PgPool, projection: projectionist_postgres::SharedProjection) -> projectionist_kafka::Result<()> {
+/// # async fn demo(
+/// #     pool: sqlx::PgPool,
+/// #     projection: projectionist_postgres::SharedProjection,
+/// # ) -> projectionist_kafka::Result<()> {
 /// use projectionist_kafka::{Engine, EngineConfig};
 ///
 /// let engine = Engine::new(pool, EngineConfig::new("localhost:9092")).register(projection, ["bank.accounts"]);

@@ -107,8 +107,13 @@ pub(crate) fn batch_committed(
     if let Some(last) = batch.last() {
         let age = (crate::partition::now_ms() - last.occurred_at.timestamp_millis()).max(0) as f64 / 1000.0;
         let (topic, partition) = (tp.topic.clone(), tp.partition.to_string());
-        metrics::gauge!(APPLIED_EVENT_AGE_SECONDS, "projection" => projection, "topic" => topic, "partition" => partition)
-            .set(age);
+        metrics::gauge!(
+            APPLIED_EVENT_AGE_SECONDS,
+            "projection" => projection,
+            "topic" => topic,
+            "partition" => partition
+        )
+        .set(age);
     }
     let (size, idle) = (pool.size(), pool.num_idle() as u32);
     metrics::gauge!(PG_POOL_CONNECTIONS, "state" => "in_use").set(size.saturating_sub(idle) as f64);

@@ -15,6 +15,7 @@ use projectionist_postgres::{PgPool, SharedProjection};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaErrorCode::InconsistentGroupProtocol;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -210,8 +211,14 @@ impl Runner {
                         self.stray(tp, offset).await;
                     }
                     Err(e @ rdkafka::error::KafkaError::MessageConsumptionFatal(_)) => return Err(e.into()),
-                    Err(rdkafka::error::KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::InconsistentGroupProtocol)) => {
-                        tracing::error!(projection = %self.name(), group = %self.group, "Cannot join the group: its members use another partition.assignment.strategy (eager range/roundrobin and cooperative-sticky never mix). Joining again once they leave or switch.");
+                    Err(rdkafka::error::KafkaError::MessageConsumption(InconsistentGroupProtocol)) => {
+                        tracing::error!(
+                            projection = %self.name(),
+                            group = %self.group,
+                            "Cannot join the group: its members use another partition.assignment.strategy (eager \
+                            range/roundrobin and cooperative-sticky never mix). Joining again once they leave or \
+                            switch."
+                        );
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     Err(e) => {
@@ -287,16 +294,24 @@ impl Runner {
             let read = retry
                 .run(
                     || async {
-                        let parts: Vec<(String, i32)> = to_read.iter().map(|tp| (tp.topic.clone(), tp.partition)).collect();
+                        let parts: Vec<(String, i32)> =
+                            to_read.iter().map(|tp| (tp.topic.clone(), tp.partition)).collect();
                         let read = checkpoint::read(&pool, &name, &parts).await?;
-                        Ok::<_, projectionist_postgres::Error>(read.into_iter().map(|((t, p), o)| (Tp::new(t, p), o)).collect())
+                        Ok::<_, projectionist_postgres::Error>(
+                            read.into_iter().map(|((t, p), o)| (Tp::new(t, p), o)).collect(),
+                        )
                     },
                     Retry::of,
                     |e, retrying| {
                         if retrying.kind == Retry::WaitOut {
                             outage.failed(e, retrying);
                         } else {
-                            tracing::warn!(error = %e, attempt = retrying.attempt, delay_ms = retrying.delay.as_millis() as u64, "Cannot read checkpoints; trying again.");
+                            tracing::warn!(
+                                error = %e,
+                                attempt = retrying.attempt,
+                                delay_ms = retrying.delay.as_millis() as u64,
+                                "Cannot read checkpoints; trying again."
+                            );
                         }
                     },
                 )
@@ -323,7 +338,13 @@ impl Runner {
                 Err(e) => StartAt::Unreadable(format!("cannot read its checkpoint from PostgreSQL: {e}")),
             };
             if let Err(e) = tpl.add_partition_offset(&tp.topic, tp.partition, start.offset()) {
-                tracing::error!(projection = %name, topic = %tp.topic, partition = tp.partition, error = %e, "Cannot set start offset.");
+                tracing::error!(
+                    projection = %name,
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    error = %e,
+                    "Cannot set start offset."
+                );
             }
             // Split before assigning: librdkafka then never forwards this partition's
             // messages to the consumer's own queue.
@@ -343,7 +364,12 @@ impl Runner {
         };
         for (tp, start, queue) in queues {
             let begin = if self.stats.halted.lock().expect("halted lock").contains(&tp) {
-                tracing::warn!(projection = %name, topic = %tp.topic, partition = tp.partition, "Partition assigned again, but it halted in this process: it stays halted until restarted.");
+                tracing::warn!(
+                    projection = %name,
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    "Partition assigned again, but it halted in this process: it stays halted until restarted."
+                );
                 Begin::Halted
             } else {
                 match &start {
@@ -357,9 +383,20 @@ impl Runner {
                     StartAt::Checkpoint(_) | StartAt::Beginning => Begin::Run,
                 }
             };
-            tracing::info!(projection = %name, topic = %tp.topic, partition = tp.partition, start = ?start.checkpoint(), "Partition assigned.");
+            tracing::info!(
+                projection = %name,
+                topic = %tp.topic,
+                partition = tp.partition,
+                start = ?start.checkpoint(),
+                "Partition assigned."
+            );
             let Some(queue) = queue else {
-                tracing::error!(projection = %name, topic = %tp.topic, partition = tp.partition, "Cannot split the partition's queue off the consumer.");
+                tracing::error!(
+                    projection = %name,
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    "Cannot split the partition's queue off the consumer."
+                );
                 continue;
             };
             let progress = Arc::new(Progress::new(start.checkpoint()));
@@ -382,7 +419,13 @@ impl Runner {
         let owned = self.tasks.len() as u32;
         let max = self.pool.options().get_max_connections();
         if owned >= max {
-            tracing::warn!(projection = %name, partitions = owned, pool = max, "Fewer PostgreSQL connections than partitions owned: batches will wait for connections (raise --pg-max-connections).");
+            tracing::warn!(
+                projection = %name,
+                partitions = owned,
+                pool = max,
+                "Fewer PostgreSQL connections than partitions owned: batches will wait for connections (raise \
+                --pg-max-connections)."
+            );
         }
         self.joined.store(true, Ordering::SeqCst);
     }
@@ -421,7 +464,13 @@ impl Runner {
         let mut checkpoints = Vec::new();
         for (tp, task) in stopping {
             if let Err(e) = task.handle.await {
-                tracing::error!(projection = %self.name(), topic = %tp.topic, partition = tp.partition, error = %e, "Partition task failed.");
+                tracing::error!(
+                    projection = %self.name(),
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    error = %e,
+                    "Partition task failed."
+                );
             }
             let next = task.progress.checkpoint.load(Ordering::SeqCst);
             if next >= 0 {
@@ -434,7 +483,13 @@ impl Runner {
     /// A message on the consumer's own queue: its partition's queue was not split in time.
     /// It cannot be put back in order, so the partition halts rather than skip it.
     async fn stray(&mut self, tp: Tp, offset: i64) {
-        tracing::error!(projection = %self.name(), topic = %tp.topic, partition = tp.partition, offset, "Message arrived outside its partition's queue.");
+        tracing::error!(
+            projection = %self.name(),
+            topic = %tp.topic,
+            partition = tp.partition,
+            offset,
+            "Message arrived outside its partition's queue."
+        );
         let checkpoints = self.stop(std::slice::from_ref(&tp), Order::Revoke).await;
         let at = checkpoints.first().map_or(offset, |(_, next)| *next);
         let reason =

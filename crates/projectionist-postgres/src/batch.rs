@@ -58,7 +58,11 @@ pub(crate) async fn apply(
         }
         Err(e) if matches!(&e, Error::Conflict { .. }) || matches!(&e, Error::Database(d) if is_about_a_value(d)) => {
             savepoint.rollback().await?;
-            tracing::info!(projection, reason = %e, "The set-based statements could not apply the batch; applying its events one by one.");
+            tracing::info!(
+                projection,
+                reason = %e,
+                "The set-based statements could not apply the batch; applying its events one by one."
+            );
             Ok((apply_per_event(conn, projection, tables, events).await?, true))
         }
         Err(e) => Err(e),
@@ -189,7 +193,8 @@ async fn read_stored(
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.into_iter().unzip();
         let found: Vec<(String, String, i64)> = sqlx::query_as(
             "SELECT aggregate_type, aggregate_id, version FROM projectionist_watermarks \
-             WHERE projection = $1 AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($2::text[], $3::text[])) \
+             WHERE projection = $1 AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($2::text[], \
+             $3::text[])) \
              ORDER BY aggregate_type, aggregate_id FOR UPDATE",
         )
         .bind(projection)
@@ -221,8 +226,10 @@ async fn write_aggregates(conn: &mut PgConnection, projection: &str, marks: &[Ag
     if !updates.is_empty() {
         let result = sqlx::query(
             "UPDATE projectionist_watermarks w SET version = u.version \
-             FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u(aggregate_type, aggregate_id, version, expected) \
-             WHERE w.projection = $1 AND w.aggregate_type = u.aggregate_type AND w.aggregate_id = u.aggregate_id AND w.version = u.expected",
+             FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u(aggregate_type, aggregate_id, \
+             version, expected) \
+             WHERE w.projection = $1 AND w.aggregate_type = u.aggregate_type AND w.aggregate_id = u.aggregate_id AND \
+             w.version = u.expected",
         )
         .bind(projection)
         .bind(updates.iter().map(|m| m.aggregate_type.as_str()).collect::<Vec<_>>())
@@ -391,13 +398,15 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
         }
     }
     let source = format!(
-        "(SELECT r.*, {} FROM jsonb_array_elements($1) AS x(doc), LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
+        "(SELECT r.*, {} FROM jsonb_array_elements($1) AS x(doc), LATERAL jsonb_populate_record(NULL::{name}, x.doc) \
+        AS r) AS s",
         extra.join(", ")
     );
     let fold = |raw: &str, column: &Ident, base: &str| {
         format!(
             "(SELECT projectionist_fold(f.v ORDER BY f.n) FROM (SELECT 0::bigint AS n, {base} AS v UNION ALL \
-             SELECT d.ordinality, d.{column} FROM jsonb_populate_recordset(NULL::{name}, s.\"{raw}$d\") WITH ORDINALITY AS d) AS f)"
+             SELECT d.ordinality, d.{column} FROM jsonb_populate_recordset(NULL::{name}, s.\"{raw}$d\") WITH \
+             ORDINALITY AS d) AS f)"
         )
     };
     let value = |(raw, column, kind): &(&str, Ident, ColumnKind)| match kind {

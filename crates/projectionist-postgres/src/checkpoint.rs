@@ -29,7 +29,8 @@ pub async fn store(
     sqlx::query(
         "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
          VALUES ($1, $2, $3, $4, now()) \
-         ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
+         ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = \
+         now()",
     )
     .bind(projection)
     .bind(topic)
@@ -43,7 +44,8 @@ pub async fn store(
 /// Every stored checkpoint, ordered.
 pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<Checkpoint>> {
     let rows: Vec<(String, String, i32, i64)> = sqlx::query_as(
-        "SELECT projection, topic, partition, next_offset FROM projectionist_checkpoints ORDER BY projection, topic, partition",
+        "SELECT projection, topic, partition, next_offset FROM projectionist_checkpoints ORDER BY projection, topic, \
+        partition",
     )
     .fetch_all(pool)
     .await?;

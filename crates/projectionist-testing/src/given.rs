@@ -9,7 +9,12 @@ use serde_json::Value;
 /// should be fresh (e.g. from `#[sqlx::test]`).
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::PgPool, projection: impl projectionist_postgres::PgProjection, opened: projectionist_core::RawEnvelope, deposit: projectionist_core::RawEnvelope) {
+/// # async fn demo(
+/// #     pool: sqlx::PgPool,
+/// #     projection: impl projectionist_postgres::PgProjection,
+/// #     opened: projectionist_core::RawEnvelope,
+/// #     deposit: projectionist_core::RawEnvelope,
+/// # ) {
 /// use projectionist_core::Outcome;
 /// use projectionist_testing::ProjectionTest;
 ///

@@ -359,7 +359,11 @@ async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
 
     let (status, _, stderr) = env.run_until_caught_up(&[]).await;
     assert_eq!(status.code(), Some(2), "a halted partition fails the run:\n{stderr}");
-    let expected = format!("partition halted: {}/0@1 in projection bank_accounts, aggregate acc-p: undecodable envelope: field `id`: not a UUID", env.topic);
+    let expected = format!(
+        "partition halted: {}/0@1 in projection bank_accounts, aggregate acc-p: undecodable \
+        envelope: field `id`: not a UUID",
+        env.topic
+    );
     assert!(stderr.contains(&expected), "expected {expected:?} in:\n{stderr}");
     let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints WHERE topic = $1")
         .bind(&env.topic)
@@ -396,7 +400,8 @@ fn produce_transaction(topic: &str, payloads: &[(String, Vec<u8>)], commit: bool
 /// On a broker that leaks, it fails naming BROKER_LEAKS_ABORTED_TRANSACTIONS, which the
 /// script tells apart from any other failure.
 #[test]
-#[ignore = "probe of the broker for scripts/test.sh: passes only if the broker hides aborted transactions from read_committed readers"]
+#[ignore = "probe of the broker for scripts/test.sh: passes only if the broker hides aborted transactions from \
+    read_committed readers"]
 fn broker_hides_aborted_transactions_from_read_committed_readers() {
     let topic = rand_test_topic("abort-probe");
     produce_transaction(&topic, &[("k".into(), b"aborted".to_vec())], false);
@@ -425,7 +430,8 @@ fn broker_hides_aborted_transactions_from_read_committed_readers() {
 }
 
 #[sqlx::test(migrations = false)]
-#[ignore = "needs a broker that hides aborted transactions from read_committed readers (run by scripts/test.sh when the probe passes)"]
+#[ignore = "needs a broker that hides aborted transactions from read_committed readers (run by scripts/test.sh when \
+    the probe passes)"]
 async fn aborted_transactions_never_reach_the_read_model(pool: PgPool) {
     let env = Env::new(&pool, "aborted").await;
     env.publish(&[]).await;
@@ -645,10 +651,13 @@ async fn passwords_never_reach_the_logs(pool: PgPool) {
     let env = Env::new(&pool, "redaction").await;
     let role = format!("r_{}", uuid::Uuid::new_v4().simple());
     let db = pool.connect_options().get_database().unwrap().to_owned();
-    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN PASSWORD '{SECRET}'; GRANT ALL ON DATABASE \"{db}\" TO {role}; GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; GRANT ALL ON SCHEMA public TO {role};"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE {role} LOGIN PASSWORD '{SECRET}'; GRANT ALL ON DATABASE \"{db}\" TO {role}; \
+        GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; GRANT ALL ON SCHEMA public TO {role};"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
     let url = env.database_url.replacen("projectionist:projectionist@", &format!("{role}:{SECRET}@"), 1);
     assert!(url.contains(SECRET) && url.contains(":5432/"));
     env.publish(&generate::stream(5, 3, 1)).await;

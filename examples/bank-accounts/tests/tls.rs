@@ -137,7 +137,8 @@ async fn a_projection_runs_end_to_end_over_mutual_tls_with_postgres_over_tls(poo
     }
     // Every connection of the running engine (pool and checkpoint reader) is encrypted.
     let (connections, encrypted): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
+        "SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE \
+        a.application_name = $1",
     )
     .bind(&app)
     .fetch_one(&pool)
@@ -241,11 +242,14 @@ async fn engine_connections_use_tls_with_sslmode_require(pool: PgPool) {
         let mut child = run.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         let started = Instant::now();
         let seen = loop {
-            let ssl: Option<bool> = sqlx::query_scalar("SELECT bool_and(s.ssl) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1")
-                .bind(&app)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+            let ssl: Option<bool> = sqlx::query_scalar(
+                "SELECT bool_and(s.ssl) FROM pg_stat_activity a JOIN \
+                pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
+            )
+            .bind(&app)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
             if let Some(ssl) = ssl {
                 break ssl;
             }

@@ -168,7 +168,12 @@ impl Partition {
         if tpl.add_partition_offset(&self.tp.topic, self.tp.partition, Offset::Offset(next_offset)).is_ok() {
             if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
                 // Postgres holds the position; Kafka's copy only serves lag tools.
-                tracing::warn!(topic = %self.tp.topic, partition = self.tp.partition, error = %e, "Kafka offset commit failed.");
+                tracing::warn!(
+                    topic = %self.tp.topic,
+                    partition = self.tp.partition,
+                    error = %e,
+                    "Kafka offset commit failed."
+                );
             }
         }
     }

@@ -1,4 +1,5 @@
-//! Run with: `cargo run -p bank-accounts --features generate --bin generate-bank-events -- --accounts 300 > events.ndjson`
+//! Run with:
+//! `cargo run -p bank-accounts --features generate --bin generate-bank-events -- --accounts 300 > events.ndjson`
 //!
 //! Writes a reproducible NDJSON stream of account events to stdout, with duplicates and
 //! re-sent events (fresh ids) mixed in, as at-least-once delivery produces.
