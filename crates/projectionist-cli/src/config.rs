@@ -1,6 +1,12 @@
-//! `--config FILE`: settings kept in a TOML file, for deployments that keep them in a
-//! repository. Every field is optional and unknown fields are rejected. What the command line
-//! or the environment sets wins over the file, and the file over the built-in defaults.
+//! `run`'s settings, and `--config FILE`: the same settings kept in a TOML file, for
+//! deployments that keep them in a repository.
+//!
+//! One schema serves all three sources. [`RunOptions`] is both `run`'s options and the file's
+//! `[run]` table; every field is optional, and what no source gives is the engine's default,
+//! from [`EngineConfig`]'s own serde defaults (which `--help` shows). The command line and the
+//! environment win over the file: clap lays what it was given over the file's values
+//! ([`clap::FromArgMatches::update_from_arg_matches`]). Unknown fields in the file are
+//! rejected by name, with their line.
 //!
 //! ```toml
 //! brokers = "kafka-1:9092,kafka-2:9092"
@@ -21,12 +27,12 @@ use std::path::Path;
 use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
-use serde::Deserialize;
-
-use crate::RunArgs;
+use projectionist_kafka::{EngineConfig, KafkaClientConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 /// The file's settings.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ConfigFile {
     /// Kafka bootstrap servers, `host:port[,host:port…]` (as `--brokers`, `KAFKA_BROKERS`).
@@ -38,35 +44,131 @@ pub(crate) struct ConfigFile {
     pub kafka: BTreeMap<String, String>,
     /// Settings of `run`.
     #[serde(default)]
-    pub run: RunSettings,
+    pub run: RunOptions,
 }
 
-/// `run`'s settings in the file; each is the option of the same name (dashes for
-/// underscores) and defaults as that option does.
-#[derive(Debug, Default, Deserialize)]
+/// Default of `--metrics-addr`.
+pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+
+/// `run`'s options, and the `[run]` table of the settings file (each option's name with
+/// underscores for dashes). The engine's settings among them are serialised into an
+/// [`EngineConfig`]; those of the binary itself (`#[serde(skip_serializing)]`) are read here.
+#[derive(clap::Args, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RunSettings {
-    /// Projections to run (default: all registered).
+pub(crate) struct RunOptions {
+    /// Replay from offset zero, ignoring stored checkpoints (tables are kept).
+    #[arg(long)]
+    #[serde(skip_deserializing, skip_serializing_if = "is_false")]
+    pub from_beginning: bool,
+    /// Truncate the projections' tables and forget their checkpoints first (rebuild).
+    #[arg(long)]
+    #[serde(skip)]
+    pub reset: bool,
+    /// Run only these projections (default: all registered).
+    #[arg(long = "projection", value_name = "NAME")]
+    #[serde(skip_serializing)]
     pub projections: Option<Vec<String>>,
-    /// Consumer group id prefix: each projection consumes in `<group_id>.<projection>`
-    /// (default: `projectionist.<projection>`).
+    /// Consumer group id prefix. Each projection consumes in a group of its own so that each
+    /// reads every partition: `<ID>.<projection>`. Default: projectionist.<projection>.
+    #[arg(long)]
     pub group_id: Option<String>,
-    /// Static group membership: this process's stable, unique name in the group.
+    /// Static group membership: this process's stable, unique name in the group (e.g. the
+    /// pod name), the same in each projection's group. A restart under the same name gets its
+    /// partitions back without a rebalance on Apache Kafka. Default: dynamic membership.
+    #[arg(long, env = "PROJECTIONIST_GROUP_INSTANCE_ID")]
     pub group_instance_id: Option<String>,
-    /// Most events per batch.
+    /// Most events per batch (one transaction per partition). Batches grow to this bound
+    /// while a partition is behind and stay small at the head.
+    #[arg(long, alias = "batch-size", env = "PROJECTIONIST_BATCH_MAX_EVENTS")]
     pub batch_max_events: Option<usize>,
     /// Most payload bytes per batch.
+    #[arg(long, env = "PROJECTIONIST_BATCH_MAX_BYTES")]
     pub batch_max_bytes: Option<usize>,
-    /// Longest the oldest buffered event waits for the rest of its batch, in milliseconds.
+    /// Longest a partition's oldest buffered event waits for the rest of its batch while
+    /// events keep arriving, in milliseconds (with nothing more to read it applies at once).
+    #[arg(long, alias = "batch-wait-ms", env = "PROJECTIONIST_BATCH_MAX_WAIT_MS")]
     pub batch_max_wait_ms: Option<u64>,
-    /// Retries of a batch after a retryable database error.
+    /// Retries of a batch after a transient database error (serialization failure, deadlock,
+    /// concurrent writer). PostgreSQL being unreachable, restarting or read-only is waited
+    /// out for as long as it lasts, without counting against this.
+    #[arg(long, env = "PROJECTIONIST_MAX_RETRIES")]
     pub max_retries: Option<u32>,
     /// First retry delay in milliseconds, doubled on each further retry.
+    #[arg(long, env = "PROJECTIONIST_RETRY_BACKOFF_MS")]
     pub retry_backoff_ms: Option<u64>,
-    /// Most PostgreSQL connections.
+    /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
+    /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
+    #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]
+    #[serde(skip_serializing)]
     pub pg_max_connections: Option<u32>,
+    /// Stop once every assigned partition has reached its high watermark.
+    #[arg(long)]
+    #[serde(skip_deserializing, skip_serializing_if = "is_false")]
+    pub exit_when_caught_up: bool,
     /// Address of the HTTP listener for /metrics, /health and /ready, or `off`.
+    #[arg(long, env = "PROJECTIONIST_METRICS_ADDR")]
+    #[serde(skip_serializing)]
     pub metrics_addr: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
+impl RunOptions {
+    /// The engine's configuration: these options' engine settings over the engine's defaults,
+    /// with `client`'s brokers and properties.
+    pub(crate) fn engine_config(&self, client: &KafkaClientConfig) -> anyhow::Result<EngineConfig> {
+        let mut fields = object(serde_json::to_value(self)?);
+        fields.retain(|_, value| !value.is_null());
+        fields.extend(object(serde_json::to_value(client)?));
+        serde_json::from_value(Value::Object(fields)).context("run's settings")
+    }
+
+    /// The defaults of the options that have one, by field name: the engine's defaults and
+    /// the binary's own.
+    fn defaults() -> Map<String, Value> {
+        let engine = serde_json::to_value(EngineConfig::new("")).expect("EngineConfig serialises");
+        let mut defaults = object(engine);
+        defaults.insert("metrics_addr".into(), DEFAULT_METRICS_ADDR.into());
+        defaults.retain(|_, value| value.is_number() || value.as_str().is_some_and(|s| !s.is_empty()));
+        defaults
+    }
+}
+
+fn object(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(fields) => fields,
+        _ => Map::new(),
+    }
+}
+
+/// `command` with the defaults of `run`'s options shown in their help (the options are
+/// optional, so that a value given nowhere falls back to the file and then the default).
+pub(crate) fn with_defaults_shown(command: clap::Command) -> clap::Command {
+    let defaults = RunOptions::defaults();
+    command.mut_subcommand("run", |mut run| {
+        let ids: Vec<String> = run.get_arguments().map(|arg| arg.get_id().to_string()).collect();
+        for id in ids.iter().filter(|id| defaults.contains_key(id.as_str())) {
+            let shown = match &defaults[id.as_str()] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            run = run.mut_arg(id, |arg| {
+                let with_default = |help: Option<&clap::builder::StyledStr>| {
+                    help.map(|h| format!("{h} [default: {shown}]")).unwrap_or_else(|| format!("[default: {shown}]"))
+                };
+                let (help, long_help) =
+                    (with_default(arg.get_help()), arg.get_long_help().map(|h| with_default(Some(h))));
+                let arg = arg.help(help);
+                match long_help {
+                    Some(long_help) => arg.long_help(long_help),
+                    None => arg,
+                }
+            });
+        }
+        run
+    })
 }
 
 impl ConfigFile {
@@ -74,36 +176,6 @@ impl ConfigFile {
     pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-    }
-
-    /// Fills what `run` was not given on the command line or in the environment.
-    pub(crate) fn apply_to_run(self, args: &mut RunArgs, matches: &ArgMatches) {
-        let run = self.run;
-        let unset = |id: &str| !given(matches, id);
-        macro_rules! fill {
-            ($field:ident) => {
-                if let Some(value) = run.$field {
-                    if unset(stringify!($field)) {
-                        args.$field = value;
-                    }
-                }
-            };
-            (optional $field:ident) => {
-                if unset(stringify!($field)) && run.$field.is_some() {
-                    args.$field = run.$field;
-                }
-            };
-        }
-        fill!(projections);
-        fill!(batch_max_events);
-        fill!(batch_max_bytes);
-        fill!(batch_max_wait_ms);
-        fill!(max_retries);
-        fill!(retry_backoff_ms);
-        fill!(metrics_addr);
-        fill!(optional group_id);
-        fill!(optional group_instance_id);
-        fill!(optional pg_max_connections);
     }
 }
 
@@ -115,29 +187,49 @@ pub(crate) fn given(matches: &ArgMatches, id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{CommandFactory, FromArgMatches};
+    use clap::FromArgMatches;
 
-    fn run_args(file: &str, argv: &[&str]) -> anyhow::Result<RunArgs> {
-        let file: ConfigFile = toml::from_str(file)?;
-        let matches = crate::Cli::command().try_get_matches_from(argv)?;
-        let run = matches.subcommand_matches("run").expect("run");
-        let mut args = RunArgs::from_arg_matches(run)?;
-        file.apply_to_run(&mut args, run);
-        Ok(args)
+    /// `run`'s options and engine configuration from a settings file and a command line.
+    fn run_options(file: &str, argv: &[&str]) -> anyhow::Result<(RunOptions, EngineConfig)> {
+        let path = std::env::temp_dir().join(format!("projectionist-run-{}-{}.toml", std::process::id(), argv.len()));
+        std::fs::write(&path, file)?;
+        let mut args = vec!["bin", "--config", path.to_str().unwrap(), "--brokers", "b:1"];
+        args.extend(&argv[1..]);
+        let matches = crate::command().try_get_matches_from(args)?;
+        let cli = crate::with_config_file(crate::Cli::from_arg_matches(&matches)?, &matches);
+        std::fs::remove_file(&path)?;
+        let crate::Command::Run(options) = cli?.command else { panic!("not run") };
+        let engine = options.engine_config(&KafkaClientConfig::new("b:1"))?;
+        Ok((options, engine))
     }
 
     #[test]
-    fn the_file_fills_what_the_command_line_leaves_at_its_default() {
+    fn the_file_fills_what_the_command_line_does_not_give() {
         let file =
             "[run]\nbatch_max_events = 42\nmax_retries = 9\ngroup_instance_id = \"p-0\"\nprojections = [\"a\"]\n";
-        let args = run_args(file, &["bin", "run", "--max-retries", "3"]).unwrap();
-        assert_eq!(args.batch_max_events, 42, "from the file");
-        assert_eq!(args.max_retries, 3, "the command line wins");
-        assert_eq!(args.group_instance_id.as_deref(), Some("p-0"));
-        assert_eq!(args.projections, ["a"]);
-        let args = run_args("", &["bin", "run"]).unwrap();
-        assert_eq!(args.batch_max_events, projectionist_kafka::EngineConfig::DEFAULT_BATCH_MAX_EVENTS, "default");
-        assert_eq!(args.retry_backoff_ms, projectionist_kafka::EngineConfig::DEFAULT_RETRY_BACKOFF_MS);
+        let (options, engine) = run_options(file, &["bin", "run", "--max-retries", "3", "--from-beginning"]).unwrap();
+        assert_eq!(engine.batch_max_events, 42, "from the file");
+        assert_eq!(engine.max_retries, 3, "the command line wins");
+        assert_eq!(engine.group_instance_id.as_deref(), Some("p-0"));
+        assert!(engine.from_beginning && !engine.exit_when_caught_up);
+        assert_eq!(options.projections.as_deref(), Some(&["a".to_owned()][..]));
+        let (options, engine) = run_options("", &["bin", "run"]).unwrap();
+        assert_eq!(engine.batch_max_events, EngineConfig::DEFAULT_BATCH_MAX_EVENTS, "default");
+        assert_eq!(engine.retry_backoff_ms, EngineConfig::DEFAULT_RETRY_BACKOFF_MS);
+        assert_eq!((engine.client.brokers.as_str(), options.projections), ("b:1", None));
+    }
+
+    #[test]
+    fn help_shows_the_engines_defaults() {
+        let mut command = crate::command();
+        let help = command.find_subcommand_mut("run").unwrap().render_long_help().to_string();
+        for default in [
+            format!("[default: {}]", EngineConfig::DEFAULT_BATCH_MAX_EVENTS),
+            format!("[default: {}]", EngineConfig::DEFAULT_RETRY_BACKOFF_MS),
+            format!("[default: {DEFAULT_METRICS_ADDR}]"),
+        ] {
+            assert!(help.contains(&default), "{default} not in:\n{help}");
+        }
     }
 
     #[test]
@@ -146,7 +238,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("projectionist-config-{}.toml", std::process::id()));
         std::fs::write(&path, file).unwrap();
         let argv = ["bin", "--config", path.to_str().unwrap(), "--kafka-property", "client.rack=b", "status"];
-        let matches = crate::Cli::command().try_get_matches_from(argv).unwrap();
+        let matches = crate::command().try_get_matches_from(argv).unwrap();
         let cli = crate::with_config_file(crate::Cli::from_arg_matches(&matches).unwrap(), &matches).unwrap();
         std::fs::remove_file(&path).unwrap();
         let client = cli.kafka.client().client_config();
@@ -157,20 +249,33 @@ mod tests {
         }
     }
 
+    /// The error of parsing `text` as a settings file (`ConfigFile` has no `Debug`: its
+    /// `kafka` table may hold secrets).
+    fn parse_error(text: &str) -> String {
+        match toml::from_str::<ConfigFile>(text) {
+            Ok(_) => panic!("{text:?} parsed"),
+            Err(e) => e.to_string(),
+        }
+    }
+
     #[test]
-    fn unknown_fields_are_rejected_by_name() {
-        let err = toml::from_str::<ConfigFile>("[run]\nbatch_max_event = 1\n").unwrap_err().to_string();
-        assert!(err.contains("unknown field `batch_max_event`"), "{err}");
-        let err = toml::from_str::<ConfigFile>("broker = \"x\"\n").unwrap_err().to_string();
+    fn unknown_fields_are_rejected_by_name_and_line() {
+        let err = parse_error("[run]\nbatch_max_event = 1\n");
+        assert!(err.contains("unknown field `batch_max_event`") && err.contains("line 2"), "{err}");
+        let err = parse_error("broker = \"x\"\n");
         assert!(err.contains("unknown field `broker`"), "{err}");
+        let err = parse_error("[run]\nreset = true\n");
+        assert!(err.contains("unknown field `reset`"), "a reset is asked for on the command line only: {err}");
     }
 
     #[test]
     fn the_example_file_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/projectionist.toml");
         let file = ConfigFile::load(&path).unwrap();
-        assert!(file.brokers.is_some() && file.run.batch_max_events.is_some(), "{file:?}");
-        let err = ConfigFile::load(Path::new("/nonexistent/projectionist.toml")).unwrap_err();
+        assert!(file.brokers.is_some() && file.run.batch_max_events.is_some());
+        let engine = file.run.engine_config(&KafkaClientConfig::new("b:1")).unwrap();
+        assert_eq!(engine.batch_max_events, EngineConfig::DEFAULT_BATCH_MAX_EVENTS, "the file shows the defaults");
+        let Err(err) = ConfigFile::load(Path::new("/nonexistent/projectionist.toml")) else { panic!("loaded") };
         assert!(format!("{err:#}").contains("/nonexistent/projectionist.toml"), "{err:#}");
     }
 }

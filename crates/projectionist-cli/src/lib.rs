@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use progress::Progress;
-use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
+use projectionist_kafka::{Engine, KafkaClientConfig, Registration};
 use projectionist_postgres::{PgPool, PgProjection};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -86,73 +86,12 @@ enum Command {
         replication: i32,
     },
     /// Consume and project until stopped (SIGINT/SIGTERM).
-    Run(RunArgs),
+    Run(config::RunOptions),
     /// Publish envelopes from NDJSON (a file, or - for stdin) keyed by aggregate_id, with a
     /// transactional producer, one transaction per chunk.
     Publish(publish::PublishArgs),
     /// Per projection and partition: stored checkpoint, broker high watermark, lag.
     Status,
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    /// Replay from offset zero, ignoring stored checkpoints (tables are kept).
-    #[arg(long)]
-    from_beginning: bool,
-    /// Truncate the projections' tables and forget their checkpoints first (rebuild).
-    #[arg(long)]
-    reset: bool,
-    /// Run only these projections (default: all registered).
-    #[arg(long = "projection", value_name = "NAME")]
-    projections: Vec<String>,
-    /// Consumer group id prefix. Each projection consumes in a group of its own so that each
-    /// reads every partition: `<ID>.<projection>`. Default: projectionist.<projection>.
-    #[arg(long)]
-    group_id: Option<String>,
-    /// Static group membership: this process's stable, unique name in the group (e.g. the
-    /// pod name), the same in each projection's group. A restart under the same name gets its
-    /// partitions back without a rebalance on Apache Kafka. Default: dynamic membership.
-    #[arg(long, env = "PROJECTIONIST_GROUP_INSTANCE_ID")]
-    group_instance_id: Option<String>,
-    /// Most events per batch (one transaction per partition). Batches grow to this bound
-    /// while a partition is behind and stay small at the head.
-    #[arg(
-        long,
-        alias = "batch-size",
-        env = "PROJECTIONIST_BATCH_MAX_EVENTS",
-        default_value_t = EngineConfig::DEFAULT_BATCH_MAX_EVENTS
-    )]
-    batch_max_events: usize,
-    /// Most payload bytes per batch.
-    #[arg(long, env = "PROJECTIONIST_BATCH_MAX_BYTES", default_value_t = EngineConfig::DEFAULT_BATCH_MAX_BYTES)]
-    batch_max_bytes: usize,
-    /// Longest a partition's oldest buffered event waits for the rest of its batch while
-    /// events keep arriving, in milliseconds (with nothing more to read it applies at once).
-    #[arg(
-        long,
-        alias = "batch-wait-ms",
-        env = "PROJECTIONIST_BATCH_MAX_WAIT_MS",
-        default_value_t = EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS
-    )]
-    batch_max_wait_ms: u64,
-    /// Retries of a batch after a transient database error (serialization failure, deadlock,
-    /// concurrent writer). PostgreSQL being unreachable, restarting or read-only is waited
-    /// out for as long as it lasts, without counting against this.
-    #[arg(long, env = "PROJECTIONIST_MAX_RETRIES", default_value_t = EngineConfig::DEFAULT_MAX_RETRIES)]
-    max_retries: u32,
-    /// First retry delay in milliseconds, doubled on each further retry.
-    #[arg(long, env = "PROJECTIONIST_RETRY_BACKOFF_MS", default_value_t = EngineConfig::DEFAULT_RETRY_BACKOFF_MS)]
-    retry_backoff_ms: u64,
-    /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
-    /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
-    #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]
-    pg_max_connections: Option<u32>,
-    /// Stop once every assigned partition has reached its high watermark.
-    #[arg(long)]
-    exit_when_caught_up: bool,
-    /// Address of the HTTP listener for /metrics, /health and /ready, or `off`.
-    #[arg(long, env = "PROJECTIONIST_METRICS_ADDR", default_value = "127.0.0.1:9464")]
-    metrics_addr: String,
 }
 
 impl App {
@@ -183,7 +122,7 @@ impl App {
 
     /// As [`App::main`], with the given arguments (the first is the binary name).
     pub async fn main_from(self, args: impl IntoIterator<Item = OsString>) -> ExitCode {
-        let matches = Cli::command().get_matches_from(args);
+        let matches = command().get_matches_from(args);
         let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         let cli = match with_config_file(cli, &matches) {
             Ok(cli) => cli,
@@ -236,6 +175,17 @@ impl App {
         Ok(ExitCode::SUCCESS)
     }
 
+    /// The registrations named (`--projection`), or an error naming the unknown one.
+    fn select(self, names: &[String]) -> anyhow::Result<Vec<Registration>> {
+        for name in names {
+            if !self.registrations.iter().any(|r| r.projection.name() == name) {
+                let known: Vec<&str> = self.registrations.iter().map(|r| r.projection.name()).collect();
+                bail!("no projection named {name:?} in {}; registered: {}", self.name, known.join(", "));
+            }
+        }
+        Ok(self.registrations.into_iter().filter(|r| names.iter().any(|n| n == r.projection.name())).collect())
+    }
+
     fn topics(&self) -> Vec<&str> {
         let mut topics: Vec<&str> =
             self.registrations.iter().flat_map(|r| r.topics.iter().map(String::as_str)).collect();
@@ -248,21 +198,12 @@ impl App {
         self,
         database_url: &Option<String>,
         client: KafkaClientConfig,
-        args: RunArgs,
+        args: config::RunOptions,
     ) -> anyhow::Result<ExitCode> {
-        let selected: Vec<Registration> = if args.projections.is_empty() {
-            self.registrations
-        } else {
-            for name in &args.projections {
-                if !self.registrations.iter().any(|r| r.projection.name() == name) {
-                    let known: Vec<&str> = self.registrations.iter().map(|r| r.projection.name()).collect();
-                    bail!("no projection named {name:?} in {}; registered: {}", self.name, known.join(", "));
-                }
-            }
-            self.registrations
-                .into_iter()
-                .filter(|r| args.projections.iter().any(|n| n == r.projection.name()))
-                .collect()
+        let config = args.engine_config(&client)?;
+        let selected: Vec<Registration> = match args.projections.as_deref() {
+            None | Some([]) => self.registrations,
+            Some(names) => self.select(names)?,
         };
         let connections = match args.pg_max_connections {
             Some(n) => n.max(1),
@@ -280,24 +221,15 @@ impl App {
             }
         }
         let target = progress_target(&pool, &client, &selected, args.from_beginning || args.reset).await;
-        let mut config = EngineConfig::new(client.brokers.clone())
-            .with_client(client)
-            .with_batch(args.batch_max_events, args.batch_max_bytes, Duration::from_millis(args.batch_max_wait_ms))
-            .with_from_beginning(args.from_beginning)
-            .with_exit_when_caught_up(args.exit_when_caught_up);
-        config.max_retries = args.max_retries;
-        config.retry_backoff_ms = args.retry_backoff_ms;
-        config.group_id = args.group_id;
-        config.group_instance_id = args.group_instance_id;
         let mut engine = Engine::new(pool, config);
         for r in selected {
             engine = engine.register(r.projection, r.topics);
         }
-        if args.metrics_addr != "off" {
-            let addr = args
-                .metrics_addr
+        let metrics_addr = args.metrics_addr.as_deref().unwrap_or(config::DEFAULT_METRICS_ADDR);
+        if metrics_addr != "off" {
+            let addr = metrics_addr
                 .parse()
-                .map_err(|_| anyhow::anyhow!("--metrics-addr {:?} is not host:port or off", args.metrics_addr))?;
+                .map_err(|_| anyhow::anyhow!("--metrics-addr {metrics_addr:?} is not host:port or off"))?;
             let handle = http::install_recorder()?;
             let bound = http::serve(addr, handle, engine.readiness()).await?;
             tracing::info!(address = %bound, "Serving /metrics, /health and /ready.");
@@ -342,7 +274,7 @@ impl App {
 /// The command line [`App`] parses (flags, subcommands and the environment variables they
 /// read), to check a deployment's arguments and environment without running anything.
 pub fn command() -> clap::Command {
-    Cli::command()
+    config::with_defaults_shown(Cli::command())
 }
 
 /// Applies `--config FILE`, if given, where the command line and the environment left
@@ -355,9 +287,11 @@ fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<
             cli.kafka.brokers = brokers.clone();
         }
     }
-    cli.kafka.file_properties = file.kafka.clone();
+    cli.kafka.file_properties = file.kafka;
     if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
-        file.apply_to_run(args, run);
+        let mut options = file.run;
+        options.update_from_arg_matches(run)?;
+        *args = options;
     }
     Ok(cli)
 }

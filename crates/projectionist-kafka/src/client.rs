@@ -22,14 +22,17 @@ use crate::config::redact_userinfo;
 use crate::{Error, Result};
 
 /// Where every Kafka client connects and how: bootstrap servers plus librdkafka properties.
-#[derive(Clone, Default, serde::Deserialize)]
+/// Deserialised, it reads `brokers` and `kafka` (the properties), as [`crate::EngineConfig`]
+/// does.
+#[derive(Clone, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaClientConfig {
     /// Bootstrap servers, `host:port[,host:port…]`.
     pub brokers: String,
-    /// librdkafka properties applied to every client (security, timeouts, …). Only the values
-    /// of properties known to hold no secret are ever shown.
-    #[serde(default)]
+    /// librdkafka properties applied to every client (security, timeouts, …), the `kafka`
+    /// table of a settings file. Only the values of properties known to hold no secret are
+    /// ever shown.
+    #[serde(default, rename = "kafka", alias = "properties")]
     pub properties: BTreeMap<String, String>,
 }
 
@@ -150,6 +153,12 @@ impl KafkaClientConfig {
 
 impl From<&str> for KafkaClientConfig {
     fn from(brokers: &str) -> Self {
+        Self::new(brokers)
+    }
+}
+
+impl From<String> for KafkaClientConfig {
+    fn from(brokers: String) -> Self {
         Self::new(brokers)
     }
 }

@@ -1,18 +1,34 @@
 //! Engine configuration.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
 use crate::KafkaClientConfig;
 
-/// How the engine consumes and batches. Build with [`EngineConfig::new`] and the `with_*`
-/// methods, or deserialise it (unknown fields are rejected).
-#[derive(Clone, serde::Deserialize)]
+/// How the engine connects, consumes and batches: one schema for the code, a settings file
+/// and the defaults. Build it with [`EngineConfig::new`] and the `with_*` methods, or
+/// deserialise it: `brokers` is required, every other field has the default documented here,
+/// and unknown fields are rejected.
+///
+/// ```
+/// let config: projectionist_kafka::EngineConfig = serde_json::from_str(
+///     r#"{"brokers": "kafka-1:9092", "kafka": {"security.protocol": "SSL"}, "batch_max_events": 2000}"#,
+/// )
+/// .unwrap();
+/// assert_eq!((config.batch_max_events, config.max_retries), (2000, 5));
+/// ```
+///
+/// Serialising it writes every property's value as it is, secrets included; `Debug` redacts
+/// them.
+#[derive(Clone, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineConfig {
-    /// Kafka bootstrap servers, `host:port[,host:port…]`.
-    pub brokers: String,
+    /// Where every Kafka client of the engine connects, and how: `brokers`
+    /// (`host:port[,host:port…]`) and `kafka`, the librdkafka properties (e.g.
+    /// `security.protocol`, `sasl.*`), flattened into this struct. Values of properties are
+    /// never logged or printed.
+    #[serde(flatten)]
+    pub client: KafkaClientConfig,
     /// Consumer group id prefix. Every projection consumes in a group of its own,
     /// `<group_id>.<projection name>`, so that each reads every partition of its topics
     /// (projections sharing a group would split a topic between them, each missing the
@@ -58,10 +74,6 @@ pub struct EngineConfig {
     /// was assigned (for demos, tests and one-shot rebuilds).
     #[serde(default)]
     pub exit_when_caught_up: bool,
-    /// Extra librdkafka properties (e.g. `security.protocol`, `sasl.*`). Values are never
-    /// logged or printed.
-    #[serde(default)]
-    pub kafka: BTreeMap<String, String>,
 }
 
 fn default_batch_max_events() -> usize {
@@ -92,10 +104,11 @@ impl EngineConfig {
     /// Default of [`EngineConfig::retry_backoff_ms`].
     pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 100;
 
-    /// Defaults for the given brokers.
-    pub fn new(brokers: impl Into<String>) -> Self {
+    /// Defaults for the given brokers, or for a client's brokers and properties (security
+    /// settings and the like).
+    pub fn new(client: impl Into<KafkaClientConfig>) -> Self {
         Self {
-            brokers: brokers.into(),
+            client: client.into(),
             group_id: None,
             group_instance_id: None,
             batch_max_events: default_batch_max_events(),
@@ -105,7 +118,6 @@ impl EngineConfig {
             retry_backoff_ms: default_retry_backoff_ms(),
             from_beginning: false,
             exit_when_caught_up: false,
-            kafka: BTreeMap::new(),
         }
     }
 
@@ -138,19 +150,7 @@ impl EngineConfig {
 
     /// Sets an extra librdkafka property.
     pub fn with_kafka_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.kafka.insert(key.into(), value.into());
-        self
-    }
-
-    /// The brokers and properties every Kafka client of this engine connects with.
-    pub fn client(&self) -> KafkaClientConfig {
-        KafkaClientConfig { brokers: self.brokers.clone(), properties: self.kafka.clone() }
-    }
-
-    /// Takes brokers and properties (security settings and the like) from `client`.
-    pub fn with_client(mut self, client: KafkaClientConfig) -> Self {
-        self.brokers = client.brokers;
-        self.kafka.extend(client.properties);
+        self.client.properties.insert(key.into(), value.into());
         self
     }
 
@@ -168,9 +168,8 @@ impl EngineConfig {
 
 impl fmt::Debug for EngineConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kafka = crate::client::redacted(&self.kafka);
         f.debug_struct("EngineConfig")
-            .field("brokers", &redact_userinfo(&self.brokers))
+            .field("client", &self.client)
             .field("group_id", &self.group_id)
             .field("group_instance_id", &self.group_instance_id)
             .field("batch_max_events", &self.batch_max_events)
@@ -180,7 +179,6 @@ impl fmt::Debug for EngineConfig {
             .field("retry_backoff_ms", &self.retry_backoff_ms)
             .field("from_beginning", &self.from_beginning)
             .field("exit_when_caught_up", &self.exit_when_caught_up)
-            .field("kafka", &kafka)
             .finish()
     }
 }
@@ -210,7 +208,7 @@ mod tests {
             .with_kafka_property("ssl.key.pem", "-----BEGIN PRIVATE KEY-----hunter2")
             .with_kafka_property("sasl.oauthbearer.client.secret", "hunter2-oauth")
             .with_kafka_property("sasl.oauthbearer.config", "principal=bob token=hunter2");
-        let shown = format!("{cfg:?} {:?}", cfg.client());
+        let shown = format!("{cfg:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(
             shown.contains("sasl.password")
@@ -241,5 +239,20 @@ mod tests {
         assert_eq!(cfg.group_for("bank_accounts"), "projectionist.bank_accounts");
         let err = serde_json::from_str::<EngineConfig>(r#"{"brokers": "x", "batch_size": 3}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `batch_size`"), "{err}");
+        let err = serde_json::from_str::<EngineConfig>(r#"{"batch_max_events": 3}"#).unwrap_err();
+        assert!(err.to_string().contains("missing field `brokers`"), "{err}");
+    }
+
+    #[test]
+    fn the_client_settings_are_flattened_in() {
+        let text = r#"{"brokers": "b:1", "kafka": {"client.rack": "a"}, "group_id": "g"}"#;
+        let cfg: EngineConfig = serde_json::from_str(text).unwrap();
+        assert_eq!(cfg.client.brokers, "b:1");
+        assert_eq!(cfg.client.properties.get("client.rack").map(String::as_str), Some("a"));
+        let back = serde_json::to_value(&cfg).unwrap();
+        assert_eq!(
+            (&back["brokers"], &back["kafka"]["client.rack"], &back["group_id"]),
+            (&"b:1".into(), &"a".into(), &"g".into())
+        );
     }
 }

@@ -222,7 +222,7 @@ impl Engine {
         // 2 MiB keeps memory flat (the bench's RSS arm), and a short back-off when that
         // bound is reached (1 s by default) keeps the queue fed. Security settings come
         // with the user's properties, as for every other client.
-        let mut cfg: ClientConfig = self.config.client().client_config_with_defaults(&[
+        let mut cfg: ClientConfig = self.config.client.client_config_with_defaults(&[
             ("session.timeout.ms", "6000"),
             ("heartbeat.interval.ms", "2000"),
             // Eager: a group's members must all use one protocol, and eager is what earlier

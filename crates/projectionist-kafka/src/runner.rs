@@ -358,8 +358,8 @@ impl Runner {
             Err(e) => tracing::error!(projection = %name, error = %e, "Assigning partitions failed."),
         }
         let limits = Limits {
-            max_events: self.config.batch_max_events,
-            max_bytes: self.config.batch_max_bytes,
+            max_events: self.config.batch_max_events.max(1),
+            max_bytes: self.config.batch_max_bytes.max(1),
             max_wait: self.config.batch_max_wait(),
         };
         for (tp, start, queue) in queues {
