@@ -388,7 +388,7 @@ async fn a_gap_ends_the_batch_and_what_precedes_it_stays_written(pool: PgPool) {
     for mode in [Mode::Batch, Mode::PerEvent] {
         projectionist::postgres::reset(&pool, &Accounts).await.unwrap();
         let mut tx = pool.begin().await.unwrap();
-        let prepared = Accounts.prepare(&events);
+        let prepared = Accounts.prepare(events.to_vec());
         assert!(prepared.failure().is_none() && prepared.len() == events.len());
         let outcomes = Accounts.write(&mut tx, &prepared, mode).await.unwrap().outcomes;
         tx.commit().await.unwrap();

@@ -142,40 +142,95 @@ impl RawEnvelope {
     }
 
     /// Matches the event type against `E` (a serde enum with `#[serde(tag = "type",
-    /// content = "data")]`) and decodes its data.
+    /// content = "data")]`) and decodes its data, moving the envelope's fields into the
+    /// typed envelope.
     ///
     /// An event type `E` has no variant for is [`Decoded::Ignored`], not an error;
     /// a known type whose data does not fit is an error naming the type and the problem.
+    /// To decode many envelopes, an [`EventDecoder`] looks `E`'s event types up once.
     pub fn decode<E: DeserializeOwned + 'static>(self) -> Result<Decoded<E>, DecodeError> {
-        match self.event::<E>()? {
-            Some(event) => Ok(Decoded::Event(event)),
-            None => Ok(Decoded::Ignored(self)),
-        }
+        EventDecoder::<E>::new().decode(self)
     }
 
     /// As [`RawEnvelope::decode`], reading the envelope in place: the typed envelope, or
     /// `None` when `E` has no variant for the event type. The data is decoded straight
     /// from its JSON value, not copied first.
     pub fn event<E: DeserializeOwned + 'static>(&self) -> Result<Option<Envelope<E>>, DecodeError> {
-        if let Some(types) = crate::event_types::<E>() {
-            if !types.contains(&self.event_type.as_str()) {
-                return Ok(None);
-            }
+        let decoder = EventDecoder::<E>::new();
+        if !decoder.handles(&self.event_type) {
+            return Ok(None);
         }
-        let tagged = Tagged { event_type: &self.event_type, data: &self.data };
-        match E::deserialize(tagged) {
-            Ok(event) => Ok(Some(Envelope {
-                id: self.id,
-                aggregate_type: self.aggregate_type.clone(),
-                aggregate_id: self.aggregate_id.clone(),
-                version: self.version,
-                event_type: self.event_type.clone(),
-                occurred_at: self.occurred_at,
-                event,
-                metadata: self.metadata.clone(),
-            })),
-            Err(e) => Err(DecodeError::Data { event_type: self.event_type.clone(), reason: e.to_string() }),
+        let event = decoder.data(&self.event_type, &self.data)?;
+        Ok(Some(Envelope {
+            id: self.id,
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            version: self.version,
+            event_type: self.event_type.clone(),
+            occurred_at: self.occurred_at,
+            event,
+            metadata: self.metadata.clone(),
+        }))
+    }
+}
+
+/// Decodes envelopes into a projection's event enum `E`, with the event types `E` accepts
+/// looked up once (for a whole batch) rather than per envelope.
+pub struct EventDecoder<E> {
+    types: Option<&'static [&'static str]>,
+    event: std::marker::PhantomData<fn() -> E>,
+}
+
+impl<E: DeserializeOwned + 'static> Default for EventDecoder<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<E: DeserializeOwned + 'static> EventDecoder<E> {
+    /// A decoder for `E`.
+    pub fn new() -> Self {
+        Self { types: crate::event_types::<E>(), event: std::marker::PhantomData }
+    }
+
+    /// Whether `E` has a variant for `event_type` (every type is offered to an `E` that is
+    /// not an enum tagged by `type`).
+    pub fn handles(&self, event_type: &str) -> bool {
+        self.types.is_none_or(|types| types.contains(&event_type))
+    }
+
+    /// As [`RawEnvelope::decode`].
+    pub fn decode(&self, raw: RawEnvelope) -> Result<Decoded<E>, DecodeError> {
+        if !self.handles(&raw.event_type) {
+            return Ok(Decoded::Ignored(raw));
         }
+        let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = raw;
+        let event = self.event(&event_type, data)?;
+        Ok(Decoded::Event(Envelope {
+            id,
+            aggregate_type,
+            aggregate_id,
+            version,
+            event_type,
+            occurred_at,
+            event,
+            metadata,
+        }))
+    }
+
+    /// The event of a handled `event_type` carrying `data`, moved out of its envelope; an
+    /// error names the type and the problem.
+    pub fn event(&self, event_type: &str, data: Value) -> Result<E, DecodeError> {
+        self.data(event_type, data)
+    }
+
+    /// The event of type `event_type` carrying `data` (a `Value` or a `&Value`).
+    fn data<'a, D>(&self, event_type: &'a str, data: D) -> Result<E, DecodeError>
+    where
+        D: serde::Deserializer<'a, Error = serde_json::Error>,
+    {
+        E::deserialize(Tagged { event_type, data: Some(data) })
+            .map_err(|e| DecodeError::Data { event_type: event_type.to_owned(), reason: e.to_string() })
     }
 }
 
@@ -348,13 +403,17 @@ impl<'de: 'a, 'a> Visitor<'de> for ScalarVisitor<'a> {
 }
 
 /// The event as the projection's enum reads it, `{"type": …, "data": …}`, without building
-/// that object: the tag is the envelope's `type`, the content its `data`.
-struct Tagged<'a> {
+/// that object: the tag is the envelope's `type`, the content its `data` (read in place, or
+/// moved out of an envelope the decoding consumes).
+struct Tagged<'a, D> {
     event_type: &'a str,
-    data: &'a Value,
+    data: Option<D>,
 }
 
-impl<'de> serde::Deserializer<'de> for Tagged<'de> {
+impl<'de, D> serde::Deserializer<'de> for Tagged<'de, D>
+where
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+{
     type Error = serde_json::Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
@@ -367,12 +426,15 @@ impl<'de> serde::Deserializer<'de> for Tagged<'de> {
     }
 }
 
-struct TaggedFields<'a> {
-    tagged: Tagged<'a>,
+struct TaggedFields<'a, D> {
+    tagged: Tagged<'a, D>,
     next: u8,
 }
 
-impl<'de> MapAccess<'de> for TaggedFields<'de> {
+impl<'de, D> MapAccess<'de> for TaggedFields<'de, D>
+where
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+{
     type Error = serde_json::Error;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
@@ -388,12 +450,13 @@ impl<'de> MapAccess<'de> for TaggedFields<'de> {
         self.next += 1;
         match self.next {
             1 => seed.deserialize(BorrowedStrDeserializer::new(self.tagged.event_type)),
-            _ => seed.deserialize(self.tagged.data),
+            _ => match self.tagged.data.take() {
+                Some(data) => seed.deserialize(data),
+                None => Err(serde::de::Error::custom("data read twice")),
+            },
         }
     }
 }
-
-impl<E> Envelope<E> {}
 
 impl<E: Serialize> Envelope<E> {
     /// Converts back to a [`RawEnvelope`] (used by producers and test kits).
@@ -569,6 +632,25 @@ mod tests {
         v["type"] = "SomethingElse".into();
         let raw = RawEnvelope::from_value(v).unwrap();
         assert!(matches!(raw.decode::<Ev>().unwrap(), Decoded::Ignored(_)));
+    }
+
+    #[test]
+    fn one_decoder_for_a_batch_moves_what_in_place_decoding_copies() {
+        let decoder = EventDecoder::<Ev>::new();
+        assert!(decoder.handles("Opened") && decoder.handles("Deposited") && !decoder.handles("SomethingElse"));
+        let mut opened = good();
+        opened["type"] = "Opened".into();
+        opened["data"] = serde_json::json!({"owner": "ann"});
+        for v in [good(), opened] {
+            let raw = RawEnvelope::from_value(v).unwrap();
+            let in_place = raw.event::<Ev>().unwrap().expect("handled");
+            let Decoded::Event(moved) = decoder.decode(raw).unwrap() else { panic!("not decoded") };
+            assert_eq!(moved, in_place);
+        }
+        let err = decoder.event("Deposited", serde_json::json!({"amount": "lots"})).unwrap_err().to_string();
+        assert!(err.contains("Deposited") && err.contains("invalid type"), "{err}");
+        // Not an enum tagged by `type`: every event is offered to it.
+        assert!(EventDecoder::<Value>::new().handles("Anything"));
     }
 
     #[test]

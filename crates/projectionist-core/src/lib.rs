@@ -10,7 +10,7 @@ mod table;
 mod write;
 
 pub use async_trait::async_trait;
-pub use envelope::{Decoded, Envelope, RawEnvelope};
+pub use envelope::{Decoded, Envelope, EventDecoder, RawEnvelope};
 pub use error::{ApplyError, DecodeError};
 pub use event_types::event_types;
 pub use outcome::{Outcome, OutcomeCounts};

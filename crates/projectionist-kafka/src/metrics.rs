@@ -80,13 +80,15 @@ pub fn describe() {
     describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
 }
 
-/// A batch committed: its outcome counters, size, duration and the age of its last event;
+/// A batch committed: its outcome counters, size (`events` applied), duration and the age of
+/// its last event (which occurred at `last_occurred_ms`, ms since the epoch);
 /// the pool's use; the batch span's fields.
 pub(crate) fn batch_committed(
     pool: &projectionist_postgres::PgPool,
     projection: &str,
     tp: &crate::context::Tp,
-    batch: &[projectionist_core::RawEnvelope],
+    events: usize,
+    last_occurred_ms: Option<i64>,
     counts: &projectionist_core::OutcomeCounts,
     took: std::time::Duration,
 ) {
@@ -101,11 +103,11 @@ pub(crate) fn batch_committed(
     for (reason, n) in [("duplicate", counts.duplicate), ("stale", counts.stale), ("ignored", counts.ignored)] {
         metrics::counter!(EVENTS_SKIPPED, "projection" => projection.clone(), "reason" => reason).increment(n);
     }
-    metrics::histogram!(BATCH_SIZE, "projection" => projection.clone()).record(batch.len() as f64);
+    metrics::histogram!(BATCH_SIZE, "projection" => projection.clone()).record(events as f64);
     metrics::histogram!(BATCH_DURATION, "projection" => projection.clone()).record(took.as_secs_f64());
     metrics::counter!(CHECKPOINT_COMMITS, "projection" => projection.clone()).increment(1);
-    if let Some(last) = batch.last() {
-        let age = (crate::partition::now_ms() - last.occurred_at.timestamp_millis()).max(0) as f64 / 1000.0;
+    if let Some(last) = last_occurred_ms {
+        let age = (crate::partition::now_ms() - last).max(0) as f64 / 1000.0;
         let (topic, partition) = (tp.topic.clone(), tp.partition.to_string());
         metrics::gauge!(
             APPLIED_EVENT_AGE_SECONDS,

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use projectionist_core::plan::{Effect, EventRef};
-use projectionist_core::{validate_projection_name, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
+use projectionist_core::{
+    validate_projection_name, Envelope, EventDecoder, Outcome, Projection, RawEnvelope, Table, Writes,
+};
+use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use crate::{batch, Error, Ident, Result};
@@ -29,14 +32,21 @@ pub enum Mode {
 /// prepared, and that event's error.
 pub struct Prepared {
     events: Vec<PreparedEvent>,
-    failure: Option<Error>,
+    failure: Option<Failure>,
 }
 
 struct PreparedEvent {
     aggregate_type: String,
     aggregate_id: String,
     version: i64,
+    occurred_at: DateTime<Utc>,
     step: Step,
+}
+
+/// The event that could not be prepared: its aggregate id, and why.
+struct Failure {
+    aggregate_id: String,
+    error: Error,
 }
 
 /// What one prepared event does.
@@ -62,12 +72,27 @@ impl Prepared {
 
     /// The event that could not be prepared (its index is [`Prepared::len`]), and why.
     pub fn failure(&self) -> Option<&Error> {
-        self.failure.as_ref()
+        self.failure.as_ref().map(|f| &f.error)
     }
 
     /// Takes the failure out, leaving the prepared events.
     pub fn take_failure(&mut self) -> Option<Error> {
-        self.failure.take()
+        self.failure.take().map(|f| f.error)
+    }
+
+    /// The aggregate id of the event at `index`: a prepared event, or (at
+    /// [`Prepared::len`]) the one that could not be prepared while its failure is held.
+    pub fn aggregate_id(&self, index: usize) -> Option<&str> {
+        match self.events.get(index) {
+            Some(e) => Some(&e.aggregate_id),
+            None if index == self.events.len() => self.failure.as_ref().map(|f| f.aggregate_id.as_str()),
+            None => None,
+        }
+    }
+
+    /// When the prepared event at `index` occurred.
+    pub fn occurred_at(&self, index: usize) -> Option<DateTime<Utc>> {
+        self.events.get(index).map(|e| e.occurred_at)
     }
 
     /// Keeps the first `len` events only (the failure, if any, goes too).
@@ -106,8 +131,9 @@ pub trait PgProjection: Send + Sync + 'static {
     /// See [`Projection::schema`].
     fn schema(&self) -> &[&str];
     /// Decodes and projects `batch`, each event once, up to the first that fails (an
-    /// [`Error::Decode`] naming it, or [`Error::Declaration`] for the whole batch).
-    fn prepare(&self, batch: &[RawEnvelope]) -> Prepared;
+    /// [`Error::Decode`] naming it, or [`Error::Declaration`] for the whole batch). The
+    /// envelopes are consumed: their fields move into the typed events, uncopied.
+    fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared;
     /// Writes a prepared batch in offset order in the caller's transaction, up to its first
     /// [`Outcome::Gap`]: the outcomes then end with it, and nothing at or after it is
     /// written, so what precedes it can commit. An error about one event names it
@@ -130,38 +156,18 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         Projection::schema(self)
     }
 
-    fn prepare(&self, batch: &[RawEnvelope]) -> Prepared {
+    fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared {
         let mut events = Vec::with_capacity(batch.len());
-        if let Err(failure) = check_declarations(Projection::name(self), Projection::tables(self)) {
-            return Prepared { events, failure: Some(failure) };
+        if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
+            let aggregate_id = batch.into_iter().next().map(|raw| raw.aggregate_id).unwrap_or_default();
+            return Prepared { events, failure: Some(Failure { aggregate_id, error }) };
         }
-        for (index, raw) in batch.iter().enumerate() {
-            let (aggregate_type, aggregate_id, version) = (&raw.aggregate_type, &raw.aggregate_id, raw.version);
-            let event = match raw.event::<P::Event>() {
-                Err(source) => {
-                    let aggregate = format!("{aggregate_type}/{aggregate_id}");
-                    let failure = Error::Decode { index, aggregate, version, source };
-                    return Prepared { events, failure: Some(failure) };
-                }
-                Ok(None) => {
-                    let (aggregate_type, aggregate_id) = (aggregate_type.clone(), aggregate_id.clone());
-                    PreparedEvent { aggregate_type, aggregate_id, version, step: Step::Ignored }
-                }
-                Ok(Some(env)) => match self.project(&env) {
-                    writes if writes.is_custom() => PreparedEvent {
-                        aggregate_type: aggregate_type.clone(),
-                        aggregate_id: aggregate_id.clone(),
-                        version,
-                        step: Step::Custom(Box::new(env)),
-                    },
-                    // The envelope's own copies of its keys move on with the writes.
-                    writes => {
-                        let Envelope { aggregate_type, aggregate_id, .. } = env;
-                        PreparedEvent { aggregate_type, aggregate_id, version, step: Step::Writes(writes) }
-                    }
-                },
-            };
-            events.push(event);
+        let decoder = EventDecoder::<P::Event>::new();
+        for (index, raw) in batch.into_iter().enumerate() {
+            match prepare_event(self, &decoder, index, raw) {
+                Ok(event) => events.push(event),
+                Err(failure) => return Prepared { events, failure: Some(failure) },
+            }
         }
         Prepared { events, failure: None }
     }
@@ -224,6 +230,41 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     }
 }
 
+/// One event decoded (its envelope's fields moved, not copied) and projected.
+fn prepare_event<P: Projection<PgConnection>>(
+    projection: &P,
+    decoder: &EventDecoder<P::Event>,
+    index: usize,
+    raw: RawEnvelope,
+) -> std::result::Result<PreparedEvent, Failure> {
+    let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = raw;
+    if !decoder.handles(&event_type) {
+        return Ok(PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step: Step::Ignored });
+    }
+    let event = match decoder.event(&event_type, data) {
+        Ok(event) => event,
+        Err(source) => {
+            let aggregate = format!("{aggregate_type}/{aggregate_id}");
+            return Err(Failure { aggregate_id, error: Error::Decode { index, aggregate, version, source } });
+        }
+    };
+    let env = Envelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, event, metadata };
+    let writes = projection.project(&env);
+    if writes.is_custom() {
+        let (aggregate_type, aggregate_id) = (env.aggregate_type.clone(), env.aggregate_id.clone());
+        return Ok(PreparedEvent {
+            aggregate_type,
+            aggregate_id,
+            version,
+            occurred_at,
+            step: Step::Custom(Box::new(env)),
+        });
+    }
+    // The envelope's names move on with the writes.
+    let Envelope { aggregate_type, aggregate_id, .. } = env;
+    Ok(PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step: Step::Writes(writes) })
+}
+
 fn check_declarations(projection: &str, tables: &[Table]) -> Result<()> {
     for table in tables {
         table.check().map_err(|problem| Error::Declaration { projection: projection.into(), problem })?;
@@ -266,7 +307,7 @@ pub async fn apply_batch_in(
     let mut outcomes = Vec::with_capacity(batch.len());
     while outcomes.len() < batch.len() {
         let start = outcomes.len();
-        let mut prepared = projection.prepare(&batch[start..]);
+        let mut prepared = projection.prepare(batch[start..].to_vec());
         if let Some(failure) = prepared.take_failure() {
             return Err(failure.shifted(start));
         }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use projectionist_core::{Outcome, OutcomeCounts, RawEnvelope};
+use projectionist_core::{Outcome, OutcomeCounts};
 use projectionist_postgres::{Mode, Prepared};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -49,15 +49,14 @@ impl Partition {
         async move {
             let (at, envelopes, mut halt) = decode_until_poison(messages);
             // Decoded and projected once: a retry writes the same prepared events again.
-            let mut prepared = this.projection.prepare(&envelopes);
-            if let Some(failure) = prepared.take_failure() {
+            let mut prepared = this.projection.prepare(envelopes);
+            if let Some(failure) = prepared.failure() {
                 let index = prepared.len();
-                halt = Some(this.halt_at(at[index], &envelopes[index], &failure));
+                halt = Some(this.halt_at(at[index], &prepared, index, failure));
             }
             let mut end = prepared.len();
             while end > 0 {
                 prepared.truncate(end);
-                let batch = &envelopes[..end];
                 let after_last = at[end - 1].offset + 1;
                 let next_offset = match through {
                     Some(position) if end == at.len() => position.max(after_last),
@@ -92,10 +91,21 @@ impl Partition {
                     Ok(Committed { counts, next_offset, gap }) => {
                         outage.over();
                         this.stats.add(&counts);
-                        let applied = gap.as_ref().map_or(batch, |(index, _)| &batch[..*index]);
-                        m::batch_committed(&this.pool, this.name(), &this.tp, applied, &counts, started.elapsed());
+                        let applied = gap.as_ref().map_or(end, |(index, _)| *index);
+                        let last =
+                            applied.checked_sub(1).and_then(|i| prepared.occurred_at(i)).map(|t| t.timestamp_millis());
+                        m::batch_committed(
+                            &this.pool,
+                            this.name(),
+                            &this.tp,
+                            applied,
+                            last,
+                            &counts,
+                            started.elapsed(),
+                        );
                         if let Some((index, reason)) = gap {
-                            let (m, aggregate) = (at[index], envelopes[index].aggregate_id.clone());
+                            let m = at[index];
+                            let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
                             let kind = HaltKind::Gap;
                             halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind });
                         }
@@ -103,7 +113,7 @@ impl Partition {
                     }
                     Err(e) => {
                         let index = e.event_index().unwrap_or(0);
-                        halt = Some(this.halt_at(at[index], &envelopes[index], &e));
+                        halt = Some(this.halt_at(at[index], &prepared, index, &e));
                         end = index;
                     }
                 }
@@ -115,10 +125,10 @@ impl Partition {
     }
 
     /// Where a failure that retries did not cure (or that retrying cannot fix) stops the
-    /// partition: at the event it names, `message`, decoded as `envelope`.
-    fn halt_at(&self, message: At, envelope: &RawEnvelope, e: &projectionist_postgres::Error) -> Halt {
+    /// partition: at the event it names, `message`, the `index`th of `prepared`.
+    fn halt_at(&self, message: At, prepared: &Prepared, index: usize, e: &projectionist_postgres::Error) -> Halt {
         let (reason, kind) = classify(e, self.retry.max_retries);
-        let aggregate = envelope.aggregate_id.clone();
+        let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
         Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind }
     }
 
