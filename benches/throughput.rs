@@ -359,7 +359,6 @@ async fn main() {
     println!("  naive inbox (tx + processed_messages/event) {inbox:>10.0} deliveries/s   (first {inbox_n} deliveries)");
 
     println!("  peak RSS of the pipeline                    {rss_small:>10.1} MiB   at {} deliveries", events.len());
-    let mut big_first_pass = None;
     if rss_deliveries > 0 {
         let big = stream(rss_deliveries);
         let (big_topic, _) = publish(&big).await;
@@ -368,7 +367,6 @@ async fn main() {
         let (big_rate, rss_big) = (big_run.rate, big_run.rss_mib);
         drop(big_pool);
         let cpu_us = big_run.cpu_seconds / big.len() as f64 * 1e6;
-        big_first_pass = Some((big_run.cpu_seconds, big.len()));
         println!(
             "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {} deliveries ({big_rate:.0} \
             deliveries/s, {cpu_us:.2} us CPU per delivery)",
@@ -383,17 +381,6 @@ async fn main() {
         per_delivery(&replay_run),
         replay_run.cpu_seconds
     );
-    // Both are first passes into fresh databases: their difference cancels what a run costs
-    // whatever its length (start-up, PostgreSQL connections and their TLS set-up).
-    if let Some((big_cpu, big_len)) = big_first_pass.filter(|&(_, n)| n > events.len()) {
-        let marginal = (big_cpu - first_run.cpu_seconds) / (big_len - events.len()) as f64 * 1e6;
-        let fixed = first_run.cpu_seconds - marginal * events.len() as f64 / 1e6;
-        println!(
-            "  projector CPU per delivery, marginal       {marginal:>10.2} us   ({big_len} vs {} deliveries; \
-            {fixed:.2} s per run whatever its length)",
-            events.len()
-        );
-    }
     println!("ratios (targets in parentheses):");
     println!("  pipeline / PostgreSQL ceiling  {:>6.2}   (>= 0.7)", first / ceiling);
     println!("  pipeline / naive inbox         {:>6.1}   (>= 30)", first / inbox);
