@@ -146,20 +146,16 @@ fn object(value: Value) -> Map<String, Value> {
 /// `command` with the defaults of `run`'s options shown in their help (the options are
 /// optional, so that a value given nowhere falls back to the file and then the default).
 pub(crate) fn with_defaults_shown(command: clap::Command) -> clap::Command {
-    let defaults = RunOptions::defaults();
     command.mut_subcommand("run", |mut run| {
-        let ids: Vec<String> = run.get_arguments().map(|arg| arg.get_id().to_string()).collect();
-        for id in ids.iter().filter(|id| defaults.contains_key(id.as_str())) {
-            let shown = match &defaults[id.as_str()] {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
+        for (id, default) in RunOptions::defaults() {
+            if !run.get_arguments().any(|arg| arg.get_id() == id.as_str()) {
+                continue;
+            }
+            let shown = default.as_str().map_or_else(|| default.to_string(), str::to_owned);
+            let with_default = |help: &clap::builder::StyledStr| format!("{help} [default: {shown}]");
             run = run.mut_arg(id, |arg| {
-                let with_default = |help: Option<&clap::builder::StyledStr>| {
-                    help.map(|h| format!("{h} [default: {shown}]")).unwrap_or_else(|| format!("[default: {shown}]"))
-                };
-                let (help, long_help) =
-                    (with_default(arg.get_help()), arg.get_long_help().map(|h| with_default(Some(h))));
+                let long_help = arg.get_long_help().map(with_default);
+                let help = arg.get_help().map(with_default).unwrap_or_else(|| format!("[default: {shown}]"));
                 let arg = arg.help(help);
                 match long_help {
                     Some(long_help) => arg.long_help(long_help),
