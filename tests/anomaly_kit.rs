@@ -2,7 +2,7 @@
 //! stream's aggregates interleave fails the anomaly-equivalence check. And custom SQL in
 //! `apply` needs no guard of its own: the engine gates it by the aggregate's version.
 
-use projectionist::postgres::{PgConnection, MIGRATOR};
+use projectionist::postgres::PgConnection;
 use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, Table, Writes};
 use projectionist_testing::{assert_anomaly_equivalence, envelope};
 use serde::{Deserialize, Serialize};
@@ -37,7 +37,7 @@ impl Projection<PgConnection> for LastMover {
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 #[should_panic(expected = "variant Shuffled")]
 async fn an_order_dependent_projection_fails_the_check(pool: PgPool) {
     assert_anomaly_equivalence(&pool, &LastMover, &events(), 1).await;
@@ -70,7 +70,7 @@ impl Projection<PgConnection> for CustomSums {
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn custom_sql_is_gated_by_the_engine(pool: PgPool) {
     let report = assert_anomaly_equivalence(&pool, &CustomSums, &events(), 1).await;
     assert_eq!(report.clean.applied, 50, "{report:?}");

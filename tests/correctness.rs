@@ -4,7 +4,7 @@
 //! events. Each is applied set-based in one batch and event by event, and both must agree
 //! with the value SQL gives applying the events one at a time.
 
-use projectionist::postgres::{apply_batch_in, migrate, Error, Mode, PgConnection, MIGRATOR};
+use projectionist::postgres::{apply_batch_in, migrate, Error, Mode, PgConnection};
 use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::envelope;
 use serde::{Deserialize, Serialize};
@@ -148,7 +148,7 @@ async fn setup(pool: &PgPool) {
     migrate(pool, &[&Accounts]).await.unwrap();
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn an_event_moves_only_the_gates_of_its_own_aggregate_type(pool: PgPool) {
     setup(&pool).await;
     use Outcome::*;
@@ -175,7 +175,7 @@ async fn an_event_moves_only_the_gates_of_its_own_aggregate_type(pool: PgPool) {
     assert_eq!(row(&pool, "x").await, Value::Null, "no account row made for a customer");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn an_add_after_the_creating_event_builds_on_the_column_default(pool: PgPool) {
     setup(&pool).await;
     let events = [
@@ -199,7 +199,7 @@ async fn an_add_after_the_creating_event_builds_on_the_column_default(pool: PgPo
     assert_eq!(all, (105, Some(1)), "default 100 + 5");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn adds_use_the_columns_own_arithmetic(pool: PgPool) {
     setup(&pool).await;
     let credit = |v, by: Value| account("a", v, Ev::Credited { by });
@@ -232,7 +232,7 @@ async fn adds_use_the_columns_own_arithmetic(pool: PgPool) {
     assert_eq!(total, "118446744073709551615.5");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn an_overflow_mid_chain_fails_batched_as_it_does_per_event(pool: PgPool) {
     setup(&pool).await;
     let events = [
@@ -262,7 +262,7 @@ async fn an_overflow_mid_chain_fails_batched_as_it_does_per_event(pool: PgPool) 
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_bad_value_is_blamed_on_its_own_event(pool: PgPool) {
     setup(&pool).await;
     let events = [
@@ -279,7 +279,7 @@ async fn a_bad_value_is_blamed_on_its_own_event(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_key_longer_than_the_limit_is_refused_before_any_write(pool: PgPool) {
     setup(&pool).await;
     let long = "k".repeat(projectionist::MAX_KEY_BYTES + 1);
@@ -295,7 +295,7 @@ async fn a_key_longer_than_the_limit_is_refused_before_any_write(pool: PgPool) {
     assert!(err.to_string().contains("aggregate_id"), "{err}");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn events_handled_by_apply_move_the_gates(pool: PgPool) {
     setup(&pool).await;
     use Outcome::*;
@@ -335,7 +335,7 @@ impl Projection<PgConnection> for OneTable {
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn reserved_and_mixed_case_names_work_quoted(pool: PgPool) {
     let table = Table::upsert("order", "select")
         .aggregate_type("account")
@@ -352,7 +352,7 @@ async fn reserved_and_mixed_case_names_work_quoted(pool: PgPool) {
     assert_eq!(from, "z");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn bad_declarations_are_refused_before_any_sql(pool: PgPool) {
     const HOSTILE: Table = Table::upsert("acct\"; DROP TABLE x; --", "id").aggregate_type("account");
     let err = migrate(&pool, &[&OneTable(HOSTILE)]).await.unwrap_err();
@@ -375,7 +375,7 @@ async fn bad_declarations_are_refused_before_any_sql(pool: PgPool) {
     assert_eq!(tables, 0, "nothing created");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_gap_ends_the_batch_and_what_precedes_it_stays_written(pool: PgPool) {
     use projectionist::postgres::PgProjection;
     setup(&pool).await;

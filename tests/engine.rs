@@ -7,9 +7,9 @@ use std::time::Duration;
 use bank_accounts::{AccountEvent, BankAccounts};
 use order_status::{OrderEvent, OrderStatus};
 use projectionist::kafka::{topics, Engine, EngineConfig};
+use projectionist::postgres::migrate;
 use projectionist::postgres::PgConnection;
-use projectionist::postgres::{migrate, MIGRATOR};
-use projectionist::{Envelope, Projection, RawEnvelope, Table, Writes};
+use projectionist::{Envelope, OnUnknownType, Projection, RawEnvelope, Table, Writes};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sqlx::PgPool;
@@ -47,7 +47,7 @@ async fn run(engine: Engine) -> projectionist::kafka::RunReport {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn two_projections_run_in_one_process_with_their_own_checkpoints(pool: PgPool) {
     migrate(&pool, &[&BankAccounts, &OrderStatus]).await.unwrap();
     let (accounts_topic, orders_topic) = (rand_test_topic("accounts"), rand_test_topic("orders"));
@@ -113,7 +113,7 @@ impl Projection<PgConnection> for AccountEventCounts {
 
 /// One configured group id and two projections of one topic: each projection still reads
 /// every partition (its own group, `<group id>.<projection>`), none misses events.
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn one_group_id_still_gives_every_projection_every_partition(pool: PgPool) {
     migrate(&pool, &[&BankAccounts, &AccountEventCounts]).await.unwrap();
     let topic = rand_test_topic("shared");
@@ -174,7 +174,7 @@ fn account_events() -> Vec<RawEnvelope> {
     ]
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn retryable_database_errors_are_retried_with_backoff(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     inject_failures(&pool, 3, "40001").await;
@@ -192,7 +192,7 @@ async fn retryable_database_errors_are_retried_with_backoff(pool: PgPool) {
     assert!(injector_calls(&pool).await >= 4, "three failed tries, then the write");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     inject_failures(&pool, i64::MAX, "23514").await;
@@ -212,7 +212,7 @@ async fn a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
     assert_eq!(rows, 0);
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_value_the_database_refuses_halts_at_its_own_event_after_the_ones_before_it(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     sqlx::raw_sql("ALTER TABLE bank_accounts ADD CONSTRAINT owner_is_no_robot CHECK (owner <> 'robot')")
@@ -248,7 +248,7 @@ async fn a_value_the_database_refuses_halts_at_its_own_event_after_the_ones_befo
     assert_eq!((balance, version), (18, 4), "the events before it are applied and committed");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_gap_halts_after_applying_what_precedes_it(pool: PgPool) {
     migrate(&pool, &[&OrderStatus]).await.unwrap();
     let topic = rand_test_topic("gap");
@@ -285,7 +285,7 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
 /// Batches size themselves: far behind, a partition applies what it read while its
 /// previous batch committed (large batches); at the head, one new event is applied at once,
 /// in a batch of its own.
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn batches_grow_while_behind_and_an_event_at_the_head_is_applied_alone(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("adaptive");
@@ -334,7 +334,7 @@ enum CustomerEvent {
     CustomerRenamed { name: String },
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn customers_sharing_the_accounts_ids_leave_every_account_exact(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let accounts = bank_accounts::generate::stream(60, 8, 11);
@@ -372,4 +372,54 @@ async fn customers_sharing_the_accounts_ids_leave_every_account_exact(pool: PgPo
         .map(|(id, a)| (id, a.owner, a.balance, a.status, a.version))
         .collect();
     assert_eq!(rows, want, "every account exact, whatever the customers sharing its id did");
+}
+
+/// BankAccounts, halting on an event type it does not handle.
+struct StrictAccounts;
+
+impl Projection<PgConnection> for StrictAccounts {
+    type Event = AccountEvent;
+
+    fn name(&self) -> &str {
+        "strict_accounts"
+    }
+
+    fn tables(&self) -> &[Table] {
+        Projection::tables(&BankAccounts)
+    }
+
+    fn on_unknown_type(&self) -> OnUnknownType {
+        OnUnknownType::Halt
+    }
+
+    fn project(&self, event: &Envelope<AccountEvent>) -> Writes {
+        BankAccounts.project(event)
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_unknown_event_type_halts_a_projection_that_says_so_at_that_event(pool: PgPool) {
+    migrate(&pool, &[&StrictAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let mut unknown = e("acc-s", 3, &AccountEvent::MoneyDeposited { amount: 1 });
+    unknown.event_type = "stock_added".into();
+    let events = [
+        e("acc-s", 1, &AccountEvent::AccountOpened { owner: "sam".into() }),
+        e("acc-s", 2, &AccountEvent::MoneyDeposited { amount: 5 }),
+        unknown,
+        e("acc-s", 4, &AccountEvent::MoneyDeposited { amount: 6 }),
+    ];
+    let topic = rand_test_topic("strict");
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    produce(&topic, &events).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(StrictAccounts), [topic.clone()])).await;
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(halts[0].contains(&format!("{topic}/0@2 ")) && halts[0].contains("\"stock_added\""), "{}", halts[0]);
+    assert!(halts[0].contains("AccountOpened, MoneyDeposited"), "names the handled types: {}", halts[0]);
+    let version: i64 = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-s'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(version, 2, "the events before it applied, nothing at or after it");
 }

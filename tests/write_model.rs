@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use order_status::OrderStatus;
-use projectionist::postgres::{
-    apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection, MIGRATOR,
-};
+use projectionist::postgres::{apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection};
 use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::{dump_tables, envelope, interleave, with_redeliveries, ProjectionTest};
 use rand::rngs::StdRng;
@@ -244,7 +242,7 @@ fn expected_totals(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)> {
     rows
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn set_based_batches_equal_the_per_event_path_on_random_streams(pool: PgPool) {
     let projections: Vec<&dyn PgProjection> = SHAPES.iter().map(|s| s as &dyn PgProjection).collect();
     migrate(&pool, &projections).await.unwrap();
@@ -288,7 +286,7 @@ async fn set_based_batches_equal_the_per_event_path_on_random_streams(pool: PgPo
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn two_writers_applying_overlapping_batches_apply_each_event_once(pool: PgPool) {
     migrate(&pool, &[&OrderStatus]).await.unwrap();
     let events = order_status::generate::stream(300, 15, 3);
@@ -339,7 +337,7 @@ async fn two_writers_applying_overlapping_batches_apply_each_event_once(pool: Pg
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn writes_and_custom_sql_mix_in_one_batch(pool: PgPool) {
     let e = |v, w: Wire| envelope("thing", "n1", v, &w);
     // Adds through planned writes, snaps through custom SQL (its `apply` has no guard).

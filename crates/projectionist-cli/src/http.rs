@@ -153,13 +153,14 @@ mod tests {
         (status, head.to_ascii_lowercase(), body.to_owned())
     }
 
-    #[sqlx::test(migrator = "projectionist_postgres::MIGRATOR")]
+    #[sqlx::test(migrations = false)]
     async fn serves_probes_and_metrics_and_turns_ready_once_partitions_are_assigned(pool: PgPool) {
         let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into());
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let unique = format!("{}-{nanos}", std::process::id());
         let topic = format!("test.http.{unique}");
         topics::create_topics(brokers.as_str(), &[topic.as_str()], 1, 1).await.unwrap();
+        projectionist_postgres::migrate(&pool, &[&Probe]).await.unwrap();
         let config = EngineConfig::new(brokers)
             .with_group_id(format!("http-{unique}"))
             .with_kafka_property("session.timeout.ms", "6000")

@@ -74,8 +74,14 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create the engine tables and the registered projections' tables.
-    Migrate,
+    /// Create the engine tables and the registered projections' tables, after checking that
+    /// the tables already there are as declared (a difference is refused, naming it).
+    Migrate {
+        /// Also add declared columns a table lacks, where that is safe: nullable and without
+        /// a default (the rows already there get NULL in them).
+        #[arg(long)]
+        add_columns: bool,
+    },
     /// Create the registered projections' topics through the admin API (existing ones are kept).
     CreateTopics {
         /// Partitions per new topic.
@@ -143,15 +149,17 @@ impl App {
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
         let client = cli.kafka.client();
-        if !matches!(cli.command, Command::Migrate) {
+        if !matches!(cli.command, Command::Migrate { .. }) {
             cli.kafka.preflight(&client).await?;
         }
         match cli.command {
-            Command::Migrate => {
+            Command::Migrate { add_columns } => {
                 let pool = pool(&cli.database_url).await?;
                 let projections: Vec<&dyn PgProjection> =
                     self.registrations.iter().map(|r| r.projection.as_ref()).collect();
-                projectionist_postgres::migrate(&pool, &projections).await?;
+                let mut options = projectionist_postgres::MigrateOptions::default();
+                options.add_columns = add_columns;
+                projectionist_postgres::migrate_with(&pool, &projections, options).await?;
                 println!("Migrated engine tables and {} projection(s).", projections.len());
             }
             Command::CreateTopics { partitions, replication } => {
@@ -249,9 +257,16 @@ impl App {
         for (name, stats) in &report.projections {
             let c = stats.outcomes();
             let read = stats.read.load(std::sync::atomic::Ordering::Relaxed);
+            let types = stats.ignored_types.lock().expect("ignored types lock");
+            let ignored_types = if types.is_empty() {
+                String::new()
+            } else {
+                let each: Vec<String> = types.iter().map(|(t, n)| format!("{t} {n}")).collect();
+                format!(" ({})", each.join(", "))
+            };
             println!(
                 "{name}: read {read} events in {elapsed:.2}s ({:.0}/s): applied {}, duplicates skipped {}, stale \
-                skipped {}, ignored {}",
+                skipped {}, ignored {}{ignored_types}",
                 read as f64 / elapsed.max(1e-9),
                 c.applied,
                 c.duplicate,
@@ -347,9 +362,17 @@ async fn pool(url: &Option<String>) -> anyhow::Result<PgPool> {
 async fn pool_of(url: &Option<String>, max_connections: u32) -> anyhow::Result<PgPool> {
     let Some(url) = url else { bail!("no database: set DATABASE_URL or pass --database-url") };
     // The URL may hold a password: errors below never repeat it.
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    if !matches!(scheme, "postgres" | "postgresql") {
+        bail!(
+            "DATABASE_URL is not a PostgreSQL URL (its scheme is {scheme:?}): expected \
+             postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+        );
+    }
     let options =
         PgConnectOptions::from_str(url).map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
     let where_ = format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or("?"));
+    reachable(&options).await.map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {e}"))?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
@@ -357,6 +380,23 @@ async fn pool_of(url: &Option<String>, max_connections: u32) -> anyhow::Result<P
         .await
         // One line, the cause said once (sqlx's errors repeat their source in Display).
         .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {}", pg_connect_reason(&e)))
+}
+
+/// Whether PostgreSQL's host answers on its port, within a few seconds: the pool keeps
+/// retrying a refused connection until its acquire timeout and then says only "pool timed
+/// out", so a wrong host or port is found here first, with the system's reason. (A Unix
+/// socket directory is left to the pool.)
+async fn reachable(options: &PgConnectOptions) -> Result<(), String> {
+    const WITHIN: Duration = Duration::from_secs(5);
+    let host = options.get_host();
+    if host.starts_with('/') {
+        return Ok(());
+    }
+    match tokio::time::timeout(WITHIN, tokio::net::TcpStream::connect((host, options.get_port()))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {}s", WITHIN.as_secs())),
+    }
 }
 
 fn pg_connect_reason(e: &sqlx::Error) -> String {

@@ -199,6 +199,12 @@ impl<E: DeserializeOwned + 'static> EventDecoder<E> {
         self.types.is_none_or(|types| types.contains(&event_type))
     }
 
+    /// The event types `E` has variants for (`None`: `E` is not an enum tagged by `type`,
+    /// and takes every type).
+    pub fn types(&self) -> Option<&'static [&'static str]> {
+        self.types
+    }
+
     /// As [`RawEnvelope::decode`].
     pub fn decode(&self, raw: RawEnvelope) -> Result<Decoded<E>, DecodeError> {
         if !self.handles(&raw.event_type) {

@@ -61,8 +61,17 @@ use crate::{ApplyError, Envelope, Outcome, Table, Writes};
 pub trait Projection<Tx: ?Sized + Send>: Send + Sync + 'static {
     /// The projection's events: a serde enum tagged by the envelope's `type`, e.g.
     /// `#[serde(tag = "type", content = "data")]`. Event types with no variant are
-    /// reported as [`Outcome::Ignored`] and still move the aggregate's version gate.
+    /// reported as [`Outcome::Ignored`] and still move the aggregate's version gate, or
+    /// halt, as [`on_unknown_type`](Projection::on_unknown_type) says.
     type Event: DeserializeOwned + Send + Sync + 'static;
+
+    /// What an event whose type [`Event`](Projection::Event) has no variant for does. The
+    /// default, [`OnUnknownType::Warn`], ignores it with a warning the first time a run
+    /// meets each such type: a name spelled differently by the producer (`stock_added`
+    /// for `StockAdded`) would otherwise drop events unseen.
+    fn on_unknown_type(&self) -> OnUnknownType {
+        OnUnknownType::Warn
+    }
 
     /// Stable name: keys checkpoints, aggregate versions, the consumer group and metric labels.
     /// Changing it makes the engine treat the projection as new.
@@ -98,6 +107,22 @@ pub trait Projection<Tx: ?Sized + Send>: Send + Sync + 'static {
             self.name()
         )))
     }
+}
+
+/// What the engine does with an event whose type the projection has no variant for. Every
+/// such event is counted by type in `projectionist_events_ignored_total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum OnUnknownType {
+    /// Ignore it silently: the projection leaves out types it knows of on purpose. The
+    /// event still moves its aggregate's version gate ([`Outcome::Ignored`]).
+    Ignore,
+    /// Ignore it, and log a warning the first time a run meets each such type, naming the
+    /// type and the projection's own.
+    #[default]
+    Warn,
+    /// Halt the partition at the event, as for an event that does not decode: nothing at
+    /// or after it is applied until the projection handles the type or the event is gone.
+    Halt,
 }
 
 /// Checks a projection name: 1–48 characters of `a-z`, `0-9`, `_` and `-`, starting with a

@@ -251,12 +251,24 @@ impl Table {
         if let Some(ddl) = self.ddl {
             return ddl.to_owned();
         }
-        let mut cols = vec![format!("{} text PRIMARY KEY", quote(self.key))];
-        cols.extend(self.columns.iter().map(|(c, ty)| format!("{} {ty}", quote(c))));
-        if self.is_gated() {
-            cols.push(format!("{} bigint NOT NULL", quote(self.version)));
-        }
+        let cols: Vec<String> =
+            self.column_definitions().iter().map(|(c, def)| format!("{} {def}", quote(c))).collect();
         format!("CREATE TABLE IF NOT EXISTS {} ({})", quote(self.name), cols.join(", "))
+    }
+
+    /// Every column of the table as its DDL declares it, in order: `(name, type and
+    /// constraints)` for the key (`text PRIMARY KEY`), the declared columns and, on gated
+    /// tables, the version (`bigint NOT NULL`). Empty for a custom table.
+    pub fn column_definitions(&self) -> Vec<(&'static str, String)> {
+        if self.gate == Gate::Custom {
+            return Vec::new();
+        }
+        let mut cols = vec![(self.key, "text PRIMARY KEY".to_owned())];
+        cols.extend(self.columns.iter().map(|(c, ty)| (*c, (*ty).to_owned())));
+        if self.is_gated() {
+            cols.push((self.version, "bigint NOT NULL".to_owned()));
+        }
+        cols
     }
 
     /// The row of `event`'s aggregate in this upsert or transition table, written at the

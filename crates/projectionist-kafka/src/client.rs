@@ -117,11 +117,20 @@ impl KafkaClientConfig {
             };
             // Serves queued events, so the error callback sees librdkafka's own reasons.
             let _ = consumer.poll(Duration::from_millis(50));
-            let last = consumer.context().last.lock().expect("preflight lock").clone();
-            match last {
+            let seen = consumer.context().seen.lock().expect("preflight lock").clone();
+            let waited = timeout.saturating_sub(deadline.saturating_duration_since(Instant::now()));
+            match seen.cause {
                 Some((failure, detail)) if failure.is_definite() => return Err(self.connect_error(failure, detail)),
-                last if Instant::now() >= deadline => {
-                    let (failure, detail) = last.unwrap_or((ConnectFailure::Timeout, fetch_error));
+                // Every bootstrap broker refused or could not be resolved: after a few tries
+                // (a broker starting up), that is the answer, with librdkafka's own reason.
+                Some((failure, detail))
+                    if seen.all_down && (waited >= GIVE_UP_WHEN_ALL_DOWN || unresolvable(&detail)) =>
+                {
+                    let tried = format!("every bootstrap broker failed for {}s", waited.as_secs().max(1));
+                    return Err(self.connect_error(failure, format!("{tried}; last: {detail}")));
+                }
+                cause if Instant::now() >= deadline => {
+                    let (failure, detail) = cause.unwrap_or((ConnectFailure::Timeout, fetch_error));
                     return Err(
                         self.connect_error(failure, format!("no metadata within {}s: {detail}", timeout.as_secs()))
                     );
@@ -246,19 +255,45 @@ impl fmt::Display for ConnectFailure {
     }
 }
 
-/// Keeps the last error librdkafka reported, classified.
+/// How long the preflight keeps trying once every bootstrap broker has failed (refused
+/// the connection): long enough for a broker that is just starting, short enough that a
+/// wrong address is reported within seconds.
+const GIVE_UP_WHEN_ALL_DOWN: Duration = Duration::from_secs(3);
+
+/// Whether librdkafka's reason says a broker's name does not resolve (no use waiting).
+fn unresolvable(reason: &str) -> bool {
+    reason.contains("Failed to resolve")
+}
+
+/// What librdkafka reported during the preflight, classified.
 #[derive(Default)]
 struct PreflightContext {
-    last: Mutex<Option<(ConnectFailure, String)>>,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Clone, Default)]
+struct Seen {
+    /// The most telling error: a definite one, else the last one naming a broker's failure
+    /// ("Connection refused", "Failed to resolve"), never the "all brokers are down" summary.
+    cause: Option<(ConnectFailure, String)>,
+    /// Whether librdkafka said every bootstrap broker is down.
+    all_down: bool,
 }
 
 impl ClientContext for PreflightContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        let failure = ConnectFailure::classify(error.rdkafka_error_code(), reason);
-        let mut last = self.last.lock().expect("preflight lock");
-        // A definite cause is not overwritten by the "all brokers down" that follows it.
-        if !last.as_ref().is_some_and(|(f, _)| f.is_definite() && !failure.is_definite()) {
-            *last = Some((failure, reason.to_owned()));
+        let code = error.rdkafka_error_code();
+        let failure = ConnectFailure::classify(code, reason);
+        let mut seen = self.seen.lock().expect("preflight lock");
+        if code == Some(RDKafkaErrorCode::AllBrokersDown) {
+            seen.all_down = true;
+            if seen.cause.is_some() {
+                return;
+            }
+        }
+        // A definite cause is not overwritten by the failures that follow it.
+        if !seen.cause.as_ref().is_some_and(|(f, _)| f.is_definite() && !failure.is_definite()) {
+            seen.cause = Some((failure, reason.to_owned()));
         }
     }
 }

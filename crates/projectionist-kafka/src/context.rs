@@ -49,11 +49,30 @@ pub(crate) struct EngineContext {
     /// Set once the runner stops: a revocation (from closing the consumer) is then
     /// completed here, as nobody else will.
     pub(crate) closing: AtomicBool,
+    /// The last error librdkafka or the consumer reported, for the runner's warning while
+    /// no partition is assigned.
+    last_error: Mutex<Option<String>>,
 }
 
 impl EngineContext {
     pub(crate) fn new(projection: String, events: mpsc::UnboundedSender<Rebalance>) -> Self {
-        Self { projection, events, owned: Arc::default(), closing: AtomicBool::new(false) }
+        Self {
+            projection,
+            events,
+            owned: Arc::default(),
+            closing: AtomicBool::new(false),
+            last_error: Mutex::default(),
+        }
+    }
+
+    /// Keeps `error` as the last one reported.
+    pub(crate) fn remember_error(&self, error: String) {
+        *self.last_error.lock().expect("last error lock") = Some(error);
+    }
+
+    /// The last error reported, if any.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.last_error.lock().expect("last error lock").clone()
     }
 
     fn revoke(&self, consumer: &BaseConsumer<Self>, parts: Vec<Tp>) {
@@ -96,6 +115,12 @@ pub(crate) fn unassign<C: Consumer<EngineContext>>(consumer: &C, parts: &[Tp]) {
 }
 
 impl ClientContext for EngineContext {
+    /// Logs librdkafka's error as the default does, and keeps it.
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::error!(projection = %self.projection, "librdkafka: {error}: {reason}");
+        self.remember_error(format!("{error}: {reason}"));
+    }
+
     /// librdkafka's periodic statistics (`statistics.interval.ms`): the lag of every owned
     /// partition, in offsets and in time, against the head a `read_committed` reader can
     /// reach (the last stable offset). Exported whether or not anything arrives, so a

@@ -2,15 +2,19 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use projectionist_postgres::{validate, PgPool, SharedProjection};
+use projectionist_postgres::{check_tables, PgPool, SharedProjection};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use tokio::sync::{mpsc, watch};
 
 use crate::context::EngineContext;
+use crate::outage::Outage;
+use crate::retry::{Retry, RetryPolicy};
 use crate::runner::{Member, Runner, Stats};
 use crate::{EngineConfig, Error, Result};
 
@@ -172,15 +176,23 @@ impl Engine {
 
     /// Runs until `shutdown` completes (or, with `exit_when_caught_up`, until every
     /// projection has caught up), then finishes in-flight batches, commits and returns.
+    ///
+    /// Refuses to start ([`projectionist_postgres::Error::Drift`]) when a projection's table
+    /// does not exist or differs from its declaration (see `projectionist_postgres::migrate`).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<RunReport> {
         if self.registrations.is_empty() {
             return Err(Error::Config("no projection registered".into()));
+        }
+        tokio::pin!(shutdown);
+        if !self.check_tables(shutdown.as_mut()).await? {
+            let projections =
+                self.registrations.iter().zip(&self.stats).map(|(r, s)| (r.projection.name().to_owned(), s.clone()));
+            return Ok(RunReport { projections: projections.collect() });
         }
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let mut report = RunReport { projections: Vec::new() };
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
-            validate(reg.projection.as_ref())?;
             let name = reg.projection.name().to_owned();
             let group = self.config.group_for(&name);
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
@@ -194,7 +206,6 @@ impl Engine {
         }
         let all = futures_util::future::join_all(tasks);
         tokio::pin!(all);
-        tokio::pin!(shutdown);
         let results = tokio::select! {
             results = &mut all => results,
             () = &mut shutdown => {
@@ -207,6 +218,38 @@ impl Engine {
             r.map_err(|e| Error::Task(e.to_string()))??;
         }
         Ok(report)
+    }
+
+    /// Checks every projection's tables against their declarations before a message is
+    /// read (a column missing from a table created before its declaration changed would
+    /// otherwise halt the first batch), waiting PostgreSQL out as a batch would. `false`:
+    /// `shutdown` came first.
+    async fn check_tables(&self, mut shutdown: Pin<&mut impl Future<Output = ()>>) -> Result<bool> {
+        let retry = RetryPolicy {
+            max_retries: self.config.max_retries,
+            backoff: Duration::from_millis(self.config.retry_backoff_ms),
+        };
+        for (reg, stats) in self.registrations.iter().zip(&self.stats) {
+            let mut outage = Outage::new(stats.clone(), reg.projection.name());
+            let checked = retry
+                .run_until(
+                    || check_tables(&self.pool, reg.projection.as_ref()),
+                    Retry::of,
+                    |e, retrying| {
+                        if retrying.kind == Retry::WaitOut {
+                            outage.failed(e, retrying);
+                        }
+                    },
+                    shutdown.as_mut(),
+                )
+                .await;
+            match checked {
+                None => return Ok(false),
+                Some(checked) => checked?,
+            }
+            outage.over();
+        }
+        Ok(true)
     }
 
     fn consumer(

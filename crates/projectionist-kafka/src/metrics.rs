@@ -9,6 +9,10 @@ pub const EVENTS_APPLIED: &str = "projectionist_events_applied_total";
 /// Events skipped by the version gate or the event filter. Labels: `projection`,
 /// `reason` (`duplicate`, `stale`, `ignored`).
 pub const EVENTS_SKIPPED: &str = "projectionist_events_skipped_total";
+/// Events of a type the projection has no variant for (also counted in
+/// [`EVENTS_SKIPPED`] as `ignored`). Labels: `projection`, `type` (the event type, for at
+/// most 100 types per projection and process; any further ones as `other`).
+pub const EVENTS_IGNORED: &str = "projectionist_events_ignored_total";
 /// Events that halted their partition. Labels: `projection`, `reason` (`poison`, `gap`,
 /// `error`).
 pub const EVENTS_FAILED: &str = "projectionist_events_failed_total";
@@ -53,6 +57,7 @@ pub const PG_POOL_CONNECTIONS: &str = "projectionist_pg_pool_connections";
 pub fn describe() {
     describe_counter!(EVENTS_APPLIED, Unit::Count, "Events that changed a read model.");
     describe_counter!(EVENTS_SKIPPED, Unit::Count, "Events skipped: duplicate or stale version, or unhandled type.");
+    describe_counter!(EVENTS_IGNORED, Unit::Count, "Events of a type the projection does not handle, by type.");
     describe_counter!(EVENTS_FAILED, Unit::Count, "Events that halted their partition.");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
     describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
@@ -78,6 +83,11 @@ pub fn describe() {
     describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");
     describe_gauge!(POSTGRES_WAITING, "1 while a partition waits for PostgreSQL to come back, else 0.");
     describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
+}
+
+/// `n` events of `event_type` (or `other`) ignored.
+pub(crate) fn events_ignored(projection: &str, event_type: String, n: u64) {
+    metrics::counter!(EVENTS_IGNORED, "projection" => projection.to_owned(), "type" => event_type).increment(n);
 }
 
 /// A batch committed: its outcome counters, size (`events` applied), duration and the age of

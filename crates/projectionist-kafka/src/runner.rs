@@ -5,10 +5,10 @@
 //! task of their own (see [`Runner::begin_assign`]). The partitions' work —
 //! batches, transactions, checkpoints, retries, halts — is in [`crate::partition`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use projectionist_core::OutcomeCounts;
 use projectionist_postgres::{PgPool, SharedProjection};
@@ -22,11 +22,16 @@ use tracing::Instrument;
 
 use crate::batcher::Limits;
 use crate::context::{EngineContext, Rebalance, Tp};
-use crate::outage::Outage;
+use crate::outage::{Outage, Throttle};
 use crate::partition::{Begin, Halt, HaltKind, Order, Partition, Progress};
 use crate::retry::{Retry, RetryPolicy};
 use crate::{EngineConfig, Result};
 use projectionist_postgres::checkpoint;
+
+/// How long a runner may hold no partition before it says so.
+const UNASSIGNED_WARN_AFTER: Duration = Duration::from_secs(30);
+/// How often it says so again while that lasts.
+const UNASSIGNED_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Live counters of one projection, readable while it runs.
 #[derive(Debug, Default)]
@@ -45,6 +50,9 @@ pub struct Stats {
     pub stale: AtomicU64,
     /// Event types the projection does not handle.
     pub ignored: AtomicU64,
+    /// Events ignored, by type (the projection has no variant for it): at most
+    /// [`Stats::MAX_IGNORED_TYPES`] types, any further ones counted as `other`.
+    pub ignored_types: Mutex<BTreeMap<String, u64>>,
     /// Batches committed.
     pub batches: AtomicU64,
     /// Halted partitions and why.
@@ -57,6 +65,21 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// The most event types [`Stats::ignored_types`] (and the metric's `type` label) tell apart.
+    pub const MAX_IGNORED_TYPES: usize = 100;
+
+    /// Counts `n` ignored events of `event_type`: the name they are counted under (the type,
+    /// or `other` past [`Stats::MAX_IGNORED_TYPES`]), and whether it is new in this run.
+    pub(crate) fn ignore(&self, event_type: &str, n: u64) -> (String, bool) {
+        let mut types = self.ignored_types.lock().expect("ignored types lock");
+        let known = types.contains_key(event_type);
+        let name = if known || types.len() < Self::MAX_IGNORED_TYPES { event_type } else { "other" };
+        let count = types.entry(name.to_owned()).or_default();
+        let new = *count == 0;
+        *count += n;
+        (name.to_owned(), new)
+    }
+
     pub(crate) fn add(&self, c: &OutcomeCounts) {
         self.applied.fetch_add(c.applied, Ordering::Relaxed);
         self.duplicate.fetch_add(c.duplicate, Ordering::Relaxed);
@@ -110,6 +133,10 @@ pub(crate) struct Runner {
     assigning: Option<Assigning>,
     /// Partitions already replayed from offset zero (`from_beginning`: once per process).
     replayed: HashSet<Tp>,
+    /// Since when the runner has held no partition (`None` while it holds some).
+    unassigned_since: Option<Instant>,
+    /// When to say again that no partition was assigned.
+    unassigned_log: Throttle,
 }
 
 /// Where an assigned partition starts reading.
@@ -176,6 +203,8 @@ impl Runner {
             tasks: HashMap::new(),
             assigning: None,
             replayed: HashSet::new(),
+            unassigned_since: Some(Instant::now()),
+            unassigned_log: Throttle::new(UNASSIGNED_LOG_EVERY),
         }
     }
 
@@ -224,11 +253,13 @@ impl Runner {
                     Err(e) => {
                         // Broker hiccups surface here too; librdkafka reconnects by itself.
                         tracing::warn!(projection = %self.name(), error = %e, "Kafka consumer error; continuing.");
+                        self.consumer.context().remember_error(e.to_string());
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 },
-                _ = tick.tick(), if self.config.exit_when_caught_up => {
-                    if self.caught_up() {
+                _ = tick.tick() => {
+                    self.warn_while_unassigned();
+                    if self.config.exit_when_caught_up && self.caught_up() {
                         tracing::info!(projection = %self.name(), "Caught up with the high watermarks; stopping.");
                         break;
                     }
@@ -500,6 +531,29 @@ impl Runner {
 
     /// Every owned partition reached the high watermark it had when assigned (halted ones
     /// count: they cannot move), and no assignment waits for its checkpoints.
+    /// Says so, now and then, while the group assigns this runner no partition for longer
+    /// than [`UNASSIGNED_WARN_AFTER`]: a group whose rebalance never completes (a dead
+    /// member named leader, say) is otherwise silent.
+    fn warn_while_unassigned(&mut self) {
+        if !self.tasks.is_empty() || self.assigning.is_some() {
+            self.unassigned_since = None;
+            return;
+        }
+        let since = *self.unassigned_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= UNASSIGNED_WARN_AFTER && self.unassigned_log.due() {
+            let last_error = self.consumer.context().last_error().unwrap_or_else(|| "none reported".into());
+            tracing::warn!(
+                projection = %self.name(),
+                group = %self.group,
+                waited_s = since.elapsed().as_secs(),
+                last_group_error = %last_error,
+                "No partition assigned by the consumer group yet. Check that the topics exist, and the broker's \
+                 group coordinator and its log, or run with another --group-id; a member of a group with more \
+                 members than the topics have partitions stays idle by design."
+            );
+        }
+    }
+
     fn caught_up(&self) -> bool {
         self.assigning.is_none()
             && !self.tasks.is_empty()

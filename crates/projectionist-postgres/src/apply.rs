@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use projectionist_core::plan::{Effect, EventRef};
 use projectionist_core::{
-    validate_projection_name, Envelope, EventDecoder, Outcome, Projection, RawEnvelope, Table, Writes,
+    validate_projection_name, Envelope, EventDecoder, OnUnknownType, Outcome, Projection, RawEnvelope, Table, Writes,
 };
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
@@ -51,8 +51,8 @@ struct Failure {
 
 /// What one prepared event does.
 enum Step {
-    /// The projection has no variant for its type.
-    Ignored,
+    /// The projection has no variant for its type (named).
+    Ignored(String),
     /// The projection's writes.
     Writes(Writes),
     /// The typed envelope, for the projection's `apply` (an `Envelope<P::Event>`).
@@ -87,6 +87,15 @@ impl Prepared {
             Some(e) => Some(&e.aggregate_id),
             None if index == self.events.len() => self.failure.as_ref().map(|f| f.aggregate_id.as_str()),
             None => None,
+        }
+    }
+
+    /// The type of the prepared event at `index` when the projection has no variant for it
+    /// (it is ignored), for the engine's count of ignored events by type.
+    pub fn ignored_type(&self, index: usize) -> Option<&str> {
+        match &self.events.get(index)?.step {
+            Step::Ignored(event_type) => Some(event_type),
+            _ => None,
         }
     }
 
@@ -130,6 +139,11 @@ pub trait PgProjection: Send + Sync + 'static {
     fn tables(&self) -> &[Table];
     /// See [`Projection::schema`].
     fn schema(&self) -> &[&str];
+    /// See [`Projection::on_unknown_type`].
+    fn on_unknown_type(&self) -> OnUnknownType;
+    /// The event types the projection's events have variants for (empty when its event
+    /// type is not an enum tagged by `type`: it is offered every type).
+    fn event_types(&self) -> &'static [&'static str];
     /// Decodes and projects `batch`, each event once, up to the first that fails (an
     /// [`Error::Decode`] naming it, or [`Error::Declaration`] for the whole batch). The
     /// envelopes are consumed: their fields move into the typed events, uncopied.
@@ -156,6 +170,14 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         Projection::schema(self)
     }
 
+    fn on_unknown_type(&self) -> OnUnknownType {
+        Projection::on_unknown_type(self)
+    }
+
+    fn event_types(&self) -> &'static [&'static str] {
+        projectionist_core::event_types::<P::Event>().unwrap_or_default()
+    }
+
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared {
         let mut events = Vec::with_capacity(batch.len());
         if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
@@ -163,8 +185,9 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             return Prepared { events, failure: Some(Failure { aggregate_id, error }) };
         }
         let decoder = EventDecoder::<P::Event>::new();
+        let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
         for (index, raw) in batch.into_iter().enumerate() {
-            match prepare_event(self, &decoder, index, raw) {
+            match prepare_event(self, &decoder, halt_on_unknown, index, raw) {
                 Ok(event) => events.push(event),
                 Err(failure) => return Prepared { events, failure: Some(failure) },
             }
@@ -234,12 +257,25 @@ impl<P: Projection<PgConnection>> PgProjection for P {
 fn prepare_event<P: Projection<PgConnection>>(
     projection: &P,
     decoder: &EventDecoder<P::Event>,
+    halt_on_unknown: bool,
     index: usize,
     raw: RawEnvelope,
 ) -> std::result::Result<PreparedEvent, Failure> {
     let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = raw;
     if !decoder.handles(&event_type) {
-        return Ok(PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step: Step::Ignored });
+        if halt_on_unknown {
+            let aggregate = format!("{aggregate_type}/{aggregate_id}");
+            let error = Error::UnknownType {
+                index,
+                aggregate,
+                version,
+                event_type,
+                known: decoder.types().unwrap_or_default().join(", "),
+            };
+            return Err(Failure { aggregate_id, error });
+        }
+        let step = Step::Ignored(event_type);
+        return Ok(PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step });
     }
     let event = match decoder.event(&event_type, data) {
         Ok(event) => event,
@@ -335,8 +371,11 @@ pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Resu
 
 /// Empties the projection's tables and forgets its aggregate versions and checkpoints, in one
 /// transaction, so the next run rebuilds it from the start of its topics.
+///
+/// Refuses ([`Error::Drift`]) before emptying anything when a table does not exist or is not
+/// as declared: the replay would halt on it, leaving the read model empty.
 pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
-    validate(projection)?;
+    crate::check_tables(pool, projection).await?;
     let mut tx = pool.begin().await?;
     if !projection.tables().is_empty() {
         let tables = projection

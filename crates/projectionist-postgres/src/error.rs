@@ -12,9 +12,10 @@ pub enum Error {
     /// A database error (connection, SQL, constraint…).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    /// Running the engine migrations failed.
-    #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The engine's migrations cannot run on this database (its history names a migration
+    /// this build does not know, or one of them failed).
+    #[error("migration refused: {0}")]
+    Migration(String),
     /// A table or column name from configuration breaks the identifier rules.
     #[error("invalid identifier {ident:?}: {reason}")]
     Identifier {
@@ -34,6 +35,24 @@ pub enum Error {
         version: i64,
         /// Why.
         source: DecodeError,
+    },
+    /// An event's type is none the projection handles, and the projection halts on such
+    /// an event ([`OnUnknownType::Halt`](projectionist_core::OnUnknownType::Halt)).
+    #[error(
+        "event #{index} of the batch ({aggregate} v{version}) has type {event_type:?}, which the projection does not \
+         handle (on_unknown_type = halt; its types: {known})"
+    )]
+    UnknownType {
+        /// Position in the batch.
+        index: usize,
+        /// Aggregate of the event, `type/id`.
+        aggregate: String,
+        /// Version of the event.
+        version: i64,
+        /// The event's type, as on the wire.
+        event_type: String,
+        /// The types the projection handles, comma-separated.
+        known: String,
     },
     /// An event's writes break the projection's table declarations (an undeclared table or
     /// column, `add` on an upsert table, a key too long to store, …): a bug in the
@@ -78,6 +97,15 @@ pub enum Error {
         /// What was seen, naming the table.
         detail: String,
     },
+    /// Tables of the projection in the database differ from their declarations, or do not
+    /// exist yet: nothing was written or emptied.
+    #[error("{}", describe_drift(projection, drift))]
+    Drift {
+        /// Projection name.
+        projection: String,
+        /// Each difference, naming table and column.
+        drift: Vec<crate::Drift>,
+    },
     /// The projection's own `apply` failed on an event of the batch.
     #[error("projection {projection} failed on event #{index} of the batch ({aggregate} v{version}): {error}")]
     Apply {
@@ -92,6 +120,35 @@ pub enum Error {
         /// The projection's error.
         error: ApplyError,
     },
+}
+
+/// Every difference on a line of its own, then what to do about them.
+fn describe_drift(projection: &str, drift: &[crate::Drift]) -> String {
+    let mut text = format!("projection {projection}: its tables in the database differ from their declarations:");
+    for d in drift {
+        text.push_str(&format!("\n  - {d}"));
+        if d.fix.is_some() {
+            text.push_str(" (can be added in place: `migrate --add-columns`)");
+        }
+    }
+    let missing = |d: &&crate::Drift| d.problem == crate::drift::MISSING_TABLE;
+    if drift.iter().any(|d| d.fix.is_some()) {
+        text.push_str(
+            "\nTo add the missing nullable columns in place, run `migrate --add-columns` (`MigrateOptions` in the \
+             library): the rows already there get NULL in them, as if no event had set them yet.",
+        );
+    }
+    if drift.iter().any(|d| missing(&d)) {
+        text.push_str("\nRun `migrate` to create the tables that do not exist.");
+    }
+    if drift.iter().any(|d| d.fix.is_none() && !missing(&d)) {
+        text.push_str(
+            "\nA table that differs otherwise must be rebuilt from the stream: drop it (or rename it to keep it), run \
+             `migrate` to create it as declared, then `run --reset` to replay the projection's topics from offset \
+             zero (docs/operations.md, \"Changing a schema\"). Or change the declaration back to what the table is.",
+        );
+    }
+    text
 }
 
 /// A database error with what PostgreSQL says besides its message: the detail (which
@@ -150,7 +207,7 @@ impl Error {
     /// True for an event that can never be applied as it is (decode failure): retrying
     /// cannot help, it must be dead-lettered or halt its partition.
     pub fn is_poison(&self) -> bool {
-        matches!(self, Self::Decode { .. })
+        matches!(self, Self::Decode { .. } | Self::UnknownType { .. })
     }
 
     /// The position in the batch of the event the error is about, when it is about one:
@@ -158,6 +215,7 @@ impl Error {
     pub fn event_index(&self) -> Option<usize> {
         match self {
             Self::Decode { index, .. }
+            | Self::UnknownType { index, .. }
             | Self::Invalid { index, .. }
             | Self::Rejected { index, .. }
             | Self::Apply { index, .. } => Some(*index),
@@ -174,6 +232,9 @@ impl Error {
             }
             Self::Invalid { index, aggregate, version, problem } => {
                 Self::Invalid { index: index + by, aggregate, version, problem }
+            }
+            Self::UnknownType { index, aggregate, version, event_type, known } => {
+                Self::UnknownType { index: index + by, aggregate, version, event_type, known }
             }
             Self::Rejected { index, aggregate, version, source } => {
                 Self::Rejected { index: index + by, aggregate, version, source }

@@ -2,7 +2,7 @@
 
 use bank_accounts::generate::{envelope, expected, stream};
 use bank_accounts::{AccountEvent, BankAccounts};
-use projectionist::postgres::{apply_batch, migrate, MIGRATOR};
+use projectionist::postgres::{apply_batch, migrate};
 use projectionist::{Outcome, RawEnvelope};
 use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
 use serde_json::json;
@@ -12,7 +12,7 @@ fn opened(id: &str) -> RawEnvelope {
     envelope(id, 1, &AccountEvent::AccountOpened { owner: "ann".into() })
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_redelivered_deposit_is_counted_once(pool: PgPool) {
     let deposit = envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 500 });
     // Re-sent by the producer with a fresh event id: the gate keys on the version, not the id.
@@ -31,7 +31,7 @@ async fn a_redelivered_deposit_is_counted_once(pool: PgPool) {
         .await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn every_outcome_is_reported(pool: PgPool) {
     let mut unknown = envelope("acc-1", 3, &AccountEvent::AccountClosed {});
     unknown.event_type = "AccountRenamed".into();
@@ -59,7 +59,7 @@ async fn every_outcome_is_reported(pool: PgPool) {
         .await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn an_event_type_the_projection_does_not_handle_still_moves_the_gate(pool: PgPool) {
     // BankAccounts has no InterestAccrued: it is ignored, and the next deposit still applies.
     let mut interest = envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 0 });
@@ -74,7 +74,7 @@ async fn an_event_type_the_projection_does_not_handle_still_moves_the_gate(pool:
         .await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_poison_event_fails_the_batch_naming_it_and_applies_nothing(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let mut poison = envelope("acc-2", 2, &AccountEvent::MoneyDeposited { amount: 1 });
@@ -87,7 +87,7 @@ async fn a_poison_event_fails_the_batch_naming_it_and_applies_nothing(pool: PgPo
     assert_eq!(rows, 0, "the whole batch is rolled back");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
     let events = stream(300, 15, 42);
     assert!(events.len() > 2_000, "{} events", events.len());

@@ -759,3 +759,113 @@ async fn a_halted_partition_reports_growing_time_lag(pool: PgPool) {
     std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
     child.wait().await.unwrap();
 }
+
+#[sqlx::test(migrations = false)]
+async fn an_event_type_the_projection_does_not_handle_is_warned_about_once_and_counted(pool: PgPool) {
+    let env = Env::new(&pool, "unknown-type").await;
+    let e = generate::envelope;
+    let renamed = |mut event: RawEnvelope, event_type: &str| {
+        event.event_type = event_type.into();
+        event
+    };
+    let events = [
+        e("acc-u", 1, &AccountEvent::AccountOpened { owner: "uma".into() }),
+        // The producer's spelling of MoneyDeposited: a naming mismatch, ignored with a warning.
+        renamed(e("acc-u", 2, &AccountEvent::MoneyDeposited { amount: 5 }), "money_deposited"),
+        renamed(e("acc-u", 3, &AccountEvent::MoneyDeposited { amount: 7 }), "money_deposited"),
+        renamed(e("acc-u", 4, &AccountEvent::MoneyDeposited { amount: 0 }), "InterestAccrued"),
+        e("acc-u", 5, &AccountEvent::MoneyDeposited { amount: 100 }),
+    ];
+    env.publish(&events).await;
+    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+    let addr = metrics_listener(&log).await;
+    let started = Instant::now();
+    while applied_so_far(&pool).await != 5 {
+        assert!(started.elapsed() < Duration::from_secs(90), "never caught up:\n{}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let balance: i64 = sqlx::query_scalar("SELECT balance FROM bank_accounts WHERE account_id = 'acc-u'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(balance, 100, "the ignored events wrote nothing, and moved the version");
+    let p = "projection=\"bank_accounts\"";
+    let metrics = loop {
+        let (_, metrics) = http_get(&addr, "/metrics").await;
+        if sample(&metrics, "projectionist_events_ignored_total", &[p, "type=\"InterestAccrued\""]).is_some() {
+            break metrics;
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "no ignored events counted:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(sample(&metrics, "projectionist_events_ignored_total", &[p, "type=\"money_deposited\""]), Some(2.0));
+    assert_eq!(sample(&metrics, "projectionist_events_ignored_total", &[p, "type=\"InterestAccrued\""]), Some(1.0));
+    std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
+    assert!(child.wait().await.unwrap().success());
+
+    let log = log.lock().unwrap().clone();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("Ignoring events of a type")).collect();
+    assert_eq!(warnings.len(), 2, "one warning per type:\n{log}");
+    for event_type in ["money_deposited", "InterestAccrued"] {
+        let warning = warnings.iter().find(|w| w.contains(&format!("event_type={event_type}"))).expect(event_type);
+        assert!(warning.contains("WARN") && warning.contains("MoneyDeposited"), "names the handled types: {warning}");
+    }
+    assert!(log.contains("ignored 3 (InterestAccrued 1, money_deposited 2)"), "the summary names them:\n{log}");
+}
+
+/// A command against a wrong address: its exit status, its last line of stderr, how long it took.
+async fn fails_fast(database_url: &str, brokers: &str, command: &str) -> (bool, String, Duration) {
+    let started = Instant::now();
+    let out = Command::new(BIN)
+        .arg(command)
+        .env("DATABASE_URL", database_url)
+        .env("KAFKA_BROKERS", brokers)
+        .env_remove("KAFKA_CONNECT_TIMEOUT_SECS")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), stderr.lines().last().unwrap_or("").to_owned(), started.elapsed())
+}
+
+#[tokio::test]
+async fn a_wrong_broker_or_database_address_fails_within_seconds_naming_the_cause() {
+    let database = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    // Nothing listens on port 1; the 30 s connect timeout is not what ends the wait.
+    let (ok, last, took) = fails_fast(&database, "127.0.0.1:1", "status").await;
+    assert!(
+        !ok && last.contains("cannot connect to Kafka at 127.0.0.1:1") && last.contains("Connection refused"),
+        "{last}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}: {last}");
+    let (ok, last, _) = fails_fast(&database, "no-such-host.invalid:9092", "status").await;
+    assert!(!ok && last.contains("Failed to resolve 'no-such-host.invalid:9092'"), "{last}");
+
+    let wrong_port = "postgres://projectionist:never-printed@127.0.0.1:1/projectionist";
+    let (ok, last, took) = fails_fast(wrong_port, &brokers(), "migrate").await;
+    assert!(!ok && last.contains("cannot connect to PostgreSQL at 127.0.0.1:1/projectionist"), "{last}");
+    assert!(last.contains("Connection refused") && !last.contains("never-printed"), "{last}");
+    assert!(took < Duration::from_secs(20), "took {took:?}: {last}");
+    let (ok, last, _) = fails_fast("mysql://root:never-printed@127.0.0.1:3306/test", &brokers(), "migrate").await;
+    assert!(!ok && last.contains("is not a PostgreSQL URL") && !last.contains("never-printed"), "{last}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_runner_the_group_assigns_nothing_says_so_naming_the_group_and_the_last_error(pool: PgPool) {
+    // The topic is never created: the group has nothing to assign.
+    let env = Env::new(&pool, "unassigned").await;
+    let (mut child, log) = env.spawn(&[]);
+    let started = Instant::now();
+    let warning = loop {
+        if let Some(line) = log.lock().unwrap().lines().find(|l| l.contains("No partition assigned")) {
+            break line.to_owned();
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "no warning:\n{}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    assert!(warning.contains(&format!("group={}.bank_accounts", env.group)), "{warning}");
+    assert!(warning.contains("waited_s=30"), "{warning}");
+    assert!(warning.contains("last_group_error=") && warning.contains("Unknown topic or partition"), "{warning}");
+}

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bank_accounts::generate;
 use bank_accounts::BankAccounts;
 use projectionist::kafka::{topics, Engine, EngineConfig};
-use projectionist::postgres::{migrate, MIGRATOR};
+use projectionist::postgres::migrate;
 use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -94,7 +94,7 @@ fn two_halves(seed: u64) -> (Vec<RawEnvelope>, Vec<RawEnvelope>) {
     (events, second)
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn an_outage_longer_than_the_retry_budget_is_waited_out(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let proxy = start_proxy(&pool).await;
@@ -172,7 +172,7 @@ async fn an_outage_longer_than_the_retry_budget_is_waited_out(pool: PgPool) {
     assert_eq!(next, all.len() as i64, "every partition checkpointed to its end");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn checkpoints_are_read_at_assignment_once_postgres_is_back(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let proxy = start_proxy(&pool).await;
@@ -217,7 +217,7 @@ async fn checkpoints_are_read_at_assignment_once_postgres_is_back(pool: PgPool) 
 }
 
 /// One GET over plain HTTP/1.1; returns status code and body.
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn ready_answers_503_while_the_runner_waits_for_postgres(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let proxy = start_proxy(&pool).await;

@@ -234,6 +234,8 @@ async fn sasl_and_oauth_secrets_never_reach_the_logs_and_bad_credentials_fail_cl
 #[sqlx::test(migrations = false)]
 async fn engine_connections_use_tls_with_sslmode_require(pool: PgPool) {
     // Connections are only observable while open: look at a running engine's.
+    let (out, text) = output(cli(&database_url(&pool, ""), "test.unused", &["migrate"])).await;
+    assert!(out.status.success(), "{text}");
     for (mode, encrypted) in [("require", true), ("disable", false)] {
         let app = format!("tls-{mode}-{}", uuid::Uuid::new_v4().simple());
         let url = database_url(&pool, &format!("sslmode={mode}&application_name={app}"));

@@ -2,7 +2,6 @@
 
 use order_status::generate::{envelope, expected_customer_stats, stream};
 use order_status::{OrderEvent, OrderStatus};
-use projectionist::postgres::MIGRATOR;
 use projectionist::Outcome;
 use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
 use serde_json::json;
@@ -12,7 +11,7 @@ fn placed(order: &str, customer: &str, total: i64) -> projectionist::RawEnvelope
     envelope(order, 1, &OrderEvent::OrderPlaced { customer_id: customer.into(), total_cents: total })
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn fan_in_totals_count_each_order_once(pool: PgPool) {
     ProjectionTest::new(pool, OrderStatus)
         .given([placed("o-1", "c-1", 1000)])
@@ -51,7 +50,7 @@ async fn fan_in_totals_count_each_order_once(pool: PgPool) {
         .await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn a_gap_changes_neither_table(pool: PgPool) {
     ProjectionTest::new(pool, OrderStatus)
         .given([placed("o-1", "c-1", 1000)])
@@ -63,7 +62,7 @@ async fn a_gap_changes_neither_table(pool: PgPool) {
         .await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrations = false)]
 async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
     let events = stream(1_000, 40, 11);
     assert!(events.len() > 3_000, "{} events", events.len());

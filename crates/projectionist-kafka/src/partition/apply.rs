@@ -3,10 +3,11 @@
 //! failures retried a bounded number of times, and what retrying cannot fix halting the
 //! partition at the event at fault after committing what precedes it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use projectionist_core::{Outcome, OutcomeCounts};
+use projectionist_core::{OnUnknownType, Outcome, OutcomeCounts};
 use projectionist_postgres::{Mode, Prepared};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -88,9 +89,10 @@ impl Partition {
                     .await;
                 let Some(result) = result else { return Applied::Abandoned };
                 match result {
-                    Ok(Committed { counts, next_offset, gap }) => {
+                    Ok(Committed { counts, next_offset, gap, ignored }) => {
                         outage.over();
                         this.stats.add(&counts);
+                        this.count_ignored(ignored);
                         let applied = gap.as_ref().map_or(end, |(index, _)| *index);
                         let last =
                             applied.checked_sub(1).and_then(|i| prepared.occurred_at(i)).map(|t| t.timestamp_millis());
@@ -122,6 +124,27 @@ impl Partition {
         }
         .instrument(span)
         .await
+    }
+
+    /// Counts a committed batch's ignored events by type, and warns the first time a run
+    /// meets a type (unless the projection ignores unknown types on purpose).
+    fn count_ignored(&self, ignored: BTreeMap<String, u64>) {
+        for (event_type, n) in ignored {
+            let (counted_as, new) = self.stats.ignore(&event_type, n);
+            m::events_ignored(self.name(), counted_as, n);
+            if new && self.projection.on_unknown_type() == OnUnknownType::Warn {
+                tracing::warn!(
+                    projection = %self.name(),
+                    event_type = %event_type,
+                    events = n,
+                    handled = %self.projection.event_types().join(", "),
+                    "Ignoring events of a type the projection does not handle (they still move their aggregates' \
+                     versions). If the producer spells a handled type otherwise, fix the name; if the type is \
+                     left out on purpose, return OnUnknownType::Ignore from on_unknown_type. Counted in \
+                     projectionist_events_ignored_total."
+                );
+            }
+        }
     }
 
     /// Where a failure that retries did not cure (or that retrying cannot fix) stops the
@@ -163,7 +186,13 @@ impl Partition {
             metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
         }
         let counts = outcomes.iter().filter(|o| !matches!(o, Outcome::Gap { .. })).collect();
-        Ok(Committed { counts, next_offset, gap })
+        let mut ignored = BTreeMap::new();
+        for (index, _) in outcomes.iter().enumerate().filter(|(_, o)| **o == Outcome::Ignored) {
+            if let Some(event_type) = prepared.ignored_type(index) {
+                *ignored.entry(event_type.to_owned()).or_default() += 1;
+            }
+        }
+        Ok(Committed { counts, next_offset, gap, ignored })
     }
 }
 
@@ -186,12 +215,18 @@ struct Committed {
     counts: OutcomeCounts,
     next_offset: i64,
     gap: Option<(usize, String)>,
+    /// Ignored events by type.
+    ignored: BTreeMap<String, u64>,
 }
 
 /// Why a failure that retries did not cure stops the partition, and its kind.
 fn classify(e: &projectionist_postgres::Error, retries: u32) -> (String, HaltKind) {
     match e {
         projectionist_postgres::Error::Decode { source, .. } => (source.to_string(), HaltKind::Poison),
+        projectionist_postgres::Error::UnknownType { event_type, known, .. } => (
+            format!("type {event_type:?} is none the projection handles ({known}), and it halts on such events"),
+            HaltKind::Poison,
+        ),
         projectionist_postgres::Error::Invalid { problem, .. } => (problem.clone(), HaltKind::Error),
         other if other.is_retryable() => (format!("{other} (gave up after {retries} retries)"), HaltKind::Error),
         // A value the database refused, a failing `apply`, ...

@@ -1,0 +1,173 @@
+//! `migrate` against a real PostgreSQL: the engine keeps its own migration history and
+//! leaves an application's sqlx history as it is; a table that differs from its declaration
+//! is refused by `migrate`, a reset and `run`, naming the table, the difference and what to
+//! do; a nullable column is added in place only when asked.
+
+use std::path::PathBuf;
+
+use projectionist::kafka::{Engine, EngineConfig};
+use projectionist::postgres::{check_tables, migrate, migrate_with, reset, Error, MigrateOptions, PgConnection};
+use projectionist::{Envelope, Projection, Table, Writes};
+use serde::Deserialize;
+use sqlx::migrate::Migrator;
+use sqlx::PgPool;
+
+#[derive(Deserialize)]
+#[serde(tag = "type", content = "data")]
+enum Ev {
+    Named { name: String },
+}
+
+/// A projection over one table, declared at run time.
+struct Shop(Table);
+
+impl Projection<PgConnection> for Shop {
+    type Event = Ev;
+
+    fn name(&self) -> &str {
+        "shop"
+    }
+
+    fn tables(&self) -> &[Table] {
+        std::slice::from_ref(&self.0)
+    }
+
+    fn project(&self, e: &Envelope<Ev>) -> Writes {
+        let Ev::Named { name } = &e.event;
+        self.0.write(e).set("name", name).into()
+    }
+}
+
+const V1: Table = Table::upsert("shops", "id").aggregate_type("shop").columns(&[
+    ("name", "text"),
+    ("stock", "bigint NOT NULL DEFAULT 0"),
+    ("price", "numeric(10,2)"),
+]);
+
+/// The application's own sqlx migrations, in a directory of their own.
+async fn application_migrator() -> Migrator {
+    let dir: PathBuf = std::env::temp_dir().join(format!("app-migrations-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("20240101000000_users.sql"), "CREATE TABLE app_users (id bigint PRIMARY KEY);").unwrap();
+    Migrator::new(dir).await.unwrap()
+}
+
+async fn versions(pool: &PgPool, table: &str) -> Vec<i64> {
+    sqlx::query_scalar(&format!("SELECT version FROM {table} ORDER BY version")).fetch_all(pool).await.unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_engine_keeps_its_history_apart_from_the_applications_sqlx_migrations(pool: PgPool) {
+    let app = application_migrator().await;
+    app.run(&pool).await.unwrap();
+    migrate(&pool, &[&Shop(V1)]).await.unwrap();
+    migrate(&pool, &[&Shop(V1)]).await.expect("a second migrate changes nothing");
+    // The application's migrator still finds only its own history, and so runs again.
+    app.run(&pool).await.expect("the application's migrations still run");
+    assert_eq!(versions(&pool, "_sqlx_migrations").await, [20240101000000]);
+    let engine = versions(&pool, "projectionist_migrations").await;
+    assert_eq!(engine, [20261122000001, 20261123000001]);
+    for table in ["app_users", "projectionist_checkpoints", "projectionist_watermarks", "shops"] {
+        let exists: bool =
+            sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(&pool).await.unwrap();
+        assert!(exists, "{table}");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_history_an_earlier_build_left_in_sqlx_migrations_moves_to_the_engines(pool: PgPool) {
+    // Builds of 0.1.0 ran the engine's migrations with sqlx's migrator.
+    sqlx::migrate!("./migrations").run(&pool).await.unwrap();
+    assert_eq!(versions(&pool, "_sqlx_migrations").await, [20261122000001, 20261123000001]);
+    migrate(&pool, &[]).await.unwrap();
+    assert_eq!(versions(&pool, "_sqlx_migrations").await, Vec::<i64>::new());
+    assert_eq!(versions(&pool, "projectionist_migrations").await, [20261122000001, 20261123000001]);
+    // The application can now use sqlx's migrator in the same database.
+    application_migrator().await.run(&pool).await.expect("no foreign versions left in _sqlx_migrations");
+}
+
+#[sqlx::test(migrations = false)]
+async fn types_spelled_otherwise_are_the_same_columns(pool: PgPool) {
+    migrate(&pool, &[&Shop(V1)]).await.unwrap();
+    const RESPELLED: Table = Table::upsert("shops", "id").aggregate_type("shop").columns(&[
+        ("name", "TEXT"),
+        ("stock", "int8 not null default 0"),
+        ("price", "NUMERIC( 10, 2 )"),
+    ]);
+    migrate(&pool, &[&Shop(RESPELLED)]).await.expect("no difference");
+    check_tables(&pool, &Shop(RESPELLED)).await.expect("no difference");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_column_added_to_a_declaration_is_refused_until_added_in_place(pool: PgPool) {
+    migrate(&pool, &[&Shop(V1)]).await.unwrap();
+    sqlx::query("INSERT INTO shops (id, name, version) VALUES ('s1', 'corner', 3)").execute(&pool).await.unwrap();
+    const V2: Table = Table::upsert("shops", "id").aggregate_type("shop").columns(&[
+        ("name", "text"),
+        ("stock", "bigint NOT NULL DEFAULT 0"),
+        ("price", "numeric(10,2)"),
+        ("updated_at", "timestamptz"),
+    ]);
+
+    let err = migrate(&pool, &[&Shop(V2)]).await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(&err, Error::Drift { drift, .. } if drift.len() == 1), "{text}");
+    assert!(text.contains("table shops: column updated_at (timestamptz) is declared but missing"), "{text}");
+    assert!(text.contains("migrate --add-columns"), "{text}");
+    // `run` and a reset refuse too, before reading or emptying anything.
+    assert!(matches!(check_tables(&pool, &Shop(V2)).await, Err(Error::Drift { .. })));
+    assert!(matches!(reset(&pool, &Shop(V2)).await, Err(Error::Drift { .. })));
+    let engine =
+        Engine::new(pool.clone(), EngineConfig::new("127.0.0.1:1")).register(std::sync::Arc::new(Shop(V2)), ["t"]);
+    let err = engine.run(std::future::pending()).await.unwrap_err();
+    assert!(err.to_string().contains("column updated_at (timestamptz) is declared but missing"), "{err}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM shops").fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, 1, "nothing emptied");
+
+    migrate_with(&pool, &[&Shop(V2)], MigrateOptions::default().add_columns()).await.unwrap();
+    check_tables(&pool, &Shop(V2)).await.expect("the table is as declared now");
+    let (name, updated_at): (String, Option<chrono::DateTime<chrono::Utc>>) =
+        sqlx::query_as("SELECT name, updated_at FROM shops WHERE id = 's1'").fetch_one(&pool).await.unwrap();
+    assert_eq!((name.as_str(), updated_at), ("corner", None), "the row kept, NULL in the new column");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_changed_type_nullability_default_or_key_is_refused_and_never_changed_in_place(pool: PgPool) {
+    migrate(&pool, &[&Shop(V1)]).await.unwrap();
+    const CHANGED: Table = Table::upsert("shops", "sku").aggregate_type("shop").columns(&[
+        ("name", "text NOT NULL"),
+        ("stock", "integer NOT NULL DEFAULT 0"),
+        ("price", "numeric(10,2) DEFAULT 1"),
+        ("colour", "text NOT NULL DEFAULT 'red'"),
+    ]);
+    let err = migrate_with(&pool, &[&Shop(CHANGED)], MigrateOptions::default().add_columns()).await.unwrap_err();
+    let text = err.to_string();
+    for expected in [
+        "column sku (text PRIMARY KEY) is declared but missing",
+        "column name is nullable in the database, declared NOT NULL",
+        "column stock is bigint in the database, declared integer",
+        "column price has no default in the database, declared DEFAULT 1",
+        "column colour (text NOT NULL DEFAULT 'red') is declared but missing",
+        "column id (text NOT NULL, no default) is not declared, so every new row would fail",
+        "the primary key is (id) in the database, declared (sku)",
+        "must be rebuilt from the stream",
+    ] {
+        assert!(text.contains(expected), "{expected:?} not in:\n{text}");
+    }
+    assert!(!text.contains("(can be added in place"), "NOT NULL and defaulted columns are never added:\n{text}");
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'shops' AND column_name IN ('sku', 'colour')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(columns, 0, "nothing added");
+}
+
+#[sqlx::test(migrations = false)]
+async fn run_refuses_a_table_that_does_not_exist(pool: PgPool) {
+    migrate(&pool, &[]).await.unwrap();
+    let err = check_tables(&pool, &Shop(V1)).await.unwrap_err();
+    assert!(err.to_string().contains("table shops: does not exist"), "{err}");
+    assert!(err.to_string().contains("Run `migrate`"), "{err}");
+}
