@@ -94,7 +94,7 @@ enum Command {
     /// Consume and project until stopped (SIGINT/SIGTERM).
     Run(config::RunOptions),
     /// Publish envelopes from NDJSON (a file, or - for stdin) keyed by aggregate_id, with a
-    /// transactional producer, one transaction per chunk.
+    /// transactional producer, one transaction per chunk (`publish --help` shows a line).
     Publish(publish::PublishArgs),
     /// Per projection and partition: stored checkpoint, broker high watermark, lag.
     Status,

@@ -14,7 +14,9 @@ pub(crate) struct PublishArgs {
     /// Topic to publish to (created through the admin API if missing).
     #[arg(long)]
     topic: String,
-    /// NDJSON file of envelopes, or - for stdin.
+    /// NDJSON file of envelopes, one per line, or - for stdin. A line:
+    /// {"id":"6f1c2a8e-8d0b-4c1e-9a57-2f4d1c3b5e70","aggregate_type":"account","aggregate_id":"acc-1","version":2,"type":"MoneyDeposited","occurred_at":"2026-11-21T10:00:00Z","data":{"amount":500}}
+    /// (optional: "metadata": {…}). Fields: see the README, "The event envelope".
     file: String,
     /// Events per producer transaction.
     #[arg(long, default_value_t = 1000)]

@@ -14,7 +14,8 @@ use crate::error::DecodeError;
 /// An envelope whose payload is still JSON: every envelope field has been validated,
 /// the event type has not yet been matched against a projection's event enum.
 ///
-/// Wire format (JSON; `metadata` optional, everything else required):
+/// Wire format (JSON; `metadata` optional, everything else required; the JSON Schema is
+/// `envelope.schema.json` in this crate):
 ///
 /// ```json
 /// {"id": "6f1c…", "aggregate_type": "account", "aggregate_id": "acc-1", "version": 3,
@@ -521,6 +522,36 @@ mod tests {
         let mut v = good();
         f(v.as_object_mut().unwrap());
         RawEnvelope::from_value(v).unwrap_err().to_string()
+    }
+
+    /// The shipped JSON Schema says what the decoder does: the same fields, the same
+    /// required ones, the version's lower bound, metadata an object or null.
+    #[test]
+    fn the_json_schema_matches_the_decoder() {
+        let schema: Value = serde_json::from_str(include_str!("../envelope.schema.json")).unwrap();
+        let mut full = good();
+        full["metadata"] = serde_json::json!({"correlation_id": "c-1"});
+        let fields: std::collections::BTreeSet<&String> = full.as_object().unwrap().keys().collect();
+        let properties: std::collections::BTreeSet<&String> =
+            schema["properties"].as_object().unwrap().keys().collect();
+        assert_eq!(properties, fields, "the schema's properties are the envelope's fields");
+        let required: Vec<&str> = schema["required"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+        for field in fields {
+            let mut without = full.clone();
+            without.as_object_mut().unwrap().remove(field);
+            let refused = RawEnvelope::from_value(without).is_err();
+            assert_eq!(refused, required.contains(&field.as_str()), "required: {field}");
+        }
+        assert_eq!(schema["properties"]["version"]["minimum"], 1);
+        for (version, ok) in [(0, false), (1, true)] {
+            let mut v = full.clone();
+            v["version"] = version.into();
+            assert_eq!(RawEnvelope::from_value(v).is_ok(), ok, "version {version}");
+        }
+        assert_eq!(schema["properties"]["metadata"]["type"], serde_json::json!(["object", "null"]));
+        let mut null_metadata = full.clone();
+        null_metadata["metadata"] = Value::Null;
+        assert!(RawEnvelope::from_value(null_metadata).is_ok());
     }
 
     #[test]
