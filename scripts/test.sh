@@ -15,6 +15,10 @@ mkdir -p target && : >"$PROJECTIONIST_SKIP_LOG"
 # so test binaries run their tests in parallel; 4 threads suit the 2-core machines.
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}" "$@"
 
+# The README's quick start, built and tested from outside the workspace as a user would.
+echo
+scripts/quickstart.sh
+
 # Aborted transactions hidden from read_committed readers: Apache Kafka does it, tansu (the
 # broker on our machines) does not. The probe fails naming BROKER_LEAKS_ABORTED_TRANSACTIONS
 # on a broker that leaks them; any other failure of the probe fails this script.

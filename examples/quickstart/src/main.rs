@@ -1,0 +1,11 @@
+//! The projector: `migrate`, `create-topics`, `run`, `publish`, `status` (see `--help`).
+
+use quickstart::Accounts;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    projectionist::cli::App::new("quickstart")
+        .projection(Accounts, ["accounts"])
+        .main()
+        .await
+}
