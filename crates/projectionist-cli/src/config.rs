@@ -143,6 +143,9 @@ fn object(value: Value) -> Map<String, Value> {
     }
 }
 
+/// A settings file with every field documented, as `config example` prints it.
+pub(crate) const EXAMPLE: &str = include_str!("../../../examples/projectionist.toml");
+
 /// `command` with the defaults of `run`'s options shown in their help (the options are
 /// optional, so that a value given nowhere falls back to the file and then the default).
 pub(crate) fn with_defaults_shown(command: clap::Command) -> clap::Command {
@@ -266,8 +269,7 @@ mod tests {
 
     #[test]
     fn the_example_file_is_valid() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/projectionist.toml");
-        let file = ConfigFile::load(&path).unwrap();
+        let file: ConfigFile = toml::from_str(EXAMPLE).unwrap();
         assert!(file.brokers.is_some() && file.run.batch_max_events.is_some());
         let engine = file.run.engine_config(&KafkaClientConfig::new("b:1")).unwrap();
         assert_eq!(engine.batch_max_events, EngineConfig::DEFAULT_BATCH_MAX_EVENTS, "the file shows the defaults");

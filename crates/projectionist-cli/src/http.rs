@@ -45,7 +45,15 @@ pub(crate) async fn serve(
     handle: PrometheusHandle,
     readiness: Readiness,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let listener = TcpListener::bind(addr).await.map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            " (another `run` on this host? give each its own --metrics-addr port, 127.0.0.1:0 for any free \
+             one, or off)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("cannot listen on {addr} for /metrics, /health and /ready: {e}{hint}")
+    })?;
     let bound = listener.local_addr()?;
     let app = router(Probes { handle, readiness });
     tokio::spawn(async move {

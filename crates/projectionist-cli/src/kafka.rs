@@ -7,8 +7,13 @@ use std::time::Duration;
 use anyhow::Context;
 use projectionist_kafka::KafkaClientConfig;
 
-/// Connection options shared by all subcommands.
+/// The heading the Kafka options are listed under in `--help`.
+pub(crate) const KAFKA_HEADING: &str = "Kafka connection";
+
+/// Connection options of the subcommands that use a Kafka client (all but `migrate`, whose
+/// help leaves them out), listed after each command's own options.
 #[derive(clap::Args)]
+#[command(next_help_heading = KAFKA_HEADING)]
 pub(crate) struct KafkaArgs {
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "localhost:9092", global = true)]

@@ -51,17 +51,18 @@ pub struct App {
 #[command(version, about = "Project versioned events from Kafka into PostgreSQL read models.")]
 struct Cli {
     /// PostgreSQL connection URL (never printed).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, display_order = 100)]
     database_url: Option<String>,
-    #[command(flatten)]
-    kafka: kafka::KafkaArgs,
-    /// Settings file (TOML; see `examples/projectionist.toml`). The command line and the
-    /// environment win over it, it wins over the defaults.
-    #[arg(long, env = "PROJECTIONIST_CONFIG", global = true, value_name = "FILE")]
+    /// Settings file (TOML; `config example` prints a documented one). The command line and
+    /// the environment win over it, it wins over the defaults.
+    #[arg(long, env = "PROJECTIONIST_CONFIG", global = true, value_name = "FILE", display_order = 100)]
     config: Option<PathBuf>,
     /// Log format on stderr (level from RUST_LOG, default info).
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true, display_order = 100)]
     log_format: LogFormat,
+    // Last: its heading applies to the arguments after it.
+    #[command(flatten)]
+    kafka: kafka::KafkaArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -98,6 +99,16 @@ enum Command {
     Publish(publish::PublishArgs),
     /// Per projection and partition: stored checkpoint, broker high watermark, lag.
     Status,
+    /// The settings file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print a settings file with every field documented and set to its default (or
+    /// commented out), to save and edit: `config example > projectionist.toml`.
+    Example,
 }
 
 impl App {
@@ -149,7 +160,7 @@ impl App {
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
         let client = cli.kafka.client();
-        if !matches!(cli.command, Command::Migrate { .. }) {
+        if !matches!(cli.command, Command::Migrate { .. } | Command::Config(_)) {
             cli.kafka.preflight(&client).await?;
         }
         match cli.command {
@@ -175,6 +186,7 @@ impl App {
             }
             Command::Run(args) => return self.run(&cli.database_url, client, args).await,
             Command::Publish(args) => return publish::publish(&client, args).await,
+            Command::Config(ConfigCommand::Example) => print!("{}", config::EXAMPLE),
             Command::Status => {
                 let pool = pool(&cli.database_url).await?;
                 status::print(&pool, &client, &self.registrations).await?;
@@ -257,6 +269,8 @@ impl App {
         for (name, stats) in &report.projections {
             let c = stats.outcomes();
             let read = stats.read.load(std::sync::atomic::Ordering::Relaxed);
+            let offsets = stats.advanced.load(std::sync::atomic::Ordering::Relaxed);
+            let halted = stats.partitions_halted();
             let types = stats.ignored_types.lock().expect("ignored types lock");
             let ignored_types = if types.is_empty() {
                 String::new()
@@ -264,9 +278,12 @@ impl App {
                 let each: Vec<String> = types.iter().map(|(t, n)| format!("{t} {n}")).collect();
                 format!(" ({})", each.join(", "))
             };
+            // The progress line counts offsets, transaction markers included: say both.
+            let halted = if halted == 0 { String::new() } else { format!("; {halted} partition(s) halted") };
             println!(
-                "{name}: read {read} events in {elapsed:.2}s ({:.0}/s): applied {}, duplicates skipped {}, stale \
-                skipped {}, ignored {}{ignored_types}",
+                "{name}: read {read} events in {elapsed:.2}s ({:.0}/s; checkpoints moved {offsets} offsets, \
+                transaction markers included): applied {}, duplicates skipped {}, stale skipped {}, ignored \
+                {}{ignored_types}{halted}",
                 read as f64 / elapsed.max(1e-9),
                 c.applied,
                 c.duplicate,
@@ -289,7 +306,16 @@ impl App {
 /// The command line [`App`] parses (flags, subcommands and the environment variables they
 /// read), to check a deployment's arguments and environment without running anything.
 pub fn command() -> clap::Command {
-    config::with_defaults_shown(Cli::command())
+    let command = config::with_defaults_shown(Cli::command());
+    // The Kafka options are global (so that they may come before or after the subcommand),
+    // and `migrate` uses no Kafka client: its help leaves them out. A subcommand's own
+    // argument of the same id takes the place of the global one there.
+    let kafka: Vec<clap::Arg> = command
+        .get_arguments()
+        .filter(|a| a.get_help_heading() == Some(kafka::KAFKA_HEADING))
+        .map(|a| a.clone().hide(true))
+        .collect();
+    command.mut_subcommand("migrate", |migrate| migrate.args(kafka))
 }
 
 /// Applies `--config FILE`, if given, where the command line and the environment left
@@ -432,4 +458,27 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    fn help(args: &[&str]) -> String {
+        let err = super::command().try_get_matches_from(args).expect_err("--help ends parsing");
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);
+        err.render().to_string()
+    }
+
+    #[test]
+    fn each_command_lists_its_own_options_first_and_kafka_ones_only_where_a_client_is_used() {
+        let migrate = help(&["p", "migrate", "--help"]);
+        assert!(migrate.contains("--add-columns") && migrate.contains("--database-url"), "{migrate}");
+        assert!(!migrate.contains("--kafka-") && !migrate.contains("Kafka connection"), "{migrate}");
+        let run = help(&["p", "run", "--help"]);
+        let at = |what: &str| run.find(what).unwrap_or_else(|| panic!("{what} in {run}"));
+        assert!(at("--batch-max-events") < at("--database-url"), "own options before the global ones:\n{run}");
+        assert!(at("--database-url") < at("Kafka connection:"), "{run}");
+        assert!(at("Kafka connection:") < at("--kafka-sasl-password"), "{run}");
+        // Still accepted by migrate, e.g. from a shared environment or script.
+        super::command().try_get_matches_from(["p", "--brokers", "b:1", "migrate"]).unwrap();
+    }
 }

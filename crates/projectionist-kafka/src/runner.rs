@@ -260,7 +260,17 @@ impl Runner {
                 _ = tick.tick() => {
                     self.warn_while_unassigned();
                     if self.config.exit_when_caught_up && self.caught_up() {
-                        tracing::info!(projection = %self.name(), "Caught up with the high watermarks; stopping.");
+                        match self.stats.partitions_halted() {
+                            0 => tracing::info!(
+                                projection = %self.name(),
+                                "Caught up with the high watermarks; stopping."
+                            ),
+                            halted => tracing::warn!(
+                                projection = %self.name(),
+                                halted,
+                                "Every partition caught up with its high watermark or halted; stopping."
+                            ),
+                        }
                         break;
                     }
                 }

@@ -357,8 +357,11 @@ async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
     }
     producer.flush(Duration::from_secs(10)).unwrap();
 
-    let (status, _, stderr) = env.run_until_caught_up(&[]).await;
+    let (status, stdout, stderr) = env.run_until_caught_up(&[]).await;
     assert_eq!(status.code(), Some(2), "a halted partition fails the run:\n{stderr}");
+    assert!(stderr.contains("Every partition caught up with its high watermark or halted; stopping."), "{stderr}");
+    assert!(!stderr.contains("Caught up with the high watermarks"), "{stderr}");
+    assert!(stdout.contains("ignored 0; 1 partition(s) halted"), "the summary counts the halt: {stdout}");
     let expected = format!(
         "partition halted: {}/0@1 in projection bank_accounts, aggregate acc-p: undecodable \
         envelope: field `id`: not a UUID",
