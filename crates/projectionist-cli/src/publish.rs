@@ -115,7 +115,41 @@ async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope
     Ok(())
 }
 
+/// Lines of `path` holding more than white space (the progress bar's total), read in
+/// blocks so that memory stays flat whatever the file's size.
 async fn count_lines(path: &str) -> Option<u64> {
-    let bytes = tokio::fs::read(path).await.ok()?;
-    Some(bytes.split(|b| *b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).count() as u64)
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || count_lines_in(std::fs::File::open(path).ok()?).ok()).await.ok()?
+}
+
+fn count_lines_in(mut input: impl std::io::Read) -> std::io::Result<u64> {
+    let mut block = vec![0; 256 * 1024];
+    let (mut lines, mut in_line) = (0, false);
+    loop {
+        let n = input.read(&mut block)?;
+        if n == 0 {
+            return Ok(lines + u64::from(in_line));
+        }
+        for &b in &block[..n] {
+            if b == b'\n' {
+                lines += u64::from(in_line);
+                in_line = false;
+            } else if !b.is_ascii_whitespace() {
+                in_line = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_the_lines_that_hold_more_than_white_space() {
+        for (text, lines) in [("", 0), ("a", 1), ("a\n", 1), ("a\n\n  \nb", 2), ("{}\r\n{}\r\n", 2), ("\n\n", 0)] {
+            assert_eq!(super::count_lines_in(text.as_bytes()).unwrap(), lines, "{text:?}");
+        }
+        // Across blocks.
+        let long = "x".repeat(300 * 1024) + "\n" + &"y".repeat(300 * 1024);
+        assert_eq!(super::count_lines_in(long.as_bytes()).unwrap(), 2);
+    }
 }
