@@ -171,3 +171,37 @@ async fn run_refuses_a_table_that_does_not_exist(pool: PgPool) {
     assert!(err.to_string().contains("table shops: does not exist"), "{err}");
     assert!(err.to_string().contains("Run `migrate`"), "{err}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_role_that_may_only_read_and_write_can_run_the_check(pool: PgPool) {
+    migrate(&pool, &[&Shop(V1)]).await.unwrap();
+    let role = format!("rw_{}", uuid::Uuid::new_v4().simple());
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD 'rw-password'"),
+        "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
+        format!("GRANT USAGE ON SCHEMA public TO {role}"),
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"),
+    ] {
+        sqlx::query(&statement).execute(&pool).await.unwrap();
+    }
+    let options = pool.connect_options().as_ref().clone().username(&role).password("rw-password");
+    let rw = PgPool::connect_with(options).await.unwrap();
+    let created: Result<_, _> = sqlx::query("CREATE TABLE public.not_allowed (x int)").execute(&rw).await;
+    assert!(created.is_err(), "the role cannot create tables in the schema");
+    check_tables(&rw, &Shop(V1)).await.expect("the check needs no CREATE on the schema");
+    const WIDER: Table = Table::upsert("shops", "id").aggregate_type("shop").columns(&[
+        ("name", "text"),
+        ("stock", "numeric NOT NULL DEFAULT 0"),
+        ("price", "numeric(10,2)"),
+    ]);
+    let err = check_tables(&rw, &Shop(WIDER)).await.unwrap_err().to_string();
+    assert!(err.contains("column stock is bigint in the database, declared numeric"), "{err}");
+    rw.close().await;
+    for statement in [
+        format!("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}"),
+        format!("REVOKE USAGE ON SCHEMA public FROM {role}"),
+        format!("DROP ROLE {role}"),
+    ] {
+        sqlx::query(&statement).execute(&pool).await.unwrap();
+    }
+}

@@ -7,7 +7,8 @@
 //! difference, naming the table, the difference and what to do.
 //!
 //! PostgreSQL itself reads the declaration: the declared columns are created as a probe
-//! table in the live table's schema, in a transaction that is rolled back, and the two are
+//! table (temporary, or in the live table's schema when a temporary table cannot take the
+//! declaration), in a transaction that is rolled back, and the two are
 //! compared in the catalog (each column's type as `format_type` spells it, `NOT NULL`, its
 //! default, and the primary key). So `int8` and `bigint`, or `numeric(10, 2)` and
 //! `numeric(10,2)`, are the same column. Columns the database has and the declaration does
@@ -68,13 +69,22 @@ pub(crate) async fn table(pool: &PgPool, table: &Table) -> Result<Option<Vec<Dri
     if definitions.is_empty() {
         return Ok(Some(Vec::new()));
     }
-    let probe = format!("\"{}\".projectionist_probe", schema.replace('"', "\"\""));
     let columns: Vec<String> = definitions.iter().map(|(c, def)| format!("\"{c}\" {def}")).collect();
+    let columns = columns.join(", ");
 
     let mut tx = pool.begin().await?;
-    // `query`, not `raw_sql`: a future holding `raw_sql` on a borrowed connection is not
-    // `Send` for every lifetime, and `Engine::run` awaits this in a spawned task.
-    sqlx::query(&format!("CREATE TABLE {probe} ({})", columns.join(", "))).execute(&mut *tx).await?;
+    // A temporary table needs no privilege on the table's schema (`run`'s role may only
+    // read and write); a declaration a temporary table cannot take (a foreign key to a
+    // table of the schema) is probed in the table's own schema instead. `query`, not
+    // `raw_sql`: a future holding `raw_sql` on a borrowed connection is not `Send` for every
+    // lifetime, and `Engine::run` awaits this in a spawned task.
+    let mut probe = "pg_temp.projectionist_probe".to_owned();
+    sqlx::query("SAVEPOINT probe").execute(&mut *tx).await?;
+    if sqlx::query(&format!("CREATE TEMPORARY TABLE {probe} ({columns})")).execute(&mut *tx).await.is_err() {
+        sqlx::query("ROLLBACK TO SAVEPOINT probe").execute(&mut *tx).await?;
+        probe = format!("\"{}\".projectionist_probe", schema.replace('"', "\"\""));
+        sqlx::query(&format!("CREATE TABLE {probe} ({columns})")).execute(&mut *tx).await?;
+    }
     let declared = catalog(&mut tx, &probe).await?;
     let live = catalog(&mut tx, name.quoted()).await?;
     let (declared_key, live_key) = (primary_key(&mut tx, &probe).await?, primary_key(&mut tx, name.quoted()).await?);
