@@ -9,7 +9,7 @@ use order_status::{OrderEvent, OrderStatus};
 use projectionist::kafka::{topics, Engine, EngineConfig};
 use projectionist::postgres::migrate;
 use projectionist::postgres::PgConnection;
-use projectionist::{Envelope, OnUnknownType, Projection, RawEnvelope, Table, Writes};
+use projectionist::{Envelope, OnUnknownType, Projection, RawEnvelope, Table, Upcaster, Writes};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sqlx::PgPool;
@@ -422,4 +422,93 @@ async fn an_unknown_event_type_halts_a_projection_that_says_so_at_that_event(poo
         .await
         .unwrap();
     assert_eq!(version, 2, "the events before it applied, nothing at or after it");
+}
+
+/// BankAccounts over a topic that also holds the first release's deposits: `FundsAdded`
+/// with `cents` (schema version 1), upcast to today's `MoneyDeposited`.
+struct UpcastAccounts;
+
+fn funds_added_to_money_deposited(mut data: serde_json::Value) -> Result<serde_json::Value, String> {
+    let cents = data.as_object_mut().and_then(|d| d.remove("cents")).ok_or("no `cents`")?;
+    data["amount"] = cents;
+    Ok(data)
+}
+
+const UPCASTERS: &[Upcaster] =
+    &[Upcaster::new("FundsAdded", 1, funds_added_to_money_deposited).renamed("MoneyDeposited")];
+
+impl Projection<PgConnection> for UpcastAccounts {
+    type Event = AccountEvent;
+
+    fn name(&self) -> &str {
+        "upcast_accounts"
+    }
+
+    fn tables(&self) -> &[Table] {
+        Projection::tables(&BankAccounts)
+    }
+
+    fn upcasters(&self) -> &[Upcaster] {
+        UPCASTERS
+    }
+
+    fn project(&self, event: &Envelope<AccountEvent>) -> Writes {
+        BankAccounts.project(event)
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn old_event_shapes_are_upcast_on_the_live_path_and_on_a_replay(pool: PgPool) {
+    migrate(&pool, &[&UpcastAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let old = |version, cents: i64| {
+        let mut event = e("acc-o", version, &AccountEvent::MoneyDeposited { amount: 0 });
+        event.event_type = "FundsAdded".into();
+        event.data = serde_json::json!({ "cents": cents });
+        event
+    };
+    let mut current = e("acc-o", 4, &AccountEvent::MoneyDeposited { amount: 1000 });
+    current.metadata = Some(serde_json::json!({"schema_version": 2}));
+    let mut broken = old(2, 0);
+    broken.aggregate_id = "acc-b".into();
+    broken.version = 2;
+    broken.data = serde_json::json!({ "amount": 1 });
+    let events = [
+        e("acc-o", 1, &AccountEvent::AccountOpened { owner: "olga".into() }),
+        old(2, 5),
+        old(3, 7),
+        current,
+        e("acc-b", 1, &AccountEvent::AccountOpened { owner: "bea".into() }),
+        broken,
+    ];
+    let topic = rand_test_topic("upcast");
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    produce(&topic, &events).await;
+    let balance = |pool: PgPool| async move {
+        sqlx::query_as::<_, (i64, i64)>("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-o'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(UpcastAccounts), [topic.clone()])).await;
+    assert_eq!(balance(pool.clone()).await, (1012, 4), "the old deposits counted in today's shape");
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(
+        halts[0].contains("acc-b")
+            && halts[0].contains("upcasting event type FundsAdded from schema version 1: no `cents`"),
+        "an upcaster's failure halts at its event, naming it: {}",
+        halts[0]
+    );
+
+    // A replay from offset zero reads the old shapes again, through the same upcasters.
+    let replay = config().with_from_beginning(true);
+    let report = run(Engine::new(pool.clone(), replay).register(Arc::new(UpcastAccounts), [topic])).await;
+    let outcomes = report.projections[0].1.outcomes();
+    assert_eq!(
+        (outcomes.applied, outcomes.duplicate + outcomes.stale),
+        (0, 4 + 1),
+        "every event before the broken one decodes again and is skipped by its gate: {outcomes:?}"
+    );
+    assert_eq!(balance(pool).await, (1012, 4));
 }

@@ -20,6 +20,16 @@ pub enum DecodeError {
         /// What is wrong with it, e.g. `must be >= 1, got 0`.
         problem: String,
     },
+    /// An upcaster could not read the event's data (see [`Upcaster`](crate::Upcaster)).
+    #[error("upcasting event type {event_type} from schema version {schema_version}: {reason}")]
+    Upcast {
+        /// The event type the upcaster reads.
+        event_type: String,
+        /// The schema version it reads.
+        schema_version: u32,
+        /// Why it failed, in the upcaster's words.
+        reason: String,
+    },
     /// The event type is one the projection handles but its `data` does not fit.
     #[error("field `data` of event type {event_type}: {reason}")]
     Data {

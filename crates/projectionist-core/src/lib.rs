@@ -7,6 +7,7 @@ mod outcome;
 pub mod plan;
 mod projection;
 mod table;
+pub mod upcast;
 mod write;
 
 pub use async_trait::async_trait;
@@ -16,4 +17,5 @@ pub use event_types::event_types;
 pub use outcome::{Outcome, OutcomeCounts};
 pub use projection::{validate_projection_name, OnUnknownType, Projection};
 pub use table::{check_key, quote, Gate, Table, MAX_KEY_BYTES};
+pub use upcast::Upcaster;
 pub use write::{Change, Op, Target, Write, Writes};

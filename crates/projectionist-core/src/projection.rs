@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
-use crate::{ApplyError, Envelope, Outcome, Table, Writes};
+use crate::{ApplyError, Envelope, Outcome, Table, Upcaster, Writes};
 
 /// A read model built from one stream of versioned events.
 ///
@@ -71,6 +71,12 @@ pub trait Projection<Tx: ?Sized + Send>: Send + Sync + 'static {
     /// for `StockAdded`) would otherwise drop events unseen.
     fn on_unknown_type(&self) -> OnUnknownType {
         OnUnknownType::Warn
+    }
+
+    /// Upcasters of old event shapes, run on each event's JSON before it is decoded into
+    /// [`Event`](Projection::Event) (see [`Upcaster`]). None by default.
+    fn upcasters(&self) -> &[Upcaster] {
+        &[]
     }
 
     /// Stable name: keys checkpoints, aggregate versions, the consumer group and metric labels.

@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use projectionist_core::plan::{Effect, EventRef};
+use projectionist_core::upcast::upcast;
 use projectionist_core::{
-    validate_projection_name, Envelope, EventDecoder, OnUnknownType, Outcome, Projection, RawEnvelope, Table, Writes,
+    validate_projection_name, Envelope, EventDecoder, OnUnknownType, Outcome, Projection, RawEnvelope, Table, Upcaster,
+    Writes,
 };
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
@@ -141,6 +143,8 @@ pub trait PgProjection: Send + Sync + 'static {
     fn schema(&self) -> &[&str];
     /// See [`Projection::on_unknown_type`].
     fn on_unknown_type(&self) -> OnUnknownType;
+    /// See [`Projection::upcasters`].
+    fn upcasters(&self) -> &[Upcaster];
     /// The event types the projection's events have variants for (empty when its event
     /// type is not an enum tagged by `type`: it is offered every type).
     fn event_types(&self) -> &'static [&'static str];
@@ -172,6 +176,10 @@ impl<P: Projection<PgConnection>> PgProjection for P {
 
     fn on_unknown_type(&self) -> OnUnknownType {
         Projection::on_unknown_type(self)
+    }
+
+    fn upcasters(&self) -> &[Upcaster] {
+        Projection::upcasters(self)
     }
 
     fn event_types(&self) -> &'static [&'static str] {
@@ -261,7 +269,12 @@ fn prepare_event<P: Projection<PgConnection>>(
     index: usize,
     raw: RawEnvelope,
 ) -> std::result::Result<PreparedEvent, Failure> {
-    let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = raw;
+    let RawEnvelope { id, aggregate_type, aggregate_id, version, mut event_type, occurred_at, mut data, metadata } =
+        raw;
+    if let Err(source) = upcast(Projection::upcasters(projection), &mut event_type, &mut data, metadata.as_ref()) {
+        let aggregate = format!("{aggregate_type}/{aggregate_id}");
+        return Err(Failure { aggregate_id, error: Error::Decode { index, aggregate, version, source } });
+    }
     if !decoder.handles(&event_type) {
         if halt_on_unknown {
             let aggregate = format!("{aggregate_type}/{aggregate_id}");
