@@ -44,8 +44,14 @@ fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>> {
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut out = Vec::new();
     for t in metadata.topics() {
-        if let Some(err) = t.error() {
-            return Err(Error::Config(format!("topic {topic}: {err:?}")));
+        match t.error().map(rdkafka::types::RDKafkaRespErr::from) {
+            None => {}
+            Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
+                return Err(Error::Config(format!(
+                    "topic {topic} does not exist (`create-topics` creates the registered projections' topics)"
+                )))
+            }
+            Some(err) => return Err(Error::Config(format!("topic {topic}: {err:?}"))),
         }
         out.extend(t.partitions().iter().map(|p| p.id()));
     }

@@ -851,6 +851,19 @@ async fn a_wrong_broker_or_database_address_fails_within_seconds_naming_the_caus
     assert!(took < Duration::from_secs(20), "took {took:?}: {last}");
     let (ok, last, _) = fails_fast("mysql://root:never-printed@127.0.0.1:3306/test", &brokers(), "migrate").await;
     assert!(!ok && last.contains("is not a PostgreSQL URL") && !last.contains("never-printed"), "{last}");
+
+    let topic = rand_test_topic("never-created");
+    let out = Command::new(BIN)
+        .arg("status")
+        .env("DATABASE_URL", &database)
+        .env("KAFKA_BROKERS", brokers())
+        .env("BANK_ACCOUNTS_TOPIC", &topic)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("topic {topic} does not exist (`create-topics` creates")), "{stderr}");
 }
 
 #[sqlx::test(migrations = false)]
