@@ -374,14 +374,19 @@ async fn customers_sharing_the_accounts_ids_leave_every_account_exact(pool: PgPo
     assert_eq!(rows, want, "every account exact, whatever the customers sharing its id did");
 }
 
-/// BankAccounts, halting on an event type it does not handle.
-struct StrictAccounts;
+/// BankAccounts under another name, with its own policy for unknown event types and its
+/// own upcasters.
+struct AccountsWith {
+    name: &'static str,
+    on_unknown_type: OnUnknownType,
+    upcasters: &'static [Upcaster],
+}
 
-impl Projection<PgConnection> for StrictAccounts {
+impl Projection<PgConnection> for AccountsWith {
     type Event = AccountEvent;
 
     fn name(&self) -> &str {
-        "strict_accounts"
+        self.name
     }
 
     fn tables(&self) -> &[Table] {
@@ -389,7 +394,11 @@ impl Projection<PgConnection> for StrictAccounts {
     }
 
     fn on_unknown_type(&self) -> OnUnknownType {
-        OnUnknownType::Halt
+        self.on_unknown_type
+    }
+
+    fn upcasters(&self) -> &[Upcaster] {
+        self.upcasters
     }
 
     fn project(&self, event: &Envelope<AccountEvent>) -> Writes {
@@ -397,9 +406,13 @@ impl Projection<PgConnection> for StrictAccounts {
     }
 }
 
+/// Halts on an event type it does not handle.
+const STRICT: AccountsWith =
+    AccountsWith { name: "strict_accounts", on_unknown_type: OnUnknownType::Halt, upcasters: &[] };
+
 #[sqlx::test(migrations = false)]
 async fn an_unknown_event_type_halts_a_projection_that_says_so_at_that_event(pool: PgPool) {
-    migrate(&pool, &[&StrictAccounts]).await.unwrap();
+    migrate(&pool, &[&STRICT]).await.unwrap();
     let e = bank_accounts::generate::envelope;
     let mut unknown = e("acc-s", 3, &AccountEvent::MoneyDeposited { amount: 1 });
     unknown.event_type = "stock_added".into();
@@ -412,7 +425,7 @@ async fn an_unknown_event_type_halts_a_projection_that_says_so_at_that_event(poo
     let topic = rand_test_topic("strict");
     topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
     produce(&topic, &events).await;
-    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(StrictAccounts), [topic.clone()])).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(STRICT), [topic.clone()])).await;
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
     assert!(halts[0].contains(&format!("{topic}/0@2 ")) && halts[0].contains("\"stock_added\""), "{}", halts[0]);
@@ -424,10 +437,6 @@ async fn an_unknown_event_type_halts_a_projection_that_says_so_at_that_event(poo
     assert_eq!(version, 2, "the events before it applied, nothing at or after it");
 }
 
-/// BankAccounts over a topic that also holds the first release's deposits: `FundsAdded`
-/// with `cents` (schema version 1), upcast to today's `MoneyDeposited`.
-struct UpcastAccounts;
-
 fn funds_added_to_money_deposited(mut data: serde_json::Value) -> Result<serde_json::Value, String> {
     let cents = data.as_object_mut().and_then(|d| d.remove("cents")).ok_or("no `cents`")?;
     data["amount"] = cents;
@@ -437,29 +446,14 @@ fn funds_added_to_money_deposited(mut data: serde_json::Value) -> Result<serde_j
 const UPCASTERS: &[Upcaster] =
     &[Upcaster::new("FundsAdded", 1, funds_added_to_money_deposited).renamed("MoneyDeposited")];
 
-impl Projection<PgConnection> for UpcastAccounts {
-    type Event = AccountEvent;
-
-    fn name(&self) -> &str {
-        "upcast_accounts"
-    }
-
-    fn tables(&self) -> &[Table] {
-        Projection::tables(&BankAccounts)
-    }
-
-    fn upcasters(&self) -> &[Upcaster] {
-        UPCASTERS
-    }
-
-    fn project(&self, event: &Envelope<AccountEvent>) -> Writes {
-        BankAccounts.project(event)
-    }
-}
+/// Over a topic that also holds the first release's deposits: `FundsAdded` with `cents`
+/// (schema version 1), upcast to today's `MoneyDeposited`.
+const UPCASTING: AccountsWith =
+    AccountsWith { name: "upcast_accounts", on_unknown_type: OnUnknownType::Warn, upcasters: UPCASTERS };
 
 #[sqlx::test(migrations = false)]
 async fn old_event_shapes_are_upcast_on_the_live_path_and_on_a_replay(pool: PgPool) {
-    migrate(&pool, &[&UpcastAccounts]).await.unwrap();
+    migrate(&pool, &[&UPCASTING]).await.unwrap();
     let e = bank_accounts::generate::envelope;
     let old = |version, cents: i64| {
         let mut event = e("acc-o", version, &AccountEvent::MoneyDeposited { amount: 0 });
@@ -490,7 +484,7 @@ async fn old_event_shapes_are_upcast_on_the_live_path_and_on_a_replay(pool: PgPo
             .await
             .unwrap()
     };
-    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(UpcastAccounts), [topic.clone()])).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(UPCASTING), [topic.clone()])).await;
     assert_eq!(balance(pool.clone()).await, (1012, 4), "the old deposits counted in today's shape");
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
@@ -503,7 +497,7 @@ async fn old_event_shapes_are_upcast_on_the_live_path_and_on_a_replay(pool: PgPo
 
     // A replay from offset zero reads the old shapes again, through the same upcasters.
     let replay = config().with_from_beginning(true);
-    let report = run(Engine::new(pool.clone(), replay).register(Arc::new(UpcastAccounts), [topic])).await;
+    let report = run(Engine::new(pool.clone(), replay).register(Arc::new(UPCASTING), [topic])).await;
     let outcomes = report.projections[0].1.outcomes();
     assert_eq!(
         (outcomes.applied, outcomes.duplicate + outcomes.stale),

@@ -44,7 +44,7 @@ fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>> {
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut out = Vec::new();
     for t in metadata.topics() {
-        match t.error().map(rdkafka::types::RDKafkaRespErr::from) {
+        match t.error() {
             None => {}
             Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
                 return Err(Error::Config(format!(
