@@ -104,7 +104,7 @@ pub async fn engine(pool: &PgPool) -> Result<()> {
         applied = history(&mut tx).await?;
     }
     for (version, checksum) in &applied {
-        match ENGINE.iter().find(|m| m.version == *version) {
+        match up().find(|m| m.version == *version) {
             None => {
                 return Err(Error::Migration(format!(
                     "{HISTORY_TABLE} records engine migration {version}, which this build does not know: \
@@ -121,7 +121,7 @@ pub async fn engine(pool: &PgPool) -> Result<()> {
             Some(_) => {}
         }
     }
-    for m in ENGINE.iter().filter(|m| !applied.contains_key(&m.version)) {
+    for m in up().filter(|m| !applied.contains_key(&m.version)) {
         sqlx::raw_sql(&m.sql)
             .execute(&mut *tx)
             .await
@@ -136,6 +136,12 @@ pub async fn engine(pool: &PgPool) -> Result<()> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// The engine's migrations that move forward (a `.down.sql` one, should one be added, is
+/// for undoing by hand, never run here).
+fn up() -> impl Iterator<Item = &'static sqlx::migrate::Migration> {
+    ENGINE.iter().filter(|m| !m.migration_type.is_down_migration())
 }
 
 async fn history(conn: &mut PgConnection) -> Result<BTreeMap<i64, Vec<u8>>> {
@@ -154,7 +160,7 @@ async fn adopt_sqlx_history(conn: &mut PgConnection) -> Result<()> {
     if !exists {
         return Ok(());
     }
-    for m in ENGINE.iter() {
+    for m in up() {
         let moved = sqlx::query(&format!(
             "WITH ours AS (DELETE FROM _sqlx_migrations WHERE version = $1 AND checksum = $2 AND success \
              RETURNING version, description) \
