@@ -43,6 +43,9 @@ pub enum Error {
         /// librdkafka's last reported error.
         detail: String,
     },
+    /// A topic the command needs does not exist on the brokers.
+    #[error("topic {0} does not exist (`create-topics` creates the registered projections' topics)")]
+    NoSuchTopic(String),
     /// A configuration problem.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -47,9 +47,7 @@ fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>> {
         match t.error() {
             None => {}
             Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
-                return Err(Error::Config(format!(
-                    "topic {topic} does not exist (`create-topics` creates the registered projections' topics)"
-                )))
+                return Err(Error::NoSuchTopic(topic.to_owned()))
             }
             Some(err) => return Err(Error::Config(format!("topic {topic}: {err:?}"))),
         }
