@@ -148,6 +148,15 @@ impl EngineConfig {
         self
     }
 
+    /// How a batch, a checkpoint read and the start's table check retry: `max_retries` and
+    /// `retry_backoff_ms`.
+    pub(crate) fn retry_policy(&self) -> crate::retry::RetryPolicy {
+        crate::retry::RetryPolicy {
+            max_retries: self.max_retries,
+            backoff: Duration::from_millis(self.retry_backoff_ms),
+        }
+    }
+
     /// Sets an extra librdkafka property.
     pub fn with_kafka_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.client.properties.insert(key.into(), value.into());

@@ -5,7 +5,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use projectionist_postgres::{check_tables, PgPool, SharedProjection};
 use rdkafka::config::ClientConfig;
@@ -14,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::context::EngineContext;
 use crate::outage::Outage;
-use crate::retry::{Retry, RetryPolicy};
+use crate::retry::Retry;
 use crate::runner::{Member, Runner, Stats};
 use crate::{EngineConfig, Error, Result};
 
@@ -225,10 +224,7 @@ impl Engine {
     /// otherwise halt the first batch), waiting PostgreSQL out as a batch would. `false`:
     /// `shutdown` came first.
     async fn check_tables(&self, mut shutdown: Pin<&mut impl Future<Output = ()>>) -> Result<bool> {
-        let retry = RetryPolicy {
-            max_retries: self.config.max_retries,
-            backoff: Duration::from_millis(self.config.retry_backoff_ms),
-        };
+        let retry = self.config.retry_policy();
         for (reg, stats) in self.registrations.iter().zip(&self.stats) {
             let mut outage = Outage::new(stats.clone(), reg.projection.name());
             let checked = retry

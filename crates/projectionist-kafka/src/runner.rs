@@ -24,7 +24,7 @@ use crate::batcher::Limits;
 use crate::context::{EngineContext, Rebalance, Tp};
 use crate::outage::{Outage, Throttle};
 use crate::partition::{Begin, Halt, HaltKind, Order, Partition, Progress};
-use crate::retry::{Retry, RetryPolicy};
+use crate::retry::Retry;
 use crate::{EngineConfig, Result};
 use projectionist_postgres::checkpoint;
 
@@ -212,13 +212,6 @@ impl Runner {
         self.projection.name()
     }
 
-    fn retry(&self) -> RetryPolicy {
-        RetryPolicy {
-            max_retries: self.config.max_retries,
-            backoff: Duration::from_millis(self.config.retry_backoff_ms),
-        }
-    }
-
     pub(crate) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -327,7 +320,8 @@ impl Runner {
             let missing: Vec<Tp> = earlier.parts.into_iter().filter(|tp| !parts.contains(tp)).collect();
             parts.extend(missing);
         }
-        let (pool, name, retry, stats) = (self.pool.clone(), self.name().to_owned(), self.retry(), self.stats.clone());
+        let (pool, name, retry, stats) =
+            (self.pool.clone(), self.name().to_owned(), self.config.retry_policy(), self.stats.clone());
         let to_read = parts.clone();
         let span = tracing::info_span!("checkpoints", projection = %name, partitions = to_read.len());
         let read = async move {
@@ -448,7 +442,7 @@ impl Runner {
                 consumer: self.consumer.clone(),
                 stats: self.stats.clone(),
                 limits,
-                retry: self.retry(),
+                retry: self.config.retry_policy(),
                 exit_when_caught_up: self.config.exit_when_caught_up,
                 progress: progress.clone(),
             };
