@@ -131,6 +131,8 @@ fn the_dashboard_only_charts_metrics_the_engine_declares() {
         "projectionist_events_applied_total",
         "projectionist_events_skipped_total",
         "projectionist_events_ignored_total",
+        "projectionist_aggregates_parked",
+        "projectionist_events_held",
         "projectionist_batch_duration_seconds",
     ] {
         assert!(charted.contains(needed), "the dashboard shows {needed}");

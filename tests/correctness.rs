@@ -5,7 +5,7 @@
 //! with the value SQL gives applying the events one at a time.
 
 use projectionist::postgres::{apply_batch_in, migrate, Error, Mode, PgConnection};
-use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
+use projectionist::{async_trait, ApplyError, Envelope, OnGap, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::envelope;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -121,7 +121,7 @@ fn customer(id: &str, version: i64) -> RawEnvelope {
 /// Applies `events` in one batch (set-based, or event by event), on a fresh read model.
 async fn apply(pool: &PgPool, events: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>, Error> {
     projectionist::postgres::reset(pool, &Accounts).await.unwrap();
-    apply_batch_in(pool, &Accounts, events, mode).await
+    apply_batch_in(pool, &Accounts, events, mode, OnGap::Halt).await
 }
 
 /// Applies `events` both ways and checks they agree on outcomes and tables; returns them.
@@ -343,10 +343,15 @@ async fn reserved_and_mixed_case_names_work_quoted(pool: PgPool) {
         .columns(&[("From", "text")]);
     migrate(&pool, &[&OneTable(table)]).await.unwrap();
     let rename = |v, owner: &str| account("k", v, Ev::Renamed { owner: owner.into() });
-    let outcomes =
-        apply_batch_in(&pool, &OneTable(table), &[rename(1, "x"), rename(1, "y"), rename(2, "z")], Mode::Batch)
-            .await
-            .unwrap();
+    let outcomes = apply_batch_in(
+        &pool,
+        &OneTable(table),
+        &[rename(1, "x"), rename(1, "y"), rename(2, "z")],
+        Mode::Batch,
+        OnGap::Halt,
+    )
+    .await
+    .unwrap();
     assert_eq!(outcomes, [Outcome::Applied, Outcome::Duplicate, Outcome::Applied]);
     let from: String = sqlx::query_scalar(r#"SELECT "From" FROM "order""#).fetch_one(&pool).await.unwrap();
     assert_eq!(from, "z");
@@ -363,10 +368,15 @@ async fn bad_declarations_are_refused_before_any_sql(pool: PgPool) {
         err.to_string().contains("table untyped holds one row per aggregate: declare which aggregate type"),
         "{err}"
     );
-    let err =
-        apply_batch_in(&pool, &OneTable(UNTYPED), &[account("a", 1, Ev::Noted { text: "x".into() })], Mode::Batch)
-            .await
-            .unwrap_err();
+    let err = apply_batch_in(
+        &pool,
+        &OneTable(UNTYPED),
+        &[account("a", 1, Ev::Noted { text: "x".into() })],
+        Mode::Batch,
+        OnGap::Halt,
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, Error::Declaration { .. }), "{err}");
     let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename IN ('untyped', 'x')")
         .fetch_one(&pool)
@@ -390,7 +400,7 @@ async fn a_gap_ends_the_batch_and_what_precedes_it_stays_written(pool: PgPool) {
         let mut tx = pool.begin().await.unwrap();
         let prepared = Accounts.prepare(events.to_vec());
         assert!(prepared.failure().is_none() && prepared.len() == events.len());
-        let outcomes = Accounts.write(&mut tx, &prepared, mode).await.unwrap().outcomes;
+        let outcomes = Accounts.write(&mut tx, &prepared, mode, OnGap::Halt).await.unwrap().outcomes;
         tx.commit().await.unwrap();
         assert_eq!(outcomes, [Outcome::Applied, gap], "{mode:?}: the engine halts there");
         assert_eq!(row(&pool, "a").await["version"], json!(1), "{mode:?}");

@@ -27,6 +27,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
+use projectionist_core::OnGap;
 use projectionist_kafka::{EngineConfig, KafkaClientConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -96,6 +97,11 @@ pub(crate) struct RunOptions {
     /// First retry delay in milliseconds, doubled on each further retry.
     #[arg(long, env = "PROJECTIONIST_RETRY_BACKOFF_MS")]
     pub retry_backoff_ms: Option<u64>,
+    /// An event whose predecessor version never arrived (a gap): `park` its aggregate (its
+    /// events are held, and applied when the missing version arrives, while every other
+    /// aggregate flows; `parked` lists them) or `halt` the partition.
+    #[arg(long, env = "PROJECTIONIST_ON_GAP", value_name = "park|halt")]
+    pub on_gap: Option<OnGap>,
     /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
     /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
     #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]

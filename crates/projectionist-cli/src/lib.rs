@@ -97,8 +97,20 @@ enum Command {
     /// Publish envelopes from NDJSON (a file, or - for stdin) keyed by aggregate_id, with a
     /// transactional producer, one transaction per chunk (`publish --help` shows a line).
     Publish(publish::PublishArgs),
-    /// Per projection and partition: stored checkpoint, broker high watermark, lag.
+    /// Per projection and partition: stored checkpoint, broker high watermark, lag; then the
+    /// aggregates parked and the events held for them.
     Status,
+    /// Aggregates parked behind a version that never arrived (a gap): why, since when, the
+    /// version each waits for and the events held for it. Publishing the missing version
+    /// resumes one (its held events are then applied in version order).
+    Parked {
+        /// Only this projection's.
+        #[arg(long)]
+        projection: Option<String>,
+        /// One JSON object per aggregate and line, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// The settings file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -160,7 +172,7 @@ impl App {
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
         let client = cli.kafka.client();
-        if !matches!(cli.command, Command::Migrate { .. } | Command::Config(_)) {
+        if !matches!(cli.command, Command::Migrate { .. } | Command::Config(_) | Command::Parked { .. }) {
             cli.kafka.preflight(&client).await?;
         }
         match cli.command {
@@ -190,6 +202,10 @@ impl App {
             Command::Status => {
                 let pool = pool(&cli.database_url).await?;
                 status::print(&pool, &client, &self.registrations).await?;
+            }
+            Command::Parked { projection, json } => {
+                let pool = pool(&cli.database_url).await?;
+                status::print_parked(&pool, projection.as_deref(), json).await?;
             }
         }
         Ok(ExitCode::SUCCESS)
@@ -280,10 +296,19 @@ impl App {
             };
             // The progress line counts offsets, transaction markers included: say both.
             let halted = if halted == 0 { String::new() } else { format!("; {halted} partition(s) halted") };
+            let drained = stats.drained.load(std::sync::atomic::Ordering::Relaxed);
+            let parked = if c.parked + drained == 0 {
+                String::new()
+            } else {
+                format!(
+                    ", parked {} (behind a missing version; `parked` lists them), held ones applied {drained}",
+                    c.parked
+                )
+            };
             println!(
                 "{name}: read {read} events in {elapsed:.2}s ({:.0}/s; checkpoints moved {offsets} offsets, \
                 transaction markers included): applied {}, duplicates skipped {}, stale skipped {}, ignored \
-                {}{ignored_types}{halted}",
+                {}{ignored_types}{parked}{halted}",
                 read as f64 / elapsed.max(1e-9),
                 c.applied,
                 c.duplicate,

@@ -61,5 +61,42 @@ pub(crate) async fn print(
         let shown = p.checkpoint.map_or("-".to_owned(), |o| o.to_string());
         println!("{:<24} {:<24} {:>9} {shown:>12} {:>12} {lag:>10}", p.projection, p.topic, p.partition, p.high);
     }
+    println!();
+    println!("{:<24} {:>16} {:>12}", "projection", "parked", "events held");
+    for r in registrations {
+        let name = r.projection.name();
+        let (parked, held) = projectionist_postgres::park::count(pool, name).await?;
+        println!("{name:<24} {parked:>16} {held:>12}");
+    }
+    Ok(())
+}
+
+/// Prints the parked aggregates (of `projection`, or of all): a table, or JSON lines.
+pub(crate) async fn print_parked(pool: &PgPool, projection: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let parked = projectionist_postgres::park::list(pool, projection).await?;
+    if json {
+        for p in &parked {
+            println!("{}", serde_json::to_string(p)?);
+        }
+        return Ok(());
+    }
+    if parked.is_empty() {
+        println!("No aggregate is parked.");
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:<32} {:>11} {:>6} {:>13} {:<24} {:<25} reason",
+        "projection", "aggregate", "waiting for", "held", "held versions", "since", "topic/partition"
+    );
+    for p in &parked {
+        let aggregate = format!("{}/{}", p.aggregate_type, p.aggregate_id);
+        let versions = p.held_versions.map_or("-".to_owned(), |(lo, hi)| format!("{lo}..{hi}"));
+        let since = p.since.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+        let at = format!("{}/{}", p.topic, p.partition);
+        println!(
+            "{:<20} {aggregate:<32} {:>11} {:>6} {versions:>13} {since:<24} {at:<25} {}",
+            p.projection, p.waiting_for, p.held, p.reason
+        );
+    }
     Ok(())
 }

@@ -22,6 +22,10 @@ pub enum Outcome {
     },
     /// The projection does not handle this event type.
     Ignored,
+    /// Held, not applied: an earlier event of its aggregate could not be applied (a gap),
+    /// so the aggregate is parked and its events wait, in the engine's table, for what it
+    /// waits for (the missing version); then they are applied in version order.
+    Parked,
 }
 
 impl Outcome {
@@ -49,7 +53,8 @@ impl Outcome {
         }
     }
 
-    /// A bounded label for metrics and logs: `applied`, `duplicate`, `stale`, `gap`, `ignored`.
+    /// A bounded label for metrics and logs: `applied`, `duplicate`, `stale`, `gap`,
+    /// `ignored`, `parked`.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Applied => "applied",
@@ -57,6 +62,7 @@ impl Outcome {
             Self::Stale => "stale",
             Self::Gap { .. } => "gap",
             Self::Ignored => "ignored",
+            Self::Parked => "parked",
         }
     }
 
@@ -88,6 +94,8 @@ pub struct OutcomeCounts {
     pub gap: u64,
     /// Event types the projection does not handle.
     pub ignored: u64,
+    /// Events held behind a parked aggregate's missing version.
+    pub parked: u64,
 }
 
 impl OutcomeCounts {
@@ -99,6 +107,7 @@ impl OutcomeCounts {
             Outcome::Stale => self.stale += 1,
             Outcome::Gap { .. } => self.gap += 1,
             Outcome::Ignored => self.ignored += 1,
+            Outcome::Parked => self.parked += 1,
         }
     }
 
@@ -109,11 +118,12 @@ impl OutcomeCounts {
         self.stale += other.stale;
         self.gap += other.gap;
         self.ignored += other.ignored;
+        self.parked += other.parked;
     }
 
     /// All events counted.
     pub fn total(&self) -> u64 {
-        self.applied + self.duplicate + self.stale + self.gap + self.ignored
+        self.applied + self.duplicate + self.stale + self.gap + self.ignored + self.parked
     }
 }
 
@@ -150,9 +160,9 @@ mod tests {
 
     #[test]
     fn counts_and_labels() {
-        let outcomes = [Applied, Duplicate, Stale, Applied, Ignored, Gap { expected: 2, found: 4 }];
+        let outcomes = [Applied, Duplicate, Stale, Applied, Ignored, Gap { expected: 2, found: 4 }, Parked];
         let c: super::OutcomeCounts = outcomes.iter().collect();
-        assert_eq!((c.applied, c.duplicate, c.stale, c.ignored, c.gap, c.total()), (2, 1, 1, 1, 1, 6));
+        assert_eq!((c.applied, c.duplicate, c.stale, c.ignored, c.gap, c.parked, c.total()), (2, 1, 1, 1, 1, 1, 7));
         assert_eq!(Gap { expected: 2, found: 4 }.to_string(), "gap: expected version 2, found 4");
         assert_eq!(Stale.label(), "stale");
         assert!(!Gap { expected: 1, found: 3 }.is_ok());

@@ -10,7 +10,11 @@
 //!   in the batch and then added to is an insert followed by an update;
 //! - adds are never summed here: each column keeps its deltas in order and PostgreSQL folds
 //!   them in the column's own arithmetic (`((c + a1) + a2) + …`), so fractions, rounding to
-//!   a column's scale, floats and overflow behave as one `UPDATE` per event would.
+//!   a column's scale, floats and overflow behave as one `UPDATE` per event would;
+//! - with parking on, an aggregate whose event is a gap is parked: its events after the gap
+//!   are [`Outcome::Parked`] until the version it waits for arrives, and the plan ends right
+//!   after that event ([`Plan::unparked`]), so the caller applies the held events (the
+//!   drain) exactly where one event at a time would have.
 
 use std::collections::HashMap;
 
@@ -50,6 +54,16 @@ pub struct Stored {
     pub rows: HashMap<&'static str, HashMap<String, i64>>,
     /// Per (aggregate type, aggregate id): the aggregate version.
     pub aggregates: HashMap<(String, String), i64>,
+    /// `None`: parking is off, a gap is [`Outcome::Gap`]. `Some`: a gap parks its aggregate;
+    /// the aggregates of the batch parked when it starts.
+    pub parked: Option<HashMap<(String, String), Parked>>,
+}
+
+/// A parked aggregate: its events past the version it waits for are held, not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parked {
+    /// The version whose arrival resumes the aggregate (its missing predecessor).
+    pub waiting_for: i64,
 }
 
 /// How a row write reaches the table.
@@ -130,6 +144,13 @@ pub struct Plan<'a> {
     pub rows: Vec<RowWrite<'a>>,
     /// Aggregate version moves, by aggregate.
     pub aggregates: Vec<AggregateWrite>,
+    /// Aggregates parked or resumed by the plan, with their state at its end (`None`:
+    /// resumed), by aggregate.
+    pub parks: Vec<((String, String), Option<Parked>)>,
+    /// The plan ended early, right after an event that resumed its aggregate (this one):
+    /// `outcomes` is shorter than the events. The caller applies the aggregate's held
+    /// events in version order, then plans the rest.
+    pub unparked: Option<(String, String)>,
 }
 
 /// An event that cannot be planned.
@@ -233,6 +254,9 @@ pub fn plan<'a>(
     let mut outcomes = Vec::with_capacity(events.len());
     // Per aggregate type: the gated tables it owns, and whether its aggregate version gates it.
     let mut owned: HashMap<&str, (Vec<usize>, bool)> = HashMap::new();
+    // Aggregates parked or resumed in this plan (`None`: resumed).
+    let mut parks: HashMap<(&'a str, &'a str), Option<Parked>> = HashMap::new();
+    let mut unparked = None;
 
     for (index, (event, effect)) in events.iter().enumerate() {
         let fail = |problem: String| PlanError { index, problem, disagreement: false };
@@ -251,6 +275,16 @@ pub fn plan<'a>(
             (gated.collect(), aggregate_gated(tables, event.aggregate_type))
         });
         let (gated, aggregate_gated) = (gated.as_slice(), *aggregate_gated);
+        let mark_key = (event.aggregate_type, event.aggregate_id);
+        // A parked aggregate's events past the version it waits for are held.
+        let parked = stored.parked.as_ref().and_then(|parked| match parks.get(&mark_key) {
+            Some(state) => *state,
+            None => parked.get(&(event.aggregate_type.to_owned(), event.aggregate_id.to_owned())).copied(),
+        });
+        if parked.is_some_and(|p| event.version > p.waiting_for) {
+            outcomes.push(Outcome::Parked);
+            continue;
+        }
         let mut verdicts: Vec<(&str, Verdict)> = Vec::with_capacity(gated.len() + 1);
         for &t in gated {
             let table = &tables[t];
@@ -264,7 +298,6 @@ pub fn plan<'a>(
             };
             verdicts.push((table.name(), verdict));
         }
-        let mark_key = (event.aggregate_type, event.aggregate_id);
         if aggregate_gated {
             let mark = marks.entry(mark_key).or_insert_with(|| {
                 let owned = (event.aggregate_type.to_owned(), event.aggregate_id.to_owned());
@@ -274,6 +307,17 @@ pub fn plan<'a>(
             verdicts.push(("the aggregate's version", transition(mark.1, event.version)));
         }
         let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
+        if let (Verdict::Gap { expected, .. }, Some(_)) = (verdict, &stored.parked) {
+            parks.insert(mark_key, Some(Parked { waiting_for: expected }));
+            outcomes.push(Outcome::Parked);
+            continue;
+        }
+        // The version a parked aggregate waits for: it resumes (unless already applied).
+        let resumes = parked.is_some_and(|p| p.waiting_for == event.version);
+        if resumes {
+            parks.insert(mark_key, None);
+            unparked = Some((event.aggregate_type.to_owned(), event.aggregate_id.to_owned()));
+        }
         let handled = !matches!(effect, Effect::Ignored);
         outcomes.push(match verdict {
             Verdict::Gap { expected, found } => Outcome::Gap { expected, found },
@@ -283,6 +327,9 @@ pub fn plan<'a>(
             Verdict::Stale => Outcome::Stale,
         });
         if !matches!(verdict, Verdict::Apply | Verdict::NoGate) {
+            if resumes {
+                break;
+            }
             continue;
         }
 
@@ -315,9 +362,14 @@ pub fn plan<'a>(
                 state.take(&write.changes, first, false);
             }
         }
+        if resumes {
+            break;
+        }
     }
 
-    let mut plan = Plan { outcomes, ..Plan::default() };
+    let mut plan = Plan { outcomes, unparked, ..Plan::default() };
+    plan.parks = parks.into_iter().map(|((t, i), state)| ((t.to_owned(), i.to_owned()), state)).collect();
+    plan.parks.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
     let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(rows.len());
     for ((t, key), state) in rows {
         let table = tables[t];
@@ -583,6 +635,44 @@ mod tests {
             ]
         );
         assert_eq!((p.rows[0].expected, p.rows[0].version), (Some(1), Some(3)));
+    }
+
+    #[test]
+    fn with_parking_a_gap_parks_its_aggregate_and_the_awaited_version_ends_the_plan() {
+        let w = |id: &str, v: i64| vec![ACC.write(&env(id, v)).add("balance", v)];
+        let (a2, a3, a4, b1) = (w("a", 2), w("a", 3), w("a", 4), w("b", 1));
+        let mut stored = Stored { parked: Some(HashMap::new()), ..Stored::default() };
+        stored.rows.insert("acc", HashMap::from([("a".to_owned(), 1)]));
+        let events = [
+            (r("a", 3), Effect::Writes(&a3)),
+            (r("a", 4), Effect::Writes(&a4)),
+            (r("b", 1), Effect::Writes(&b1)),
+            (r("a", 2), Effect::Writes(&a2)),
+            (r("b", 2), Effect::Writes(&[])),
+        ];
+        let p = plan(&[ACC], &stored, &events).unwrap();
+        use Outcome::*;
+        assert_eq!(p.outcomes, vec![Parked, Parked, Applied, Applied], "the plan ends after a2");
+        let key = ("account".to_owned(), "a".to_owned());
+        assert_eq!(p.unparked, Some(key.clone()));
+        assert_eq!(p.parks, vec![(key.clone(), None)], "parked, then resumed within the plan");
+        let rows = p.rows.iter().map(|r| (r.key, r.expected, r.version)).collect::<Vec<_>>();
+        assert_eq!(rows, vec![("b", None, Some(1)), ("a", Some(1), Some(2))], "a3 and a4 are held, not written");
+
+        // Parked before the plan, waiting for 5: later versions are held, earlier ones
+        // classified as ever; a gap below the awaited version lowers it.
+        let mut parked = stored.clone();
+        parked.rows.insert("acc", HashMap::from([("a".to_owned(), 2)]));
+        parked.parked = Some(HashMap::from([(key.clone(), super::Parked { waiting_for: 5 })]));
+        let events = [(r("a", 6), Effect::Ignored), (r("a", 3), Effect::Writes(&a3)), (r("a", 5), Effect::Ignored)];
+        let p = plan(&[ACC], &parked, &events).unwrap();
+        assert_eq!(p.outcomes, vec![Parked, Applied, Parked]);
+        assert_eq!((p.unparked, p.parks), (None, vec![(key, Some(super::Parked { waiting_for: 4 }))]));
+
+        // Parking off: a gap is a gap.
+        let events = [(r("a", 2), Effect::Ignored)];
+        let p = plan(&[ACC], &Stored::default(), &events).unwrap();
+        assert_eq!((p.outcomes, p.parks.len()), (vec![Gap { expected: 1, found: 2 }], 0));
     }
 
     #[test]

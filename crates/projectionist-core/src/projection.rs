@@ -131,6 +131,35 @@ pub enum OnUnknownType {
     Halt,
 }
 
+/// What the engine does with an event whose predecessor version was never applied (a gap):
+/// set per run (`on_gap` in the settings, `--on-gap`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnGap {
+    /// Park the aggregate: the event and its aggregate's later events are held, exactly as
+    /// read, in the engine's table `projectionist_held` ([`Outcome::Parked`]), while every
+    /// other aggregate flows and the checkpoint moves on; when the missing version arrives
+    /// (a re-send, a replay) it is applied and the held events after it, in version order,
+    /// in the same transaction. The default.
+    #[default]
+    Park,
+    /// Halt the partition at the event: nothing at or after it is applied until the
+    /// missing version is published and the projector restarted.
+    Halt,
+}
+
+impl std::str::FromStr for OnGap {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "park" => Ok(Self::Park),
+            "halt" => Ok(Self::Halt),
+            other => Err(format!("on_gap is park or halt, not {other:?}")),
+        }
+    }
+}
+
 /// Checks a projection name: 1–48 characters of `a-z`, `0-9`, `_` and `-`, starting with a
 /// letter, so it is safe in consumer group ids, metric labels and table rows.
 pub fn validate_projection_name(name: &str) -> Result<(), String> {

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use projectionist_core::OnGap;
+
 use crate::KafkaClientConfig;
 
 /// How the engine connects, consumes and batches: one schema for the code, a settings file
@@ -74,6 +76,11 @@ pub struct EngineConfig {
     /// was assigned (for demos, tests and one-shot rebuilds).
     #[serde(default)]
     pub exit_when_caught_up: bool,
+    /// What an event whose predecessor version never arrived (a gap) does: `park` its
+    /// aggregate (its events are held in `projectionist_held` until the missing version
+    /// arrives, while every other aggregate flows) or `halt` the partition.
+    #[serde(default)]
+    pub on_gap: OnGap,
 }
 
 fn default_batch_max_events() -> usize {
@@ -118,6 +125,7 @@ impl EngineConfig {
             retry_backoff_ms: default_retry_backoff_ms(),
             from_beginning: false,
             exit_when_caught_up: false,
+            on_gap: OnGap::Park,
         }
     }
 
@@ -145,6 +153,12 @@ impl EngineConfig {
     /// Stops once caught up (see the field).
     pub fn with_exit_when_caught_up(mut self, yes: bool) -> Self {
         self.exit_when_caught_up = yes;
+        self
+    }
+
+    /// Parks or halts on a gap (see the field).
+    pub fn with_on_gap(mut self, on_gap: OnGap) -> Self {
+        self.on_gap = on_gap;
         self
     }
 
@@ -188,6 +202,7 @@ impl fmt::Debug for EngineConfig {
             .field("retry_backoff_ms", &self.retry_backoff_ms)
             .field("from_beginning", &self.from_beginning)
             .field("exit_when_caught_up", &self.exit_when_caught_up)
+            .field("on_gap", &self.on_gap)
             .finish()
     }
 }

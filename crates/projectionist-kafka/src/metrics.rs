@@ -16,6 +16,24 @@ pub const EVENTS_IGNORED: &str = "projectionist_events_ignored_total";
 /// Events that halted their partition. Labels: `projection`, `reason` (`poison`, `gap`,
 /// `error`).
 pub const EVENTS_FAILED: &str = "projectionist_events_failed_total";
+/// Events held behind a parked aggregate (its missing version never arrived), stored in
+/// `projectionist_held`. Labels: `projection`.
+pub const EVENTS_PARKED: &str = "projectionist_events_parked_total";
+/// Held events applied (or found duplicate or stale) once their aggregate's missing version
+/// arrived; also counted in [`EVENTS_APPLIED`] or [`EVENTS_SKIPPED`]. So, per projection:
+/// read = applied + skipped + parked − drained. Labels: `projection`.
+pub const EVENTS_DRAINED: &str = "projectionist_events_drained_total";
+/// Aggregates parked: one of their events found its predecessor missing. Labels:
+/// `projection`.
+pub const AGGREGATES_PARKED: &str = "projectionist_aggregates_parked_total";
+/// Parked aggregates resumed: the version they waited for arrived. Labels: `projection`.
+pub const AGGREGATES_RESUMED: &str = "projectionist_aggregates_resumed_total";
+/// Aggregates parked now, and events held for them, as stored (refreshed with the lag).
+/// Labels: `projection`.
+pub const AGGREGATES_PARKED_NOW: &str = "projectionist_aggregates_parked";
+/// Events of an aggregate of the projection held now, as stored (refreshed with the lag).
+/// Labels: `projection`.
+pub const EVENTS_HELD_NOW: &str = "projectionist_events_held";
 /// Events per applied batch (histogram). Labels: `projection`.
 pub const BATCH_SIZE: &str = "projectionist_batch_size_events";
 /// Time to apply and commit one batch (histogram). Labels: `projection`.
@@ -59,6 +77,12 @@ pub fn describe() {
     describe_counter!(EVENTS_SKIPPED, Unit::Count, "Events skipped: duplicate or stale version, or unhandled type.");
     describe_counter!(EVENTS_IGNORED, Unit::Count, "Events of a type the projection does not handle, by type.");
     describe_counter!(EVENTS_FAILED, Unit::Count, "Events that halted their partition.");
+    describe_counter!(EVENTS_PARKED, Unit::Count, "Events held behind a parked aggregate's missing version.");
+    describe_counter!(EVENTS_DRAINED, Unit::Count, "Held events applied once their missing version arrived.");
+    describe_counter!(AGGREGATES_PARKED, Unit::Count, "Aggregates parked behind a missing version.");
+    describe_counter!(AGGREGATES_RESUMED, Unit::Count, "Parked aggregates resumed.");
+    describe_gauge!(AGGREGATES_PARKED_NOW, Unit::Count, "Aggregates parked now.");
+    describe_gauge!(EVENTS_HELD_NOW, Unit::Count, "Events held now for parked aggregates.");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
     describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
     describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a transient database error.");
@@ -83,6 +107,21 @@ pub fn describe() {
     describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");
     describe_gauge!(POSTGRES_WAITING, "1 while a partition waits for PostgreSQL to come back, else 0.");
     describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
+}
+
+/// Sets [`AGGREGATES_PARKED_NOW`] and [`EVENTS_HELD_NOW`] of `projection` from the tables,
+/// in the background.
+pub(crate) fn parked_now(pool: &projectionist_postgres::PgPool, projection: &str) {
+    let (pool, projection) = (pool.clone(), projection.to_owned());
+    tokio::spawn(async move {
+        match projectionist_postgres::park::count(&pool, &projection).await {
+            Ok((aggregates, events)) => {
+                metrics::gauge!(AGGREGATES_PARKED_NOW, "projection" => projection.clone()).set(aggregates as f64);
+                metrics::gauge!(EVENTS_HELD_NOW, "projection" => projection).set(events as f64);
+            }
+            Err(e) => tracing::debug!(error = %e, "Cannot count the parked aggregates."),
+        }
+    });
 }
 
 /// `n` events of `event_type` (or `other`) ignored.
@@ -110,6 +149,9 @@ pub(crate) fn batch_committed(
         .record("ignored", counts.ignored);
     tracing::debug!(took_ms = took.as_millis() as u64, "Batch committed.");
     metrics::counter!(EVENTS_APPLIED, "projection" => projection.clone()).increment(counts.applied);
+    if counts.parked > 0 {
+        metrics::counter!(EVENTS_PARKED, "projection" => projection.clone()).increment(counts.parked);
+    }
     for (reason, n) in [("duplicate", counts.duplicate), ("stale", counts.stale), ("ignored", counts.ignored)] {
         metrics::counter!(EVENTS_SKIPPED, "projection" => projection.clone(), "reason" => reason).increment(n);
     }

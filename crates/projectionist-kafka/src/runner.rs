@@ -50,6 +50,10 @@ pub struct Stats {
     pub stale: AtomicU64,
     /// Event types the projection does not handle.
     pub ignored: AtomicU64,
+    /// Events held behind a parked aggregate.
+    pub parked: AtomicU64,
+    /// Held events applied (or found duplicate or stale) once their missing version came.
+    pub drained: AtomicU64,
     /// Events ignored, by type (the projection has no variant for it): at most
     /// [`Stats::MAX_IGNORED_TYPES`] types, any further ones counted as `other`.
     pub ignored_types: Mutex<BTreeMap<String, u64>>,
@@ -85,6 +89,7 @@ impl Stats {
         self.duplicate.fetch_add(c.duplicate, Ordering::Relaxed);
         self.stale.fetch_add(c.stale, Ordering::Relaxed);
         self.ignored.fetch_add(c.ignored, Ordering::Relaxed);
+        self.parked.fetch_add(c.parked, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -107,6 +112,7 @@ impl Stats {
             stale: self.stale.load(Ordering::Relaxed),
             gap: 0,
             ignored: self.ignored.load(Ordering::Relaxed),
+            parked: self.parked.load(Ordering::Relaxed),
         }
     }
 }
@@ -213,6 +219,7 @@ impl Runner {
     }
 
     pub(crate) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        crate::metrics::parked_now(&self.pool, self.projection.name());
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -444,6 +451,7 @@ impl Runner {
                 limits,
                 retry: self.config.retry_policy(),
                 exit_when_caught_up: self.config.exit_when_caught_up,
+                on_gap: self.config.on_gap,
                 progress: progress.clone(),
             };
             let (stop, stopped) = watch::channel(Order::Run);

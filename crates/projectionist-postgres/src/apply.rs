@@ -5,16 +5,20 @@ use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use projectionist_core::plan::{Effect, EventRef};
+use std::collections::HashMap;
+
+use projectionist_core::plan::{Effect, EventRef, Parked};
 use projectionist_core::upcast::upcast;
 use projectionist_core::{
-    validate_projection_name, Envelope, EventDecoder, OnUnknownType, Outcome, Projection, RawEnvelope, Table, Upcaster,
-    Writes,
+    validate_projection_name, Envelope, EventDecoder, OnGap, OnUnknownType, Outcome, OutcomeCounts, Projection,
+    RawEnvelope, Table, Upcaster, Writes,
 };
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use crate::{batch, Error, Ident, Result};
+use crate::batch::{self, ParkedMap};
+use crate::park::{self, Hold, Source, SourceMessage};
+use crate::{Error, Ident, Result};
 
 /// How a batch is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +39,8 @@ pub enum Mode {
 pub struct Prepared {
     events: Vec<PreparedEvent>,
     failure: Option<Failure>,
+    /// Where the events were read, as they arrived: set for parking to store what it holds.
+    source: Option<Source>,
 }
 
 struct PreparedEvent {
@@ -114,21 +120,48 @@ impl Prepared {
         }
     }
 
-    fn event(&self, index: usize) -> EventRef<'_> {
-        let e = &self.events[index];
-        EventRef { aggregate_type: &e.aggregate_type, aggregate_id: &e.aggregate_id, version: e.version }
+    /// Where the events were read, and each one's message as it arrived (in the order of
+    /// the envelopes given to [`PgProjection::prepare`]): what gaps park is stored as.
+    /// Without it, a gap is [`Outcome::Gap`] whatever the policy.
+    pub fn set_source(&mut self, source: Source) {
+        self.source = Some(source);
+    }
+}
+
+impl PreparedEvent {
+    fn event(&self) -> EventRef<'_> {
+        EventRef { aggregate_type: &self.aggregate_type, aggregate_id: &self.aggregate_id, version: self.version }
+    }
+
+    fn effect(&self) -> Effect<'_> {
+        match &self.step {
+            Step::Writes(w) => Effect::Writes(w.writes()),
+            Step::Custom(_) => Effect::Custom,
+            Step::Ignored(_) => Effect::Ignored,
+        }
+    }
+
+    fn aggregate(&self) -> (&str, &str) {
+        (&self.aggregate_type, &self.aggregate_id)
     }
 }
 
 /// What [`PgProjection::write`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Written {
     /// One outcome per event, up to and including the first [`Outcome::Gap`] (the batch
-    /// ends there: nothing at or after it was written).
+    /// ends there: nothing at or after it was written). [`Outcome::Parked`]: held.
     pub outcomes: Vec<Outcome>,
     /// Whether the set-based path gave way to the per-event path (a value the database
     /// refused, or a concurrent writer).
     pub per_event: bool,
+    /// The outcomes of events held by earlier batches and applied by this one (their
+    /// aggregate's missing version arrived).
+    pub drained: OutcomeCounts,
+    /// Aggregates parked by this batch, and resumed by it.
+    pub parked: u64,
+    /// Aggregates resumed by this batch.
+    pub resumed: u64,
 }
 
 /// A projection over PostgreSQL with its event type erased, so the engine can hold many
@@ -153,11 +186,13 @@ pub trait PgProjection: Send + Sync + 'static {
     /// envelopes are consumed: their fields move into the typed events, uncopied.
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared;
     /// Writes a prepared batch in offset order in the caller's transaction, up to its first
-    /// [`Outcome::Gap`]: the outcomes then end with it, and nothing at or after it is
-    /// written, so what precedes it can commit. An error about one event names it
+    /// [`Outcome::Gap`] (with [`OnGap::Halt`], or without a source): the outcomes then end
+    /// with it, and nothing at or after it is written, so what precedes it can commit. With
+    /// [`OnGap::Park`] and a source ([`Prepared::set_source`]) a gap parks its aggregate
+    /// instead, and the parking is stored in the same transaction. An error about one event names it
     /// ([`Error::event_index`]): a write the declarations forbid, a value the database
     /// refuses, a failing `apply`; nothing of the batch is to be committed then.
-    async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode) -> Result<Written>;
+    async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written>;
 }
 
 #[async_trait]
@@ -190,56 +225,161 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         let mut events = Vec::with_capacity(batch.len());
         if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
             let aggregate_id = batch.into_iter().next().map(|raw| raw.aggregate_id).unwrap_or_default();
-            return Prepared { events, failure: Some(Failure { aggregate_id, error }) };
+            return Prepared { events, failure: Some(Failure { aggregate_id, error }), source: None };
         }
         let decoder = EventDecoder::<P::Event>::new();
         let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
         for (index, raw) in batch.into_iter().enumerate() {
             match prepare_event(self, &decoder, halt_on_unknown, index, raw) {
                 Ok(event) => events.push(event),
-                Err(failure) => return Prepared { events, failure: Some(failure) },
+                Err(failure) => return Prepared { events, failure: Some(failure), source: None },
             }
         }
-        Prepared { events, failure: None }
+        Prepared { events, failure: None, source: None }
     }
 
-    async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode) -> Result<Written> {
+    async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {
+        let name = Projection::name(self);
+        let source = prepared.source.as_ref().filter(|_| on_gap == OnGap::Park);
+        let mut parked = match source {
+            Some(source) => Some(park::read(conn, name, &source.topic, source.partition).await?),
+            None => None,
+        };
+        let mut changes: HashMap<(String, String), Option<Parked>> = HashMap::new();
+        let events: Vec<&PreparedEvent> = prepared.events.iter().collect();
+        let mut written = Written { outcomes: Vec::with_capacity(events.len()), ..Written::default() };
+        let mut drained = Vec::new();
+        while written.outcomes.len() < events.len() {
+            let start = written.outcomes.len();
+            let ran = self.write_events(conn, &events[start..], mode, &mut parked, &mut changes).await;
+            let (outcomes, per_event, unparked) = ran.map_err(|e| e.shifted(start))?;
+            written.outcomes.extend(outcomes);
+            written.per_event |= per_event;
+            if batch::ends_in_a_gap(&written.outcomes) {
+                return Ok(written);
+            }
+            if let Some(aggregate) = unparked {
+                // The resumed aggregate's held events, in version order: those of earlier
+                // batches (stored), then those of this one, as one event at a time would.
+                let resumed_at = written.outcomes.len() - 1;
+                let stored = park::held(conn, name, &aggregate).await?;
+                let decoder = EventDecoder::<P::Event>::new();
+                let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
+                let mut held: Vec<(Option<i64>, PreparedEvent)> = Vec::with_capacity(stored.len());
+                for (id, payload) in stored {
+                    let raw = RawEnvelope::from_slice(&payload).map_err(|source| Error::Decode {
+                        index: resumed_at,
+                        aggregate: format!("{}/{}", aggregate.0, aggregate.1),
+                        version: 0,
+                        source,
+                    })?;
+                    let event = prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw)
+                        .map_err(|failure| failure.error.at(resumed_at))?;
+                    held.push((Some(id), event));
+                }
+                let mut drain: Vec<(Result<i64, usize>, &PreparedEvent)> = held
+                    .iter()
+                    .map(|(id, e)| (Ok(id.expect("stored")), e))
+                    .chain(
+                        (0..resumed_at)
+                            .filter(|&i| {
+                                written.outcomes[i] == Outcome::Parked
+                                    && events[i].aggregate() == (aggregate.0.as_str(), aggregate.1.as_str())
+                            })
+                            .map(|i| (Err(i), events[i])),
+                    )
+                    .collect();
+                drain.sort_by_key(|(_, e)| e.version);
+                let drain_events: Vec<&PreparedEvent> = drain.iter().map(|(_, e)| *e).collect();
+                let (outcomes, per_event, _) = self
+                    .write_events(conn, &drain_events, mode, &mut parked, &mut changes)
+                    .await
+                    .map_err(|e| e.at(resumed_at))?;
+                written.per_event |= per_event;
+                for ((origin, _), outcome) in drain.iter().zip(outcomes) {
+                    match origin {
+                        Err(index) => written.outcomes[*index] = outcome,
+                        Ok(_) if outcome == Outcome::Parked => {}
+                        Ok(id) => {
+                            drained.push(*id);
+                            written.drained.add(&outcome);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(source) = source {
+            let mut hold = Vec::new();
+            for (index, outcome) in written.outcomes.iter().enumerate() {
+                if *outcome == Outcome::Parked {
+                    let (e, message) = (events[index], source.messages.get(index));
+                    let message = message.ok_or_else(|| Error::Invalid {
+                        index,
+                        aggregate: format!("{}/{}", e.aggregate_type, e.aggregate_id),
+                        version: e.version,
+                        problem: "the batch's source holds no message for this event".into(),
+                    })?;
+                    let (aggregate_type, aggregate_id, version) = (&e.aggregate_type, &e.aggregate_id, e.version);
+                    hold.push(Hold { aggregate_type, aggregate_id, version, message });
+                }
+            }
+            written.parked = changes.values().filter(|c| c.is_some()).count() as u64;
+            written.resumed = changes.values().filter(|c| c.is_none()).count() as u64;
+            park::save(conn, name, source, &changes, &hold, &drained).await?;
+        }
+        Ok(written)
+    }
+}
+
+impl<P: Projection<PgConnection>> WriteEvents for P {}
+
+/// Writing a sequence of prepared events, for [`PgProjection::write`].
+#[async_trait]
+trait WriteEvents: Projection<PgConnection> {
+    /// Writes `events` in order: runs of planned events set-based, a custom event through
+    /// `apply` between them; up to the first gap (parking off), or up to the event that
+    /// resumes a parked aggregate (returned: its held events come next). `parked`: the
+    /// parking state, kept up to date, and every aggregate parked or resumed in `changes`.
+    async fn write_events(
+        &self,
+        conn: &mut PgConnection,
+        events: &[&PreparedEvent],
+        mode: Mode,
+        parked: &mut Option<ParkedMap>,
+        changes: &mut HashMap<(String, String), Option<Parked>>,
+    ) -> Result<(Vec<Outcome>, bool, Option<(String, String)>)> {
         let name = Projection::name(self);
         let tables = Projection::tables(self);
-        let events = &prepared.events;
-        let mut written = Written { outcomes: Vec::with_capacity(events.len()), per_event: false };
+        let mut outcomes = Vec::with_capacity(events.len());
+        let mut per_event = false;
         let mut start = 0;
-        // Runs of planned events go set-based; a custom event goes to `apply` between them.
         while start < events.len() {
             let end = events[start..]
                 .iter()
                 .position(|e| matches!(e.step, Step::Custom(_)))
                 .map_or(events.len(), |p| start + p);
-            if end > start {
-                let run: Vec<(EventRef<'_>, Effect<'_>)> = (start..end)
-                    .map(|i| {
-                        let effect = match &events[i].step {
-                            Step::Writes(w) => Effect::Writes(w.writes()),
-                            _ => Effect::Ignored,
-                        };
-                        (prepared.event(i), effect)
-                    })
-                    .collect();
-                let (outcomes, per_event) =
-                    batch::apply(conn, name, tables, &run, mode).await.map_err(|e| e.shifted(start))?;
-                written.outcomes.extend(outcomes);
-                written.per_event |= per_event;
-                if batch::ends_in_a_gap(&written.outcomes) {
-                    return Ok(written);
+            let run_end = if end > start { end } else { end + 1 };
+            let run: Vec<(EventRef<'_>, Effect<'_>)> =
+                events[start..run_end.min(events.len())].iter().map(|e| (e.event(), e.effect())).collect();
+            // A custom event goes alone, gated like any event; `apply` runs if it applies.
+            let run_mode = if end > start { mode } else { Mode::PerEvent };
+            let ran = batch::apply(conn, name, tables, &run, run_mode, parked.as_ref())
+                .await
+                .map_err(|e| e.shifted(start))?;
+            per_event |= ran.per_event && end > start;
+            for (aggregate, state) in ran.parks {
+                if let Some(parked) = parked.as_mut() {
+                    match state {
+                        Some(p) => parked.insert(aggregate.clone(), p),
+                        None => parked.remove(&aggregate),
+                    };
                 }
+                changes.insert(aggregate, state);
             }
-            if let Some(Step::Custom(env)) = events.get(end).map(|e| &e.step) {
-                let env = env.downcast_ref::<Envelope<P::Event>>().expect("prepared by this projection");
-                // Gated like any event: its gates move, and `apply` runs only if it applies.
-                let event = [(prepared.event(end), Effect::Custom)];
-                let (gated, _) =
-                    batch::apply(conn, name, tables, &event, Mode::PerEvent).await.map_err(|e| e.shifted(end))?;
-                let outcome = match gated.first() {
+            if end == start {
+                let Some(Step::Custom(env)) = events.get(end).map(|e| &e.step) else { unreachable!("a custom event") };
+                let env = env.downcast_ref::<Envelope<Self::Event>>().expect("prepared by this projection");
+                let outcome = match ran.outcomes.first() {
                     Some(Outcome::Applied) => self.apply(conn, env).await.map_err(|error| Error::Apply {
                         projection: name.into(),
                         index: end,
@@ -250,14 +390,16 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                     Some(other) => *other,
                     None => unreachable!("one outcome per event"),
                 };
-                written.outcomes.push(outcome);
-                if batch::ends_in_a_gap(&written.outcomes) {
-                    return Ok(written);
-                }
+                outcomes.push(outcome);
+            } else {
+                outcomes.extend(ran.outcomes);
             }
-            start = end + 1;
+            if batch::ends_in_a_gap(&outcomes) || ran.unparked.is_some() {
+                return Ok((outcomes, per_event, ran.unparked));
+            }
+            start = run_end;
         }
-        Ok(written)
+        Ok((outcomes, per_event, None))
     }
 }
 
@@ -342,25 +484,32 @@ pub fn validate(projection: &dyn PgProjection) -> Result<()> {
 /// needs it. Used by tests and tools: unlike the engine, which halts a partition at a gap,
 /// it goes on past one (the gap's event is not applied), so every event has an outcome.
 pub async fn apply_batch(pool: &PgPool, projection: &dyn PgProjection, batch: &[RawEnvelope]) -> Result<Vec<Outcome>> {
-    apply_batch_in(pool, projection, batch, Mode::Batch).await
+    apply_batch_in(pool, projection, batch, Mode::Batch, OnGap::Halt).await
 }
 
-/// As [`apply_batch`], starting in the given mode.
+/// As [`apply_batch`], starting in the given mode, with the given gap policy: with
+/// [`OnGap::Park`] a gap parks its aggregate as the engine does (the held events stored as
+/// their envelopes' JSON, with no topic and no offset), and [`Outcome::Parked`] events can
+/// be applied by a later call, when the missing version comes.
 pub async fn apply_batch_in(
     pool: &PgPool,
     projection: &dyn PgProjection,
     batch: &[RawEnvelope],
     mode: Mode,
+    on_gap: OnGap,
 ) -> Result<Vec<Outcome>> {
     let mut tx = pool.begin().await?;
     let mut outcomes = Vec::with_capacity(batch.len());
     while outcomes.len() < batch.len() {
         let start = outcomes.len();
-        let mut prepared = projection.prepare(batch[start..].to_vec());
+        let rest = &batch[start..];
+        let mut prepared = projection.prepare(rest.to_vec());
         if let Some(failure) = prepared.take_failure() {
             return Err(failure.shifted(start));
         }
-        let written = projection.write(&mut tx, &prepared, mode).await.map_err(|e| e.shifted(start))?;
+        let messages = rest.iter().map(|raw| SourceMessage { offset: None, key: None, payload: raw.to_json() });
+        prepared.set_source(Source { topic: String::new(), partition: 0, messages: messages.collect() });
+        let written = projection.write(&mut tx, &prepared, mode, on_gap).await.map_err(|e| e.shifted(start))?;
         outcomes.extend(written.outcomes);
     }
     tx.commit().await?;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::Write as _;
 
 use projectionist_core::plan::{
-    aggregate_gated, plan, AggregateWrite, Effect, EventRef, Plan, RowKind, RowWrite, Stored,
+    aggregate_gated, plan, AggregateWrite, Effect, EventRef, Parked, Plan, RowKind, RowWrite, Stored,
 };
 use projectionist_core::{Outcome, Table};
 use serde::Serialize;
@@ -33,28 +33,50 @@ fn is_about_a_value(e: &sqlx::Error) -> bool {
 /// How many times the per-event path re-plans one event whose rows a concurrent writer moved.
 const PER_EVENT_TRIES: usize = 5;
 
+/// Parked aggregates by (aggregate type, aggregate id).
+pub(crate) type ParkedMap = HashMap<(String, String), Parked>;
+
+/// What applying a run did.
+#[derive(Debug, Default)]
+pub(crate) struct Ran {
+    /// One outcome per event, up to the first gap (parking off: the outcomes end with it,
+    /// and nothing at or after it is written), or up to the event that resumed a parked
+    /// aggregate (`unparked`).
+    pub outcomes: Vec<Outcome>,
+    /// Whether the set-based path gave way to the per-event path.
+    pub per_event: bool,
+    /// Aggregates parked or resumed by the run, with their state at its end.
+    pub parks: Vec<((String, String), Option<Parked>)>,
+    /// The run ended after its last outcome's event, which resumed this parked aggregate:
+    /// its held events are to be applied next.
+    pub unparked: Option<(String, String)>,
+}
+
 /// Applies a run of planned events in the caller's transaction, up to its first gap (the
-/// outcomes then end with it, and nothing at or after it is written); with whether it went
-/// event by event. Set-based (`Mode::Batch`) under a savepoint: when the database refuses
-/// a statement (a value the column cannot take, a constraint), or a statement changes
-/// another number of rows than planned (a concurrent writer moved them), the savepoint is
-/// rolled back and the run applied again event by event in the same transaction — which
-/// names the event at fault, and waits on the concurrent writer's row locks.
+/// outcomes then end with it, and nothing at or after it is written) or, with parking on
+/// (`parked` is `Some`: the parked aggregates where the run starts), up to the event that
+/// resumes a parked aggregate. Set-based (`Mode::Batch`) under a savepoint: when the
+/// database refuses a statement (a value the column cannot take, a constraint), or a
+/// statement changes another number of rows than planned (a concurrent writer moved them),
+/// the savepoint is rolled back and the run applied again event by event in the same
+/// transaction — which names the event at fault, and waits on the concurrent writer's row
+/// locks.
 pub(crate) async fn apply(
     conn: &mut PgConnection,
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
     mode: Mode,
-) -> Result<(Vec<Outcome>, bool)> {
+    parked: Option<&ParkedMap>,
+) -> Result<Ran> {
     if mode == Mode::PerEvent {
-        return Ok((apply_per_event(conn, projection, tables, events).await?, true));
+        return apply_per_event(conn, projection, tables, events, parked).await;
     }
     let mut savepoint = conn.begin().await?;
-    match apply_set_based(&mut savepoint, projection, tables, events).await {
-        Ok(outcomes) => {
+    match apply_set_based(&mut savepoint, projection, tables, events, parked).await {
+        Ok(ran) => {
             savepoint.commit().await?;
-            Ok((outcomes, false))
+            Ok(ran)
         }
         Err(e) if matches!(&e, Error::Conflict { .. }) || matches!(&e, Error::Database(d) if is_about_a_value(d)) => {
             savepoint.rollback().await?;
@@ -63,7 +85,7 @@ pub(crate) async fn apply(
                 reason = %e,
                 "The set-based statements could not apply the batch; applying its events one by one."
             );
-            Ok((apply_per_event(conn, projection, tables, events).await?, true))
+            apply_per_event(conn, projection, tables, events, parked).await
         }
         Err(e) => Err(e),
     }
@@ -74,11 +96,13 @@ async fn apply_set_based(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
-) -> Result<Vec<Outcome>> {
+    parked: Option<&ParkedMap>,
+) -> Result<Ran> {
     if events.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Ran::default());
     }
-    let stored = read_stored(conn, projection, tables, events).await?;
+    let mut stored = read_stored(conn, projection, tables, events).await?;
+    stored.parked = parked.cloned();
     let planned = |events| planned(tables, &stored, events);
     let mut plan = planned(events)?;
     // A gap ends the run: what precedes it is written, nothing at or after it.
@@ -91,7 +115,7 @@ async fn apply_set_based(
     for (table, shape, rows) in group(&plan.rows) {
         write_rows(conn, table, &shape, rows).await?;
     }
-    Ok(plan.outcomes)
+    Ok(Ran { outcomes: plan.outcomes, per_event: false, parks: plan.parks, unparked: plan.unparked })
 }
 
 /// The plan of `events`, or the error naming the event that cannot be planned.
@@ -125,18 +149,35 @@ async fn apply_per_event(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
-) -> Result<Vec<Outcome>> {
-    let mut outcomes = Vec::with_capacity(events.len());
+    parked: Option<&ParkedMap>,
+) -> Result<Ran> {
+    let mut ran = Ran { outcomes: Vec::with_capacity(events.len()), per_event: true, ..Ran::default() };
+    // The parking state as each event finds it.
+    let mut parked = parked.cloned();
+    let mut parks: HashMap<(String, String), Option<Parked>> = HashMap::new();
     for (index, event) in events.iter().enumerate() {
         let mut tries = 0;
         loop {
             let mut savepoint = conn.begin().await?;
-            match apply_set_based(&mut savepoint, projection, tables, std::slice::from_ref(event)).await {
-                Ok(outcome) => {
+            match apply_set_based(&mut savepoint, projection, tables, std::slice::from_ref(event), parked.as_ref())
+                .await
+            {
+                Ok(one) => {
                     savepoint.commit().await?;
-                    outcomes.extend(outcome);
-                    if ends_in_a_gap(&outcomes) {
-                        return Ok(outcomes);
+                    ran.outcomes.extend(one.outcomes);
+                    for (aggregate, state) in one.parks {
+                        if let Some(parked) = parked.as_mut() {
+                            match state {
+                                Some(p) => parked.insert(aggregate.clone(), p),
+                                None => parked.remove(&aggregate),
+                            };
+                        }
+                        parks.insert(aggregate, state);
+                    }
+                    if ends_in_a_gap(&ran.outcomes) || one.unparked.is_some() {
+                        ran.unparked = one.unparked;
+                        ran.parks = sorted(parks);
+                        return Ok(ran);
                     }
                     break;
                 }
@@ -158,7 +199,14 @@ async fn apply_per_event(
             }
         }
     }
-    Ok(outcomes)
+    ran.parks = sorted(parks);
+    Ok(ran)
+}
+
+fn sorted(parks: HashMap<(String, String), Option<Parked>>) -> Vec<((String, String), Option<Parked>)> {
+    let mut parks: Vec<_> = parks.into_iter().collect();
+    parks.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+    parks
 }
 
 async fn read_stored(

@@ -226,21 +226,31 @@ impl Error {
     /// The error with its event index counted `by` events further (an error of a run of
     /// events that starts there in the batch).
     pub(crate) fn shifted(self, by: usize) -> Self {
+        self.reindexed(|index| index + by)
+    }
+
+    /// The error with its event index replaced by `index` (an error of an event held for a
+    /// parked aggregate, blamed on the batch's event that resumed it).
+    pub(crate) fn at(self, index: usize) -> Self {
+        self.reindexed(|_| index)
+    }
+
+    fn reindexed(self, to: impl Fn(usize) -> usize) -> Self {
         match self {
             Self::Decode { index, aggregate, version, source } => {
-                Self::Decode { index: index + by, aggregate, version, source }
+                Self::Decode { index: to(index), aggregate, version, source }
             }
             Self::Invalid { index, aggregate, version, problem } => {
-                Self::Invalid { index: index + by, aggregate, version, problem }
+                Self::Invalid { index: to(index), aggregate, version, problem }
             }
             Self::UnknownType { index, aggregate, version, event_type, known } => {
-                Self::UnknownType { index: index + by, aggregate, version, event_type, known }
+                Self::UnknownType { index: to(index), aggregate, version, event_type, known }
             }
             Self::Rejected { index, aggregate, version, source } => {
-                Self::Rejected { index: index + by, aggregate, version, source }
+                Self::Rejected { index: to(index), aggregate, version, source }
             }
             Self::Apply { projection, index, aggregate, version, error } => {
-                Self::Apply { projection, index: index + by, aggregate, version, error }
+                Self::Apply { projection, index: to(index), aggregate, version, error }
             }
             other => other,
         }

@@ -7,6 +7,7 @@ mod drift;
 mod error;
 mod ident;
 mod migrate;
+pub mod park;
 
 pub use apply::{
     apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, Prepared, SharedProjection,

@@ -41,5 +41,23 @@ pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value 
     .await
     .unwrap_or_else(|e| panic!("dumping aggregate versions: {e}"));
     dump.insert("projectionist_watermarks".into(), marks);
+    let parked: Value = sqlx::query_scalar(
+        "SELECT coalesce(jsonb_agg(jsonb_build_array(aggregate_type, aggregate_id, waiting_for) \
+         ORDER BY aggregate_type, aggregate_id), '[]') FROM projectionist_parked WHERE projection = $1",
+    )
+    .bind(projection.name())
+    .fetch_one(pool)
+    .await
+    .unwrap_or_else(|e| panic!("dumping parked aggregates: {e}"));
+    dump.insert("projectionist_parked".into(), parked);
+    let held: Value = sqlx::query_scalar(
+        "SELECT coalesce(jsonb_agg(jsonb_build_array(aggregate_type, aggregate_id, version) \
+         ORDER BY aggregate_type, aggregate_id, version), '[]') FROM projectionist_held WHERE projection = $1",
+    )
+    .bind(projection.name())
+    .fetch_one(pool)
+    .await
+    .unwrap_or_else(|e| panic!("dumping held events: {e}"));
+    dump.insert("projectionist_held".into(), held);
     Value::Object(dump)
 }

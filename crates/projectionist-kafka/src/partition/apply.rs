@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use projectionist_core::{OnUnknownType, Outcome, OutcomeCounts};
+use projectionist_postgres::park::Source;
 use projectionist_postgres::{Mode, Prepared};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -48,9 +49,11 @@ impl Partition {
         );
         let this = self.clone();
         async move {
-            let (at, envelopes, mut halt) = decode_until_poison(messages);
+            let (at, envelopes, messages, mut halt) = decode_until_poison(messages);
             // Decoded and projected once: a retry writes the same prepared events again.
             let mut prepared = this.projection.prepare(envelopes);
+            let (topic, partition) = (this.tp.topic.clone(), this.tp.partition);
+            prepared.set_source(Source { topic, partition, messages });
             if let Some(failure) = prepared.failure() {
                 let index = prepared.len();
                 halt = Some(this.halt_at(at[index], &prepared, index, failure));
@@ -89,10 +92,11 @@ impl Partition {
                     .await;
                 let Some(result) = result else { return Applied::Abandoned };
                 match result {
-                    Ok(Committed { counts, next_offset, gap, ignored }) => {
+                    Ok(Committed { counts, next_offset, gap, ignored, parking }) => {
                         outage.over();
                         this.stats.add(&counts);
                         this.count_ignored(ignored);
+                        this.count_parking(&parking);
                         let applied = gap.as_ref().map_or(end, |(index, _)| *index);
                         let last =
                             applied.checked_sub(1).and_then(|i| prepared.occurred_at(i)).map(|t| t.timestamp_millis());
@@ -164,7 +168,7 @@ impl Partition {
         next_offset: i64,
     ) -> projectionist_postgres::Result<Committed> {
         let mut tx = self.pool.begin().await?;
-        let written = self.projection.write(&mut tx, prepared, Mode::Batch).await?;
+        let written = self.projection.write(&mut tx, prepared, Mode::Batch, self.on_gap).await?;
         let outcomes = written.outcomes;
         let gap = match outcomes.last() {
             Some(gap @ Outcome::Gap { .. }) => {
@@ -185,14 +189,43 @@ impl Partition {
         if written.per_event {
             metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
         }
-        let counts = outcomes.iter().filter(|o| !matches!(o, Outcome::Gap { .. })).collect();
+        let mut counts: OutcomeCounts = outcomes.iter().filter(|o| !matches!(o, Outcome::Gap { .. })).collect();
+        // Held events of earlier batches applied now count as what they became.
+        let drained = written.drained;
+        counts.merge(&OutcomeCounts { parked: 0, ..drained });
+        let parking =
+            Parking { drained: drained.total() - drained.parked, parked: written.parked, resumed: written.resumed };
         let mut ignored = BTreeMap::new();
         for (index, _) in outcomes.iter().enumerate().filter(|(_, o)| **o == Outcome::Ignored) {
             if let Some(event_type) = prepared.ignored_type(index) {
                 *ignored.entry(event_type.to_owned()).or_default() += 1;
             }
         }
-        Ok(Committed { counts, next_offset, gap, ignored })
+        Ok(Committed { counts, next_offset, gap, ignored, parking })
+    }
+
+    /// Counts what a committed batch did to the parking, and logs it.
+    fn count_parking(&self, parking: &Parking) {
+        let (counts, projection) = (&parking, self.name().to_owned());
+        if counts.parked + counts.resumed + counts.drained == 0 {
+            return;
+        }
+        self.stats.drained.fetch_add(counts.drained, std::sync::atomic::Ordering::Relaxed);
+        m::parked_now(&self.pool, self.name());
+        metrics::counter!(m::EVENTS_DRAINED, "projection" => projection.clone()).increment(counts.drained);
+        metrics::counter!(m::AGGREGATES_PARKED, "projection" => projection.clone()).increment(counts.parked);
+        metrics::counter!(m::AGGREGATES_RESUMED, "projection" => projection).increment(counts.resumed);
+        let (topic, partition) = (&self.tp.topic, self.tp.partition);
+        tracing::info!(
+            projection = %self.name(),
+            %topic,
+            partition,
+            parked = counts.parked,
+            resumed = counts.resumed,
+            drained = counts.drained,
+            "Parking: aggregates parked behind a missing version (their events are held in projectionist_held; \
+             `parked` lists them), and aggregates resumed as it arrived (their held events applied)."
+        );
     }
 }
 
@@ -213,10 +246,21 @@ pub(crate) enum Applied {
 /// ended it, if one did (its index in the batch, and why).
 struct Committed {
     counts: OutcomeCounts,
+    /// What the batch did to the parking.
+    parking: Parking,
     next_offset: i64,
     gap: Option<(usize, String)>,
     /// Ignored events by type.
     ignored: BTreeMap<String, u64>,
+}
+
+/// What a batch did to the parking: aggregates it parked (or moved to wait for another
+/// version) and resumed, and held events of earlier batches it applied.
+#[derive(Debug, Default)]
+struct Parking {
+    parked: u64,
+    resumed: u64,
+    drained: u64,
 }
 
 /// Why a failure that retries did not cure stops the partition, and its kind.

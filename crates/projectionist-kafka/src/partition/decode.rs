@@ -2,6 +2,7 @@
 //! poison message.
 
 use projectionist_core::RawEnvelope;
+use projectionist_postgres::park::SourceMessage;
 use rdkafka::message::{BorrowedMessage, Message};
 
 use super::{Halt, HaltKind};
@@ -15,11 +16,14 @@ pub(crate) struct At {
 }
 
 /// A consumed message, decoded as it is read (while the batch before it is written): its
-/// envelope, or why it is poison. The payload is not kept.
+/// envelope, or why it is poison; and its bytes, kept until its batch commits, for what
+/// parking holds.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Msg {
     pub at: At,
     pub envelope: Result<RawEnvelope, Poison>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
 }
 
 /// A message that cannot be applied: its key (or `?`) and why.
@@ -35,25 +39,31 @@ impl Msg {
         let at = At { offset: message.offset(), timestamp: message.timestamp().to_millis() };
         let (key, payload) = (message.key(), message.payload());
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
-        (Self { at, envelope: decode(key, payload) }, bytes)
+        let envelope = decode(key, payload);
+        let (key, payload) = (key.map(<[u8]>::to_vec), payload.map(<[u8]>::to_vec).unwrap_or_default());
+        (Self { at, envelope, key, payload }, bytes)
     }
 }
 
-/// The messages' places, their envelopes up to the first poison message, and the halt that
-/// one causes.
-pub(crate) fn decode_until_poison(messages: Vec<Msg>) -> (Vec<At>, Vec<RawEnvelope>, Option<Halt>) {
+/// The messages' places, their envelopes up to the first poison message, each one's bytes
+/// as read (for parking), and the halt the poison message causes.
+pub(crate) fn decode_until_poison(messages: Vec<Msg>) -> (Vec<At>, Vec<RawEnvelope>, Vec<SourceMessage>, Option<Halt>) {
     let at: Vec<At> = messages.iter().map(|m| m.at).collect();
     let mut envelopes = Vec::with_capacity(messages.len());
+    let mut sources = Vec::with_capacity(messages.len());
     for m in messages {
         match m.envelope {
-            Ok(e) => envelopes.push(e),
+            Ok(e) => {
+                envelopes.push(e);
+                sources.push(SourceMessage { offset: Some(m.at.offset), key: m.key, payload: m.payload });
+            }
             Err(Poison { aggregate, reason }) => {
                 let (offset, timestamp, kind) = (m.at.offset, m.at.timestamp, HaltKind::Poison);
-                return (at, envelopes, Some(Halt { offset, timestamp, aggregate, reason, kind }));
+                return (at, envelopes, sources, Some(Halt { offset, timestamp, aggregate, reason, kind }));
             }
         }
     }
-    (at, envelopes, None)
+    (at, envelopes, sources, None)
 }
 
 fn decode(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<RawEnvelope, Poison> {
@@ -79,7 +89,8 @@ mod tests {
 
     fn msg(offset: i64, key: &str, payload: &str) -> Msg {
         let at = At { offset, timestamp: Some(offset) };
-        Msg { at, envelope: decode(Some(key.as_bytes()), Some(payload.as_bytes())) }
+        let (key, payload) = (key.as_bytes(), payload.as_bytes());
+        Msg { at, envelope: decode(Some(key), Some(payload)), key: Some(key.to_vec()), payload: payload.to_vec() }
     }
 
     fn envelope(id: &str, version: u64) -> String {
@@ -97,7 +108,8 @@ mod tests {
     #[test]
     fn decoding_stops_at_the_first_poison_message_and_names_it() {
         let messages = [msg(10, "a", &envelope("a", 1)), msg(11, "b", "{not json"), msg(12, "a", &envelope("a", 2))];
-        let (_, envelopes, halt) = decode_until_poison(messages.to_vec());
+        let (_, envelopes, sources, halt) = decode_until_poison(messages.to_vec());
+        assert_eq!(sources[0].payload, envelope("a", 1).as_bytes(), "the bytes as read");
         assert_eq!(envelopes.len(), 1);
         let halt = halt.expect("a halt");
         assert_eq!((halt.offset, halt.aggregate.as_str(), halt.kind), (11, "b", HaltKind::Poison));
@@ -106,13 +118,14 @@ mod tests {
 
     #[test]
     fn a_key_that_contradicts_the_envelope_is_poison() {
-        let (_, envelopes, halt) = decode_until_poison(vec![msg(5, "x", &envelope("y", 1))]);
+        let (_, envelopes, _, halt) = decode_until_poison(vec![msg(5, "x", &envelope("y", 1))]);
         assert!(envelopes.is_empty());
         let halt = halt.expect("a halt");
         assert_eq!((halt.offset, halt.kind), (5, HaltKind::Poison));
         assert!(halt.reason.contains("differs from aggregate_id"), "{}", halt.reason);
-        let tombstone = Msg { at: At { offset: 6, timestamp: None }, envelope: decode(Some(b"x"), None) };
-        let (_, _, halt) = decode_until_poison(vec![tombstone]);
+        let at = At { offset: 6, timestamp: None };
+        let tombstone = Msg { at, envelope: decode(Some(b"x"), None), key: Some(b"x".to_vec()), payload: Vec::new() };
+        let (_, _, _, halt) = decode_until_poison(vec![tombstone]);
         assert!(halt.expect("a halt").reason.contains("tombstone"));
     }
 }

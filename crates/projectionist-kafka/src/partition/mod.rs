@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
+use projectionist_core::OnGap;
 use projectionist_postgres::{PgPool, SharedProjection};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::StreamConsumer;
@@ -77,6 +78,7 @@ pub(crate) struct Partition {
     pub limits: Limits,
     pub retry: RetryPolicy,
     pub exit_when_caught_up: bool,
+    pub on_gap: OnGap,
     pub progress: Arc<Progress>,
 }
 
