@@ -133,6 +133,7 @@ fn the_dashboard_only_charts_metrics_the_engine_declares() {
         "projectionist_events_ignored_total",
         "projectionist_aggregates_parked",
         "projectionist_events_held",
+        "projectionist_dead_letters_total",
         "projectionist_batch_duration_seconds",
     ] {
         assert!(charted.contains(needed), "the dashboard shows {needed}");

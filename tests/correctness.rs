@@ -4,7 +4,7 @@
 //! events. Each is applied set-based in one batch and event by event, and both must agree
 //! with the value SQL gives applying the events one at a time.
 
-use projectionist::postgres::{apply_batch_in, migrate, Error, Mode, PgConnection};
+use projectionist::postgres::{apply_batch_in, migrate, Error, Mode, PgConnection, Policy};
 use projectionist::{async_trait, ApplyError, Envelope, OnGap, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::envelope;
 use serde::{Deserialize, Serialize};
@@ -121,7 +121,7 @@ fn customer(id: &str, version: i64) -> RawEnvelope {
 /// Applies `events` in one batch (set-based, or event by event), on a fresh read model.
 async fn apply(pool: &PgPool, events: &[RawEnvelope], mode: Mode) -> Result<Vec<Outcome>, Error> {
     projectionist::postgres::reset(pool, &Accounts).await.unwrap();
-    apply_batch_in(pool, &Accounts, events, mode, OnGap::Halt).await
+    apply_batch_in(pool, &Accounts, events, mode, Policy::HALT).await
 }
 
 /// Applies `events` both ways and checks they agree on outcomes and tables; returns them.
@@ -348,7 +348,7 @@ async fn reserved_and_mixed_case_names_work_quoted(pool: PgPool) {
         &OneTable(table),
         &[rename(1, "x"), rename(1, "y"), rename(2, "z")],
         Mode::Batch,
-        OnGap::Halt,
+        Policy::HALT,
     )
     .await
     .unwrap();
@@ -373,7 +373,7 @@ async fn bad_declarations_are_refused_before_any_sql(pool: PgPool) {
         &OneTable(UNTYPED),
         &[account("a", 1, Ev::Noted { text: "x".into() })],
         Mode::Batch,
-        OnGap::Halt,
+        Policy::HALT,
     )
     .await
     .unwrap_err();

@@ -9,7 +9,7 @@ use order_status::{OrderEvent, OrderStatus};
 use projectionist::kafka::{topics, Engine, EngineConfig};
 use projectionist::postgres::migrate;
 use projectionist::postgres::PgConnection;
-use projectionist::{Envelope, OnGap, OnUnknownType, Projection, RawEnvelope, Table, Upcaster, Writes};
+use projectionist::{Envelope, OnGap, OnPoison, OnUnknownType, Projection, RawEnvelope, Table, Upcaster, Writes};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sqlx::PgPool;
@@ -193,12 +193,13 @@ async fn retryable_database_errors_are_retried_with_backoff(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
+async fn under_on_poison_halt_a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     inject_failures(&pool, i64::MAX, "23514").await;
     let topic = rand_test_topic("fatal");
     produce(&topic, &account_events()).await;
-    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    let config = config().with_on_poison(OnPoison::Halt);
+    let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
     assert!(halts[0].contains(&format!("partition halted: {topic}/")) && halts[0].contains("injected"), "{}", halts[0]);
@@ -213,7 +214,7 @@ async fn a_non_retryable_failure_halts_the_partition_at_once(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_value_the_database_refuses_halts_at_its_own_event_after_the_ones_before_it(pool: PgPool) {
+async fn under_on_poison_halt_a_refused_value_halts_at_its_own_event_after_the_ones_before_it(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     sqlx::raw_sql("ALTER TABLE bank_accounts ADD CONSTRAINT owner_is_no_robot CHECK (owner <> 'robot')")
         .execute(&pool)
@@ -231,7 +232,8 @@ async fn a_value_the_database_refuses_halts_at_its_own_event_after_the_ones_befo
     let bad = e("acc-a", 5, &AccountEvent::AccountOpened { owner: "robot".into() });
     let after = e("acc-a", 6, &AccountEvent::MoneyDeposited { amount: 100 });
     produce(&topic, &[&events[..], &[bad, after]].concat()).await;
-    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    let config = config().with_on_poison(OnPoison::Halt);
+    let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
     assert!(
@@ -315,6 +317,125 @@ async fn a_gap_parks_its_aggregate_and_the_missing_version_resumes_it(pool: PgPo
     assert!(projectionist::postgres::park::list(&pool, None).await.unwrap().is_empty());
     let held: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_held").fetch_one(&pool).await.unwrap();
     assert_eq!(held, 0, "drained");
+}
+
+/// Produces messages as given: a key or none, a payload or none (a tombstone).
+async fn produce_raw(topic: &str, messages: &[(Option<&str>, Option<Vec<u8>>)]) {
+    topics::create_topics(&brokers(), &[topic], 1, 1).await.unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    for (key, payload) in messages {
+        let mut record: BaseRecord<'_, str, Vec<u8>> = BaseRecord::to(topic);
+        if let Some(key) = key {
+            record = record.key(*key);
+        }
+        if let Some(payload) = payload {
+            record = record.payload(payload);
+        }
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+/// Poison events are dead-lettered with their exact bytes, each in a stream of healthy
+/// aggregates on the same partition: an event whose aggregate is known parks it behind the
+/// dead letter (its later events held), one with no usable aggregate stands alone; every
+/// healthy aggregate ends exact, the checkpoint reaches the head, and every message read is
+/// accounted for.
+#[sqlx::test(migrations = false)]
+async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_rest_flows(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE bank_accounts ADD CONSTRAINT owner_is_no_robot CHECK (owner <> 'robot')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let e = bank_accounts::generate::envelope;
+    let opened = |id: &str, owner: &str| e(id, 1, &AccountEvent::AccountOpened { owner: owner.into() });
+    let deposit = |id: &str, v, amount| e(id, v, &AccountEvent::MoneyDeposited { amount });
+    let mut wrong_type = deposit("acc-d", 2, 1);
+    wrong_type.data = serde_json::json!({ "amount": "a lot" });
+    // What kind, key, payload.
+    type Bad<'a> = (&'a str, Option<&'a str>, Option<Vec<u8>>);
+    let mut bad: Vec<Bad<'_>> = vec![
+        ("envelope", Some("acc-x"), Some(b"{not json".to_vec())),
+        ("tombstone", Some("acc-t"), None),
+        ("key", Some("acc-k"), Some(opened("acc-other", "o").to_json())),
+        ("data", Some("acc-d"), Some(wrong_type.to_json())),
+        ("value", Some("acc-r"), Some(opened("acc-r", "robot").to_json())),
+    ];
+    let mut messages: Vec<(Option<&str>, Option<Vec<u8>>)> = Vec::new();
+    let healthy: Vec<String> = (0..30).map(|i| format!("acc-{i}")).collect();
+    messages.push((Some("acc-d"), Some(opened("acc-d", "dee").to_json())));
+    for (i, id) in healthy.iter().enumerate() {
+        messages.push((Some(id), Some(opened(id, "h").to_json())));
+        if let Some((_, key, payload)) = (i % 6 == 0).then(|| bad.pop()).flatten() {
+            messages.push((key, payload));
+        }
+        messages.push((Some(id), Some(deposit(id, 2, 10).to_json())));
+    }
+    // Held behind their dead letters.
+    messages.push((Some("acc-d"), Some(deposit("acc-d", 3, 7).to_json())));
+    messages.push((Some("acc-r"), Some(deposit("acc-r", 2, 7).to_json())));
+    assert!(bad.is_empty());
+    let topic = rand_test_topic("dead");
+    produce_raw(&topic, &messages).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "poison halts nothing: {:?}", report.halts());
+    for id in &healthy {
+        let (balance, version): (i64, i64) =
+            sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!((balance, version), (10, 2), "{id}");
+    }
+    let version: i64 = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-d'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(version, 1, "acc-d waits behind its dead letter");
+    // Each dead letter holds the message as it was read.
+    let letters = projectionist::postgres::park::dead_letters(&pool, Some("bank_accounts")).await.unwrap();
+    let mut reasons: Vec<&str> = letters.iter().map(|d| d.reason.as_str()).collect();
+    reasons.sort_unstable();
+    assert_eq!(reasons, ["data", "envelope", "key", "tombstone", "value"], "{letters:#?}");
+    for d in &letters {
+        let (_, payload) = messages
+            .iter()
+            .zip(0i64..)
+            .find(|(_, offset)| Some(*offset) == d.offset)
+            .map(|(m, _)| m)
+            .expect("a message at the dead letter's offset");
+        assert_eq!(&d.payload, payload.as_ref().unwrap_or(&Vec::new()), "dead letter {}: the exact bytes", d.id);
+        assert_eq!(d.topic, topic);
+        assert!(!d.error.is_empty());
+    }
+    let data = letters.iter().find(|d| d.reason == "data").unwrap();
+    assert_eq!((data.aggregate_id.as_deref(), data.version), (Some("acc-d"), Some(2)));
+    assert!(data.error.contains("invalid type: string \"a lot\""), "the full error: {}", data.error);
+    let value = letters.iter().find(|d| d.reason == "value").unwrap();
+    assert!(value.error.contains("owner_is_no_robot"), "the database's reason: {}", value.error);
+    assert!(letters
+        .iter()
+        .filter(|d| ["envelope", "tombstone", "key"].contains(&d.reason.as_str()))
+        .all(|d| d.aggregate_id.is_none()));
+    // Their aggregates are parked behind them, later events held.
+    let parked = projectionist::postgres::park::list(&pool, Some("bank_accounts")).await.unwrap();
+    let parked: Vec<(&str, i64, i64, Option<i64>)> =
+        parked.iter().map(|p| (p.aggregate_id.as_str(), p.waiting_for, p.held, p.dead_letter)).collect();
+    assert_eq!(parked, [("acc-d", 2, 1, Some(data.id)), ("acc-r", 1, 1, Some(value.id))]);
+    // Every message read is accounted for, and the checkpoint reached the head.
+    let next: i64 =
+        sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints").fetch_one(&pool).await.unwrap();
+    assert_eq!(next, messages.len() as i64);
+    let (_, stats) = &report.projections[0];
+    let c = stats.outcomes();
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+    let (read, drained, dead) = (load(&stats.read), load(&stats.drained), load(&stats.dead_letters));
+    assert_eq!(read, messages.len() as u64);
+    assert_eq!(read, c.applied + c.duplicate + c.stale + c.ignored + c.parked + dead - drained, "{c:?}, dead {dead}");
+    assert_eq!((c.parked, dead, c.applied), (2, 5, 61));
 }
 
 #[sqlx::test(migrations = false)]
@@ -554,7 +675,8 @@ async fn old_event_shapes_are_upcast_on_the_live_path_and_on_a_replay(pool: PgPo
             .await
             .unwrap()
     };
-    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(UPCASTING), [topic.clone()])).await;
+    let halting = config().with_on_poison(OnPoison::Halt);
+    let report = run(Engine::new(pool.clone(), halting).register(Arc::new(UPCASTING), [topic.clone()])).await;
     assert_eq!(balance(pool.clone()).await, (1012, 4), "the old deposits counted in today's shape");
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
@@ -566,7 +688,7 @@ async fn old_event_shapes_are_upcast_on_the_live_path_and_on_a_replay(pool: PgPo
     );
 
     // A replay from offset zero reads the old shapes again, through the same upcasters.
-    let replay = config().with_from_beginning(true);
+    let replay = config().with_from_beginning(true).with_on_poison(OnPoison::Halt);
     let report = run(Engine::new(pool.clone(), replay).register(Arc::new(UPCASTING), [topic])).await;
     let outcomes = report.projections[0].1.outcomes();
     assert_eq!(

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use order_status::OrderStatus;
-use projectionist::postgres::{apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection};
-use projectionist::{async_trait, ApplyError, Envelope, OnGap, Outcome, Projection, RawEnvelope, Table, Writes};
+use projectionist::postgres::{apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection, Policy};
+use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::{dump_tables, envelope, interleave, with_redeliveries, ProjectionTest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -161,9 +161,10 @@ const SHAPES: [Shaped; 5] = [
 ];
 
 /// A random delivered stream: per-aggregate histories with every event type, some events
-/// lost (gaps) and some of those re-sent at the end, interleaved across aggregates,
-/// duplicated, re-sent with fresh ids, and sometimes replayed from the start.
-fn random_stream(seed: u64) -> Vec<RawEnvelope> {
+/// lost (gaps) and some of those re-sent at the end, with `poison` a few whose data does not
+/// decode, interleaved across aggregates, duplicated, re-sent with fresh ids, and sometimes
+/// replayed from the start.
+fn random_stream(seed: u64, poison: bool) -> Vec<RawEnvelope> {
     let mut rng = StdRng::seed_from_u64(seed);
     let aggregates: Vec<(&str, String)> = (0..rng.gen_range(3..15))
         .flat_map(|a| [(THING, format!("a{a}")), (OTHER, format!("a{a}"))])
@@ -185,10 +186,14 @@ fn random_stream(seed: u64) -> Vec<RawEnvelope> {
                 };
                 // A few events are lost on the way: their successors are gaps; half of them
                 // are published again later.
+                let mut e = envelope(aggregate_type, &id, v, &event);
+                if poison && rng.gen_bool(0.02) {
+                    e.data = json!({ "n": "not a number", "s": 1, "bucket": 2 });
+                }
                 if !rng.gen_bool(0.03) {
-                    history.push(envelope(aggregate_type, &id, v, &event));
+                    history.push(e);
                 } else if rng.gen_bool(0.5) {
-                    lost.push(envelope(aggregate_type, &id, v, &event));
+                    lost.push(e);
                 }
             }
             history
@@ -204,16 +209,16 @@ fn random_stream(seed: u64) -> Vec<RawEnvelope> {
 }
 
 /// Applies `stream` on an emptied read model (nothing parked) in random batches, in `mode`,
-/// with the gap policy `on_gap`; returns each event's outcome and the tables.
+/// with `policy`; returns each event's outcome and the tables.
 async fn run(
     pool: &PgPool,
     projection: &dyn PgProjection,
     stream: &[RawEnvelope],
-    (mode, on_gap): (Mode, OnGap),
+    (mode, policy): (Mode, Policy),
     seed: u64,
 ) -> (Vec<Outcome>, serde_json::Value) {
     reset(pool, projection).await.unwrap();
-    for table in ["projectionist_parked", "projectionist_held"] {
+    for table in ["projectionist_parked", "projectionist_held", "projectionist_dead_letters"] {
         sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
             .bind(projection.name())
             .execute(pool)
@@ -226,7 +231,7 @@ async fn run(
     while !rest.is_empty() {
         let (batch, tail) = rest.split_at(rng.gen_range(1..=80).min(rest.len()));
         outcomes.extend(
-            apply_batch_in(pool, projection, batch, mode, on_gap)
+            apply_batch_in(pool, projection, batch, mode, policy)
                 .await
                 .unwrap_or_else(|e| panic!("{} {mode:?}: {e}", projection.name())),
         );
@@ -254,15 +259,17 @@ fn expected_totals(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)> {
     rows
 }
 
-/// The oracle with gaps parked: each aggregate's total is the sum over the versions that
-/// arrived, from 1 up to the first that never did, each counted once.
+/// The oracle with gaps parked and poison dead-lettered: each aggregate's total is the sum
+/// over the versions that arrived, from 1 up to the first that never did or is poison, each
+/// counted once.
 fn expected_totals_parked(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)> {
-    let mut arrived: HashMap<String, HashMap<i64, i64>> = HashMap::new();
+    let mut arrived: HashMap<String, HashMap<i64, Option<i64>>> = HashMap::new();
     for e in stream.iter().filter(|e| e.aggregate_type == THING) {
         let add = match e.event_type.as_str() {
-            "Add" => e.data["n"].as_i64().unwrap(),
-            "Bump" => 1,
-            _ => 0,
+            "Add" => e.data["n"].as_i64(),
+            "Bump" => e.data["n"].as_i64().map(|_| 1),
+            "Snap" => e.data["s"].as_str().map(|_| 0),
+            _ => Some(0),
         };
         arrived.entry(e.aggregate_id.clone()).or_default().entry(e.version).or_insert(add);
     }
@@ -270,7 +277,7 @@ fn expected_totals_parked(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)>
         .into_iter()
         .filter_map(|(id, versions)| {
             let (mut total, mut version) = (0, 0);
-            while let Some(add) = versions.get(&(version + 1)) {
+            while let Some(Some(add)) = versions.get(&(version + 1)) {
                 total += add;
                 version += 1;
             }
@@ -280,14 +287,15 @@ fn expected_totals_parked(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)>
 }
 
 #[sqlx::test(migrations = false)]
-async fn with_gaps_parked_batches_equal_the_per_event_path_on_random_streams(pool: PgPool) {
+async fn with_gaps_parked_and_poison_dead_lettered_batches_equal_the_per_event_path(pool: PgPool) {
     let projections: Vec<&dyn PgProjection> = SHAPES.iter().map(|s| s as &dyn PgProjection).collect();
     migrate(&pool, &projections).await.unwrap();
     let mut seen = HashMap::new();
+    let mut dead_letters = 0;
     for seed in 0..12 {
-        let stream = random_stream(seed);
+        let stream = random_stream(seed, true);
         for shape in &SHAPES {
-            let park = OnGap::Park;
+            let park = Policy::default();
             let (per_event, per_event_tables) = run(&pool, shape, &stream, (Mode::PerEvent, park), seed).await;
             let (batched, batched_tables) = run(&pool, shape, &stream, (Mode::Batch, park), seed + 100).await;
             let (whole, whole_tables) = run_whole(&pool, shape, &stream).await;
@@ -297,6 +305,7 @@ async fn with_gaps_parked_batches_equal_the_per_event_path_on_random_streams(poo
             for o in per_event.iter().chain(&whole) {
                 *seen.entry((shape.name, o.label())).or_insert(0) += 1;
             }
+            dead_letters += whole.iter().filter(|o| **o == Outcome::DeadLettered).count();
             if shape.name == "transition_only" {
                 let rows: Vec<(String, i64, i64)> =
                     sqlx::query_as("SELECT id, total, version FROM wm_counts").fetch_all(&pool).await.unwrap();
@@ -317,6 +326,7 @@ async fn with_gaps_parked_batches_equal_the_per_event_path_on_random_streams(poo
             .await
             .unwrap();
     assert!(parked.0 > 0 && parked.1 > 0, "some gaps were never filled: {parked:?}");
+    assert!(dead_letters > 0, "poison events were dead-lettered");
 }
 
 /// The whole stream as one batch, set-based, gaps parked.
@@ -326,14 +336,14 @@ async fn run_whole(
     stream: &[RawEnvelope],
 ) -> (Vec<Outcome>, serde_json::Value) {
     reset(pool, projection).await.unwrap();
-    for table in ["projectionist_parked", "projectionist_held"] {
+    for table in ["projectionist_parked", "projectionist_held", "projectionist_dead_letters"] {
         sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
             .bind(projection.name())
             .execute(pool)
             .await
             .unwrap();
     }
-    let outcomes = apply_batch_in(pool, projection, stream, Mode::Batch, OnGap::Park).await.unwrap();
+    let outcomes = apply_batch_in(pool, projection, stream, Mode::Batch, Policy::default()).await.unwrap();
     (outcomes, dump_tables(pool, projection).await)
 }
 
@@ -343,9 +353,9 @@ async fn set_based_batches_equal_the_per_event_path_on_random_streams(pool: PgPo
     migrate(&pool, &projections).await.unwrap();
     let mut seen = HashMap::new();
     for seed in 0..12 {
-        let stream = random_stream(seed);
+        let stream = random_stream(seed, false);
         for shape in &SHAPES {
-            let halt = OnGap::Halt;
+            let halt = Policy::HALT;
             let (per_event, per_event_tables) = run(&pool, shape, &stream, (Mode::PerEvent, halt), seed).await;
             let (batched, batched_tables) = run(&pool, shape, &stream, (Mode::Batch, halt), seed + 100).await;
             assert_eq!(batched.len(), stream.len());

@@ -27,7 +27,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
-use projectionist_core::OnGap;
+use projectionist_core::{OnGap, OnPoison};
 use projectionist_kafka::{EngineConfig, KafkaClientConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -102,6 +102,12 @@ pub(crate) struct RunOptions {
     /// aggregate flows; `parked` lists them) or `halt` the partition.
     #[arg(long, env = "PROJECTIONIST_ON_GAP", value_name = "park|halt")]
     pub on_gap: Option<OnGap>,
+    /// An event that can never apply as it stands (poison: not an envelope, data that does
+    /// not decode, a value the table refuses, …): `dead-letter` (kept with its exact bytes,
+    /// its aggregate parked behind it, everything else flowing; `dead-letters list` shows
+    /// them) or `halt` the partition.
+    #[arg(long, env = "PROJECTIONIST_ON_POISON", value_name = "dead-letter|halt")]
+    pub on_poison: Option<OnPoison>,
     /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
     /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
     #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]

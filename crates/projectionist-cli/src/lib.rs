@@ -111,9 +111,37 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Dead letters: events that can never apply as they stand (not an envelope, data that
+    /// does not decode, a value the table refuses, …), kept with their exact bytes; an
+    /// aggregate whose event it is waits behind it (see `parked`).
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
     /// The settings file.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum DeadLettersCommand {
+    /// Every dead letter: id, projection, where it was read, aggregate and version, reason,
+    /// attempts, the error.
+    List {
+        /// Only this projection's.
+        #[arg(long)]
+        projection: Option<String>,
+        /// One JSON object per dead letter and line, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One dead letter in full: where it was read, its key, headers and payload as read,
+    /// the error.
+    Show {
+        /// Its id (from `dead-letters list`).
+        id: i64,
+        /// As one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -172,7 +200,8 @@ impl App {
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
         let client = cli.kafka.client();
-        if !matches!(cli.command, Command::Migrate { .. } | Command::Config(_) | Command::Parked { .. }) {
+        let postgres_only = matches!(cli.command, Command::Parked { .. } | Command::DeadLetters(_));
+        if !matches!(cli.command, Command::Migrate { .. } | Command::Config(_)) && !postgres_only {
             cli.kafka.preflight(&client).await?;
         }
         match cli.command {
@@ -206,6 +235,14 @@ impl App {
             Command::Parked { projection, json } => {
                 let pool = pool(&cli.database_url).await?;
                 status::print_parked(&pool, projection.as_deref(), json).await?;
+            }
+            Command::DeadLetters(DeadLettersCommand::List { projection, json }) => {
+                let pool = pool(&cli.database_url).await?;
+                status::print_dead_letters(&pool, projection.as_deref(), json).await?;
+            }
+            Command::DeadLetters(DeadLettersCommand::Show { id, json }) => {
+                let pool = pool(&cli.database_url).await?;
+                status::print_dead_letter(&pool, id, json).await?;
             }
         }
         Ok(ExitCode::SUCCESS)
@@ -297,14 +334,14 @@ impl App {
             // The progress line counts offsets, transaction markers included: say both.
             let halted = if halted == 0 { String::new() } else { format!("; {halted} partition(s) halted") };
             let drained = stats.drained.load(std::sync::atomic::Ordering::Relaxed);
-            let parked = if c.parked + drained == 0 {
-                String::new()
-            } else {
-                format!(
-                    ", parked {} (behind a missing version; `parked` lists them), held ones applied {drained}",
-                    c.parked
-                )
-            };
+            let dead = stats.dead_letters.load(std::sync::atomic::Ordering::Relaxed);
+            let mut parked = String::new();
+            if c.parked + drained > 0 {
+                parked = format!(", parked {} (`parked` lists them), held ones applied {drained}", c.parked);
+            }
+            if dead > 0 {
+                parked.push_str(&format!(", dead letters {dead} (`dead-letters list`)"));
+            }
             println!(
                 "{name}: read {read} events in {elapsed:.2}s ({:.0}/s; checkpoints moved {offsets} offsets, \
                 transaction markers included): applied {}, duplicates skipped {}, stale skipped {}, ignored \

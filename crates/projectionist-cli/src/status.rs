@@ -62,11 +62,11 @@ pub(crate) async fn print(
         println!("{:<24} {:<24} {:>9} {shown:>12} {:>12} {lag:>10}", p.projection, p.topic, p.partition, p.high);
     }
     println!();
-    println!("{:<24} {:>16} {:>12}", "projection", "parked", "events held");
+    println!("{:<24} {:>16} {:>12} {:>12}", "projection", "parked", "events held", "dead letters");
     for r in registrations {
         let name = r.projection.name();
-        let (parked, held) = projectionist_postgres::park::count(pool, name).await?;
-        println!("{name:<24} {parked:>16} {held:>12}");
+        let (parked, held, dead) = projectionist_postgres::park::count(pool, name).await?;
+        println!("{name:<24} {parked:>16} {held:>12} {dead:>12}");
     }
     Ok(())
 }
@@ -99,4 +99,95 @@ pub(crate) async fn print_parked(pool: &PgPool, projection: Option<&str>, json: 
         );
     }
     Ok(())
+}
+
+/// Prints the dead letters (of `projection`, or of all): a table, or JSON lines.
+pub(crate) async fn print_dead_letters(pool: &PgPool, projection: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let letters = projectionist_postgres::park::dead_letters(pool, projection).await?;
+    if json {
+        for d in &letters {
+            println!("{}", dead_letter_json(d));
+        }
+        return Ok(());
+    }
+    if letters.is_empty() {
+        println!("No dead letter.");
+        return Ok(());
+    }
+    println!(
+        "{:>6} {:<20} {:<30} {:<32} {:<12} {:>8} {:<24} error",
+        "id", "projection", "topic/partition@offset", "aggregate v", "reason", "attempts", "last seen"
+    );
+    for d in &letters {
+        let at = format!("{}/{}@{}", d.topic, d.partition, d.offset.map_or("-".to_owned(), |o| o.to_string()));
+        let aggregate = match (&d.aggregate_type, &d.aggregate_id, d.version) {
+            (Some(t), Some(i), Some(v)) => format!("{t}/{i} v{v}"),
+            _ => "- (alone)".to_owned(),
+        };
+        let seen = d.last_seen.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+        let error: String = d.error.chars().take(120).collect();
+        println!(
+            "{:>6} {:<20} {at:<30} {aggregate:<32} {:<12} {:>8} {seen:<24} {error}",
+            d.id, d.projection, d.reason, d.attempts
+        );
+    }
+    Ok(())
+}
+
+/// Prints dead letter `id` in full.
+pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> anyhow::Result<()> {
+    let Some(d) = projectionist_postgres::park::dead_letter(pool, id).await? else {
+        anyhow::bail!("no dead letter {id} (`dead-letters list` shows them)");
+    };
+    if json {
+        println!("{}", dead_letter_json(&d));
+        return Ok(());
+    }
+    let at = format!("{}/{}@{}", d.topic, d.partition, d.offset.map_or("-".to_owned(), |o| o.to_string()));
+    println!("dead letter {} of projection {}, read at {at}", d.id, d.projection);
+    match (&d.aggregate_type, &d.aggregate_id, d.version) {
+        (Some(t), Some(i), Some(v)) => println!("aggregate:  {t}/{i} version {v} (parked behind it)"),
+        _ => println!("aggregate:  none usable (dead-lettered alone)"),
+    }
+    println!("reason:     {}", d.reason);
+    println!("attempts:   {} (first {}, last {})", d.attempts, d.first_seen, d.last_seen);
+    println!("key:        {}", d.key.as_deref().map_or("(none)".to_owned(), shown));
+    for (name, value) in d.header_names.iter().zip(&d.header_values) {
+        println!("header:     {name}: {}", shown(value));
+    }
+    println!("payload ({} bytes):\n{}", d.payload.len(), shown(&d.payload));
+    println!("error:\n{}", d.error);
+    Ok(())
+}
+
+/// Bytes as text when they are UTF-8, else as hex (`0x…`).
+fn shown(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("0x{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+    }
+}
+
+/// A dead letter as one JSON object: bytes as text when they are UTF-8, else as hex.
+fn dead_letter_json(d: &projectionist_postgres::park::StoredDeadLetter) -> serde_json::Value {
+    let headers: serde_json::Map<String, serde_json::Value> =
+        d.header_names.iter().zip(&d.header_values).map(|(n, v)| (n.clone(), shown(v).into())).collect();
+    serde_json::json!({
+        "id": d.id,
+        "projection": d.projection,
+        "topic": d.topic,
+        "partition": d.partition,
+        "offset": d.offset,
+        "key": d.key.as_deref().map(shown),
+        "headers": headers,
+        "payload": shown(&d.payload),
+        "aggregate_type": d.aggregate_type,
+        "aggregate_id": d.aggregate_id,
+        "version": d.version,
+        "reason": d.reason,
+        "error": d.error,
+        "attempts": d.attempts,
+        "first_seen": d.first_seen,
+        "last_seen": d.last_seen,
+    })
 }

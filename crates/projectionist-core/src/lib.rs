@@ -15,7 +15,7 @@ pub use envelope::{Decoded, Envelope, EventDecoder, RawEnvelope};
 pub use error::{ApplyError, DecodeError};
 pub use event_types::event_types;
 pub use outcome::{Outcome, OutcomeCounts};
-pub use projection::{validate_projection_name, OnGap, OnUnknownType, Projection};
+pub use projection::{validate_projection_name, OnGap, OnPoison, OnUnknownType, Projection};
 pub use table::{check_key, quote, Gate, Table, MAX_KEY_BYTES};
 pub use upcast::Upcaster;
 pub use write::{Change, Op, Target, Write, Writes};

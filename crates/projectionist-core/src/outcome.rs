@@ -26,6 +26,10 @@ pub enum Outcome {
     /// so the aggregate is parked and its events wait, in the engine's table, for what it
     /// waits for (the missing version); then they are applied in version order.
     Parked,
+    /// It can never apply as it stands (its data does not decode, the table refuses a value
+    /// of it, …): kept as a dead letter, with its exact bytes and the error, and its
+    /// aggregate parked behind it until an operator retries or discards it.
+    DeadLettered,
 }
 
 impl Outcome {
@@ -54,7 +58,7 @@ impl Outcome {
     }
 
     /// A bounded label for metrics and logs: `applied`, `duplicate`, `stale`, `gap`,
-    /// `ignored`, `parked`.
+    /// `ignored`, `parked`, `dead_lettered`.
     pub fn label(&self) -> &'static str {
         match self {
             Self::Applied => "applied",
@@ -63,6 +67,7 @@ impl Outcome {
             Self::Gap { .. } => "gap",
             Self::Ignored => "ignored",
             Self::Parked => "parked",
+            Self::DeadLettered => "dead_lettered",
         }
     }
 
@@ -96,6 +101,8 @@ pub struct OutcomeCounts {
     pub ignored: u64,
     /// Events held behind a parked aggregate's missing version.
     pub parked: u64,
+    /// Events kept as dead letters.
+    pub dead_lettered: u64,
 }
 
 impl OutcomeCounts {
@@ -108,6 +115,7 @@ impl OutcomeCounts {
             Outcome::Gap { .. } => self.gap += 1,
             Outcome::Ignored => self.ignored += 1,
             Outcome::Parked => self.parked += 1,
+            Outcome::DeadLettered => self.dead_lettered += 1,
         }
     }
 
@@ -119,11 +127,12 @@ impl OutcomeCounts {
         self.gap += other.gap;
         self.ignored += other.ignored;
         self.parked += other.parked;
+        self.dead_lettered += other.dead_lettered;
     }
 
     /// All events counted.
     pub fn total(&self) -> u64 {
-        self.applied + self.duplicate + self.stale + self.gap + self.ignored + self.parked
+        self.applied + self.duplicate + self.stale + self.gap + self.ignored + self.parked + self.dead_lettered
     }
 }
 

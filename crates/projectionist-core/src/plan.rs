@@ -45,6 +45,11 @@ pub enum Effect<'a> {
     /// The projection's `apply` writes it: the gates move as for any applied event, and
     /// `apply` runs only when the outcome is [`Outcome::Applied`].
     Custom,
+    /// It can never apply as it stands (its data does not decode, the table refuses a value
+    /// of it, …): where it would apply (or is a gap) it is [`Outcome::DeadLettered`] and
+    /// parks its aggregate behind it; a version already applied is a duplicate or stale, as
+    /// ever. Only with parking on.
+    Poison,
 }
 
 /// Versions stored when the batch starts, for every key the batch touches (absent: no row).
@@ -54,16 +59,24 @@ pub struct Stored {
     pub rows: HashMap<&'static str, HashMap<String, i64>>,
     /// Per (aggregate type, aggregate id): the aggregate version.
     pub aggregates: HashMap<(String, String), i64>,
-    /// `None`: parking is off, a gap is [`Outcome::Gap`]. `Some`: a gap parks its aggregate;
-    /// the aggregates of the batch parked when it starts.
+    /// `None`: parking is off, a gap is [`Outcome::Gap`]. `Some`: a gap parks its aggregate
+    /// (unless `gaps_halt`), a poison event dead-letters it; the aggregates of the batch
+    /// parked when it starts.
     pub parked: Option<HashMap<(String, String), Parked>>,
+    /// With parking on, a gap is still [`Outcome::Gap`] (only dead letters park).
+    pub gaps_halt: bool,
 }
 
 /// A parked aggregate: its events past the version it waits for are held, not applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parked {
-    /// The version whose arrival resumes the aggregate (its missing predecessor).
+    /// The version whose arrival resumes the aggregate (its missing predecessor); behind a
+    /// dead letter, the dead letter's version.
     pub waiting_for: i64,
+    /// Parked behind a dead letter of its own (version `waiting_for`): its events from that
+    /// version on are held until an operator retries or discards the dead letter; nothing
+    /// that arrives resumes it.
+    pub dead_letter: bool,
 }
 
 /// How a row write reaches the table.
@@ -264,7 +277,7 @@ pub fn plan<'a>(
         check_key("aggregate_type", event.aggregate_type).map_err(fail)?;
         let writes = match effect {
             Effect::Writes(w) => *w,
-            Effect::Ignored | Effect::Custom => &[],
+            Effect::Ignored | Effect::Custom | Effect::Poison => &[],
         };
         let targets =
             writes.iter().map(|w| check(tables, event, w).map_err(fail)).collect::<Result<Vec<usize>, _>>()?;
@@ -281,7 +294,8 @@ pub fn plan<'a>(
             Some(state) => *state,
             None => parked.get(&(event.aggregate_type.to_owned(), event.aggregate_id.to_owned())).copied(),
         });
-        if parked.is_some_and(|p| event.version > p.waiting_for) {
+        let held = |p: Parked| event.version > p.waiting_for || (p.dead_letter && event.version == p.waiting_for);
+        if parked.is_some_and(held) {
             outcomes.push(Outcome::Parked);
             continue;
         }
@@ -307,9 +321,14 @@ pub fn plan<'a>(
             verdicts.push(("the aggregate's version", transition(mark.1, event.version)));
         }
         let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
-        if let (Verdict::Gap { expected, .. }, Some(_)) = (verdict, &stored.parked) {
-            parks.insert(mark_key, Some(Parked { waiting_for: expected }));
+        if let (Verdict::Gap { expected, .. }, Some(_), false) = (verdict, &stored.parked, stored.gaps_halt) {
+            parks.insert(mark_key, Some(Parked { waiting_for: expected, dead_letter: false }));
             outcomes.push(Outcome::Parked);
+            continue;
+        }
+        if matches!(effect, Effect::Poison) && matches!(verdict, Verdict::Apply | Verdict::NoGate) {
+            parks.insert(mark_key, Some(Parked { waiting_for: event.version, dead_letter: true }));
+            outcomes.push(Outcome::DeadLettered);
             continue;
         }
         // The version a parked aggregate waits for: it resumes (unless already applied).
@@ -663,11 +682,26 @@ mod tests {
         // classified as ever; a gap below the awaited version lowers it.
         let mut parked = stored.clone();
         parked.rows.insert("acc", HashMap::from([("a".to_owned(), 2)]));
-        parked.parked = Some(HashMap::from([(key.clone(), super::Parked { waiting_for: 5 })]));
+        parked.parked = Some(HashMap::from([(key.clone(), super::Parked { waiting_for: 5, dead_letter: false })]));
         let events = [(r("a", 6), Effect::Ignored), (r("a", 3), Effect::Writes(&a3)), (r("a", 5), Effect::Ignored)];
         let p = plan(&[ACC], &parked, &events).unwrap();
         assert_eq!(p.outcomes, vec![Parked, Applied, Parked]);
-        assert_eq!((p.unparked, p.parks), (None, vec![(key, Some(super::Parked { waiting_for: 4 }))]));
+        let waiting = super::Parked { waiting_for: 4, dead_letter: false };
+        assert_eq!((p.unparked, p.parks), (None, vec![(key.clone(), Some(waiting))]));
+
+        // A poison event where it would apply is dead-lettered and parks its aggregate behind
+        // it, the same version re-sent included; a version already applied is a duplicate.
+        let events = [
+            (r("a", 1), Effect::Poison),
+            (r("a", 2), Effect::Poison),
+            (r("a", 2), Effect::Writes(&a2)),
+            (r("a", 3), Effect::Writes(&a3)),
+        ];
+        let p = plan(&[ACC], &stored, &events).unwrap();
+        assert_eq!(p.outcomes, vec![Duplicate, DeadLettered, Parked, Parked]);
+        assert!(p.rows.is_empty());
+        let behind = super::Parked { waiting_for: 2, dead_letter: true };
+        assert_eq!((p.unparked, p.parks), (None, vec![(key, Some(behind))]));
 
         // Parking off: a gap is a gap.
         let events = [(r("a", 2), Effect::Ignored)];

@@ -160,6 +160,37 @@ impl std::str::FromStr for OnGap {
     }
 }
 
+/// What the engine does with an event that can never apply as it stands (poison): a
+/// message that is not an envelope (malformed JSON, a missing field, a tombstone), a key that
+/// contradicts its `aggregate_id`, data that does not decode, a value the table refuses, an
+/// `apply` still failing after the retries. Set per run (`on_poison`, `--on-poison`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnPoison {
+    /// Keep it as a dead letter in the engine's table `projectionist_dead_letters` (the
+    /// message's exact bytes and headers, where it was read, the full error), park its
+    /// aggregate behind it (the aggregate's later events are held, in order), and let
+    /// everything else flow. A message with no usable aggregate (not an envelope, or a key
+    /// that contradicts it) is dead-lettered alone. The default.
+    #[default]
+    DeadLetter,
+    /// Halt the partition at the event: nothing at or after it is applied until it is
+    /// fixed.
+    Halt,
+}
+
+impl std::str::FromStr for OnPoison {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "dead-letter" => Ok(Self::DeadLetter),
+            "halt" => Ok(Self::Halt),
+            other => Err(format!("on_poison is dead-letter or halt, not {other:?}")),
+        }
+    }
+}
+
 /// Checks a projection name: 1–48 characters of `a-z`, `0-9`, `_` and `-`, starting with a
 /// letter, so it is safe in consumer group ids, metric labels and table rows.
 pub fn validate_projection_name(name: &str) -> Result<(), String> {

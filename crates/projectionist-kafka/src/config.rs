@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use projectionist_core::OnGap;
+use projectionist_core::{OnGap, OnPoison};
 
 use crate::KafkaClientConfig;
 
@@ -81,6 +81,11 @@ pub struct EngineConfig {
     /// arrives, while every other aggregate flows) or `halt` the partition.
     #[serde(default)]
     pub on_gap: OnGap,
+    /// What an event that can never apply as it stands (poison) does: `dead-letter` (kept
+    /// in `projectionist_dead_letters` with its exact bytes, its aggregate parked behind it,
+    /// everything else flowing) or `halt` the partition.
+    #[serde(default)]
+    pub on_poison: OnPoison,
 }
 
 fn default_batch_max_events() -> usize {
@@ -126,6 +131,7 @@ impl EngineConfig {
             from_beginning: false,
             exit_when_caught_up: false,
             on_gap: OnGap::Park,
+            on_poison: OnPoison::DeadLetter,
         }
     }
 
@@ -159,6 +165,12 @@ impl EngineConfig {
     /// Parks or halts on a gap (see the field).
     pub fn with_on_gap(mut self, on_gap: OnGap) -> Self {
         self.on_gap = on_gap;
+        self
+    }
+
+    /// Dead-letters or halts on a poison event (see the field).
+    pub fn with_on_poison(mut self, on_poison: OnPoison) -> Self {
+        self.on_poison = on_poison;
         self
     }
 
@@ -203,6 +215,7 @@ impl fmt::Debug for EngineConfig {
             .field("from_beginning", &self.from_beginning)
             .field("exit_when_caught_up", &self.exit_when_caught_up)
             .field("on_gap", &self.on_gap)
+            .field("on_poison", &self.on_poison)
             .finish()
     }
 }

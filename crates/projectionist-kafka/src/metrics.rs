@@ -34,6 +34,10 @@ pub const AGGREGATES_PARKED_NOW: &str = "projectionist_aggregates_parked";
 /// Events of an aggregate of the projection held now, as stored (refreshed with the lag).
 /// Labels: `projection`.
 pub const EVENTS_HELD_NOW: &str = "projectionist_events_held";
+/// Dead letters kept: events that can never apply as they stand (with their aggregate
+/// parked behind them), and messages that are not an envelope at all. Labels: `projection`,
+/// `reason` (`envelope`, `key`, `tombstone`, `data`, `value`, `apply`, `declaration`).
+pub const DEAD_LETTERS: &str = "projectionist_dead_letters_total";
 /// Events per applied batch (histogram). Labels: `projection`.
 pub const BATCH_SIZE: &str = "projectionist_batch_size_events";
 /// Time to apply and commit one batch (histogram). Labels: `projection`.
@@ -83,6 +87,7 @@ pub fn describe() {
     describe_counter!(AGGREGATES_RESUMED, Unit::Count, "Parked aggregates resumed.");
     describe_gauge!(AGGREGATES_PARKED_NOW, Unit::Count, "Aggregates parked now.");
     describe_gauge!(EVENTS_HELD_NOW, Unit::Count, "Events held now for parked aggregates.");
+    describe_counter!(DEAD_LETTERS, Unit::Count, "Dead letters kept, by reason.");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
     describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
     describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a transient database error.");
@@ -115,7 +120,7 @@ pub(crate) fn parked_now(pool: &projectionist_postgres::PgPool, projection: &str
     let (pool, projection) = (pool.clone(), projection.to_owned());
     tokio::spawn(async move {
         match projectionist_postgres::park::count(&pool, &projection).await {
-            Ok((aggregates, events)) => {
+            Ok((aggregates, events, _)) => {
                 metrics::gauge!(AGGREGATES_PARKED_NOW, "projection" => projection.clone()).set(aggregates as f64);
                 metrics::gauge!(EVENTS_HELD_NOW, "projection" => projection).set(events as f64);
             }

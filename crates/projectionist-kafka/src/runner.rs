@@ -54,6 +54,8 @@ pub struct Stats {
     pub parked: AtomicU64,
     /// Held events applied (or found duplicate or stale) once their missing version came.
     pub drained: AtomicU64,
+    /// Dead letters kept.
+    pub dead_letters: AtomicU64,
     /// Events ignored, by type (the projection has no variant for it): at most
     /// [`Stats::MAX_IGNORED_TYPES`] types, any further ones counted as `other`.
     pub ignored_types: Mutex<BTreeMap<String, u64>>,
@@ -113,6 +115,7 @@ impl Stats {
             gap: 0,
             ignored: self.ignored.load(Ordering::Relaxed),
             parked: self.parked.load(Ordering::Relaxed),
+            dead_lettered: 0,
         }
     }
 }
@@ -452,6 +455,7 @@ impl Runner {
                 retry: self.config.retry_policy(),
                 exit_when_caught_up: self.config.exit_when_caught_up,
                 on_gap: self.config.on_gap,
+                on_poison: self.config.on_poison,
                 progress: progress.clone(),
             };
             let (stop, stopped) = watch::channel(Order::Run);

@@ -10,14 +10,14 @@ use std::collections::HashMap;
 use projectionist_core::plan::{Effect, EventRef, Parked};
 use projectionist_core::upcast::upcast;
 use projectionist_core::{
-    validate_projection_name, Envelope, EventDecoder, OnGap, OnUnknownType, Outcome, OutcomeCounts, Projection,
-    RawEnvelope, Table, Upcaster, Writes,
+    validate_projection_name, Envelope, EventDecoder, OnGap, OnPoison, OnUnknownType, Outcome, OutcomeCounts,
+    Projection, RawEnvelope, Table, Upcaster, Writes,
 };
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use crate::batch::{self, ParkedMap};
-use crate::park::{self, Hold, Source, SourceMessage};
+use crate::batch::{self, ParkedMap, Parking};
+use crate::park::{self, DeadLetter, HeldRow, Hold, Source, SourceMessage};
 use crate::{Error, Ident, Result};
 
 /// How a batch is written.
@@ -34,12 +34,14 @@ pub enum Mode {
 
 /// A batch decoded and projected once, outside any transaction, so that writing it again
 /// (a retry, a prefix after a failure) decodes and projects nothing again. Made by
-/// [`PgProjection::prepare`]; it holds the events up to the first that could not be
-/// prepared, and that event's error.
+/// [`PgProjection::prepare`]: every event, those that cannot be applied as they stand
+/// (poison: data that does not decode, a failing upcaster, …) marked with their error.
 pub struct Prepared {
     events: Vec<PreparedEvent>,
+    /// A problem of the whole batch (the projection's declarations): no event is prepared.
     failure: Option<Failure>,
-    /// Where the events were read, as they arrived: set for parking to store what it holds.
+    /// Where the events were read, as they arrived: set for parking and dead letters to
+    /// store what they keep.
     source: Option<Source>,
 }
 
@@ -51,7 +53,7 @@ struct PreparedEvent {
     step: Step,
 }
 
-/// The event that could not be prepared: its aggregate id, and why.
+/// A problem of the whole batch, blamed on its first event: that event's aggregate id, and why.
 struct Failure {
     aggregate_id: String,
     error: Error,
@@ -65,10 +67,12 @@ enum Step {
     Writes(Writes),
     /// The typed envelope, for the projection's `apply` (an `Envelope<P::Event>`).
     Custom(Box<dyn Any + Send + Sync>),
+    /// It cannot be applied as it stands, and why: dead-lettered (with a source) or halting.
+    Poison(Error),
 }
 
 impl Prepared {
-    /// Events prepared (those before the failure, if any).
+    /// Events prepared, poison ones included.
     pub fn len(&self) -> usize {
         self.events.len()
     }
@@ -78,23 +82,62 @@ impl Prepared {
         self.events.is_empty()
     }
 
-    /// The event that could not be prepared (its index is [`Prepared::len`]), and why.
-    pub fn failure(&self) -> Option<&Error> {
-        self.failure.as_ref().map(|f| &f.error)
+    /// The first event that cannot be applied as it stands (or, for a problem of the whole
+    /// batch, its first event): its index, and why.
+    pub fn failure(&self) -> Option<(usize, &Error)> {
+        if let Some(f) = &self.failure {
+            return Some((0, &f.error));
+        }
+        self.events.iter().enumerate().find_map(|(i, e)| match &e.step {
+            Step::Poison(error) => Some((i, error)),
+            _ => None,
+        })
     }
 
-    /// Takes the failure out, leaving the prepared events.
+    /// Every event that cannot be applied as it stands (or, for a problem of the whole
+    /// batch, its first event), in order: its index, and why.
+    pub fn failures(&self) -> impl Iterator<Item = (usize, &Error)> {
+        let batch = self.failure.as_ref().map(|f| (0, &f.error));
+        batch.into_iter().chain(self.events.iter().enumerate().filter_map(|(i, e)| e.poison().map(|p| (i, p))))
+    }
+
+    /// Takes the first failure out (see [`Prepared::failure`]).
     pub fn take_failure(&mut self) -> Option<Error> {
-        self.failure.take().map(|f| f.error)
+        if let Some(f) = self.failure.take() {
+            return Some(f.error);
+        }
+        let index = self.events.iter().position(|e| matches!(e.step, Step::Poison(_)))?;
+        match std::mem::replace(&mut self.events[index].step, Step::Ignored(String::new())) {
+            Step::Poison(error) => Some(error),
+            _ => unreachable!("a poison step"),
+        }
     }
 
-    /// The aggregate id of the event at `index`: a prepared event, or (at
-    /// [`Prepared::len`]) the one that could not be prepared while its failure is held.
+    /// The error of the event at `index` when it is poison.
+    pub fn poison_at(&self, index: usize) -> Option<&Error> {
+        self.events.get(index)?.poison()
+    }
+
+    /// The batch's source, when set (see [`Prepared::set_source`]).
+    pub fn source_mut(&mut self) -> Option<&mut Source> {
+        self.source.as_mut()
+    }
+
+    /// Marks the event at `index` as poison, with `error`: what retrying the batch cannot
+    /// fix (a value the table refuses, an `apply` that keeps failing), so that the next
+    /// write dead-letters it and applies the rest.
+    pub fn poison(&mut self, index: usize, error: Error) {
+        if let Some(e) = self.events.get_mut(index) {
+            e.step = Step::Poison(error);
+        }
+    }
+
+    /// The aggregate id of the event at `index` (or, for a problem of the whole batch, of
+    /// its first event).
     pub fn aggregate_id(&self, index: usize) -> Option<&str> {
         match self.events.get(index) {
             Some(e) => Some(&e.aggregate_id),
-            None if index == self.events.len() => self.failure.as_ref().map(|f| f.aggregate_id.as_str()),
-            None => None,
+            None => self.failure.as_ref().map(|f| f.aggregate_id.as_str()),
         }
     }
 
@@ -112,17 +155,18 @@ impl Prepared {
         self.events.get(index).map(|e| e.occurred_at)
     }
 
-    /// Keeps the first `len` events only (the failure, if any, goes too).
+    /// Keeps the first `len` events only (a problem of the whole batch goes too).
     pub fn truncate(&mut self, len: usize) {
-        if len < self.events.len() {
+        if len < self.events.len() || len == 0 {
             self.events.truncate(len);
             self.failure = None;
         }
     }
 
     /// Where the events were read, and each one's message as it arrived (in the order of
-    /// the envelopes given to [`PgProjection::prepare`]): what gaps park is stored as.
-    /// Without it, a gap is [`Outcome::Gap`] whatever the policy.
+    /// the envelopes given to [`PgProjection::prepare`]), with the messages of the batch
+    /// that are not even an envelope: what parking holds and dead letters keep. Without
+    /// it, a gap is [`Outcome::Gap`] whatever the policy, and a poison event an error.
     pub fn set_source(&mut self, source: Source) {
         self.source = Some(source);
     }
@@ -138,11 +182,19 @@ impl PreparedEvent {
             Step::Writes(w) => Effect::Writes(w.writes()),
             Step::Custom(_) => Effect::Custom,
             Step::Ignored(_) => Effect::Ignored,
+            Step::Poison(_) => Effect::Poison,
         }
     }
 
     fn aggregate(&self) -> (&str, &str) {
         (&self.aggregate_type, &self.aggregate_id)
+    }
+
+    fn poison(&self) -> Option<&Error> {
+        match &self.step {
+            Step::Poison(e) => Some(e),
+            _ => None,
+        }
     }
 }
 
@@ -158,10 +210,14 @@ pub struct Written {
     /// The outcomes of events held by earlier batches and applied by this one (their
     /// aggregate's missing version arrived).
     pub drained: OutcomeCounts,
-    /// Aggregates parked by this batch, and resumed by it.
+    /// Aggregates parked by this batch (behind a gap or a dead letter).
     pub parked: u64,
     /// Aggregates resumed by this batch.
     pub resumed: u64,
+    /// Dead letters this batch kept: its events that cannot be applied as they stand,
+    /// held events found so when their aggregate resumed, and messages that are not an
+    /// envelope at all; by reason (`envelope`, `data`, `value`, `apply`, …).
+    pub dead_letters: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// A projection over PostgreSQL with its event type erased, so the engine can hold many
@@ -222,25 +278,33 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     }
 
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared {
-        let mut events = Vec::with_capacity(batch.len());
         if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
             let aggregate_id = batch.into_iter().next().map(|raw| raw.aggregate_id).unwrap_or_default();
-            return Prepared { events, failure: Some(Failure { aggregate_id, error }), source: None };
+            return Prepared { events: Vec::new(), failure: Some(Failure { aggregate_id, error }), source: None };
         }
         let decoder = EventDecoder::<P::Event>::new();
         let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
-        for (index, raw) in batch.into_iter().enumerate() {
-            match prepare_event(self, &decoder, halt_on_unknown, index, raw) {
-                Ok(event) => events.push(event),
-                Err(failure) => return Prepared { events, failure: Some(failure), source: None },
-            }
-        }
+        let events = batch
+            .into_iter()
+            .enumerate()
+            .map(|(index, raw)| prepare_event(self, &decoder, halt_on_unknown, index, raw))
+            .collect();
         Prepared { events, failure: None, source: None }
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {
         let name = Projection::name(self);
-        let source = prepared.source.as_ref().filter(|_| on_gap == OnGap::Park);
+        if let Some(f) = &prepared.failure {
+            return Err(f.error.clone_of_batch());
+        }
+        // Poison events are dead letters where the batch's messages are at hand, else errors.
+        let poison = prepared.events.iter().any(|e| e.poison().is_some());
+        let source = prepared.source.as_ref().filter(|s| on_gap == OnGap::Park || poison || !s.undecodable.is_empty());
+        if source.is_none() && poison {
+            let (index, _) = prepared.failure().expect("a poison event");
+            return Err(prepared.events[index].poison().expect("poison").clone_of_batch().at(index));
+        }
+        let gaps_halt = on_gap == OnGap::Halt;
         let mut parked = match source {
             Some(source) => Some(park::read(conn, name, &source.topic, source.partition).await?),
             None => None,
@@ -248,38 +312,47 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         let mut changes: HashMap<(String, String), Option<Parked>> = HashMap::new();
         let events: Vec<&PreparedEvent> = prepared.events.iter().collect();
         let mut written = Written { outcomes: Vec::with_capacity(events.len()), ..Written::default() };
+        // Held events applied (their ids), and held events found poison when drained.
         let mut drained = Vec::new();
+        let mut dead: Vec<DeadLetter<'_>> = Vec::new();
+        let mut held: Vec<(HeldRow, PreparedEvent)> = Vec::new();
+        let mut held_dead: Vec<(usize, String, &'static str)> = Vec::new();
         while written.outcomes.len() < events.len() {
             let start = written.outcomes.len();
-            let ran = self.write_events(conn, &events[start..], mode, &mut parked, &mut changes).await;
+            let ran = self.write_events(conn, &events[start..], mode, &mut parked, gaps_halt, &mut changes).await;
             let (outcomes, per_event, unparked) = ran.map_err(|e| e.shifted(start))?;
             written.outcomes.extend(outcomes);
             written.per_event |= per_event;
             if batch::ends_in_a_gap(&written.outcomes) {
-                return Ok(written);
+                break;
             }
             if let Some(aggregate) = unparked {
                 // The resumed aggregate's held events, in version order: those of earlier
                 // batches (stored), then those of this one, as one event at a time would.
                 let resumed_at = written.outcomes.len() - 1;
-                let stored = park::held(conn, name, &aggregate).await?;
+                let first_held = held.len();
                 let decoder = EventDecoder::<P::Event>::new();
                 let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
-                let mut held: Vec<(Option<i64>, PreparedEvent)> = Vec::with_capacity(stored.len());
-                for (id, payload) in stored {
-                    let raw = RawEnvelope::from_slice(&payload).map_err(|source| Error::Decode {
-                        index: resumed_at,
-                        aggregate: format!("{}/{}", aggregate.0, aggregate.1),
-                        version: 0,
-                        source,
-                    })?;
-                    let event = prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw)
-                        .map_err(|failure| failure.error.at(resumed_at))?;
-                    held.push((Some(id), event));
+                for row in park::held(conn, name, &aggregate).await? {
+                    let event = match RawEnvelope::from_slice(&row.payload) {
+                        Ok(raw) => prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw),
+                        Err(source) => PreparedEvent {
+                            aggregate_type: aggregate.0.clone(),
+                            aggregate_id: aggregate.1.clone(),
+                            version: row.version,
+                            occurred_at: Utc::now(),
+                            step: Step::Poison(Error::Decode {
+                                index: resumed_at,
+                                aggregate: format!("{}/{}", aggregate.0, aggregate.1),
+                                version: row.version,
+                                source,
+                            }),
+                        },
+                    };
+                    held.push((row, event));
                 }
-                let mut drain: Vec<(Result<i64, usize>, &PreparedEvent)> = held
-                    .iter()
-                    .map(|(id, e)| (Ok(id.expect("stored")), e))
+                let mut drain: Vec<(Result<usize, usize>, &PreparedEvent)> = (first_held..held.len())
+                    .map(|h| (Ok(h), &held[h].1))
                     .chain(
                         (0..resumed_at)
                             .filter(|&i| {
@@ -292,41 +365,91 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 drain.sort_by_key(|(_, e)| e.version);
                 let drain_events: Vec<&PreparedEvent> = drain.iter().map(|(_, e)| *e).collect();
                 let (outcomes, per_event, _) = self
-                    .write_events(conn, &drain_events, mode, &mut parked, &mut changes)
+                    .write_events(conn, &drain_events, mode, &mut parked, gaps_halt, &mut changes)
                     .await
                     .map_err(|e| e.at(resumed_at))?;
                 written.per_event |= per_event;
-                for ((origin, _), outcome) in drain.iter().zip(outcomes) {
+                for ((origin, event), outcome) in drain.iter().zip(outcomes) {
                     match origin {
                         Err(index) => written.outcomes[*index] = outcome,
                         Ok(_) if outcome == Outcome::Parked => {}
-                        Ok(id) => {
-                            drained.push(*id);
+                        Ok(h) => {
+                            drained.push(held[*h].0.id);
                             written.drained.add(&outcome);
+                            if outcome == Outcome::DeadLettered {
+                                let error = event.poison().expect("a dead letter is poison");
+                                held_dead.push((*h, error.to_string(), error.reason()));
+                            }
                         }
                     }
                 }
             }
         }
-        if let Some(source) = source {
-            let mut hold = Vec::new();
-            for (index, outcome) in written.outcomes.iter().enumerate() {
-                if *outcome == Outcome::Parked {
-                    let (e, message) = (events[index], source.messages.get(index));
-                    let message = message.ok_or_else(|| Error::Invalid {
-                        index,
-                        aggregate: format!("{}/{}", e.aggregate_type, e.aggregate_id),
-                        version: e.version,
-                        problem: "the batch's source holds no message for this event".into(),
-                    })?;
-                    let (aggregate_type, aggregate_id, version) = (&e.aggregate_type, &e.aggregate_id, e.version);
-                    hold.push(Hold { aggregate_type, aggregate_id, version, message });
-                }
+        let Some(source) = source else { return Ok(written) };
+        let mut hold = Vec::new();
+        for (index, outcome) in written.outcomes.iter().enumerate() {
+            if !matches!(outcome, Outcome::Parked | Outcome::DeadLettered) {
+                continue;
             }
-            written.parked = changes.values().filter(|c| c.is_some()).count() as u64;
-            written.resumed = changes.values().filter(|c| c.is_none()).count() as u64;
-            park::save(conn, name, source, &changes, &hold, &drained).await?;
+            let (e, message) = (events[index], source.messages.get(index));
+            let message = message.ok_or_else(|| Error::Invalid {
+                index,
+                aggregate: format!("{}/{}", e.aggregate_type, e.aggregate_id),
+                version: e.version,
+                problem: "the batch's source holds no message for this event".into(),
+            })?;
+            let (aggregate_type, aggregate_id, version) = (&e.aggregate_type, &e.aggregate_id, e.version);
+            if *outcome == Outcome::Parked {
+                hold.push(Hold { aggregate_type, aggregate_id, version, message });
+            } else {
+                let error = e.poison().expect("a dead letter is poison");
+                dead.push(DeadLetter {
+                    aggregate: Some((aggregate_type, aggregate_id, version)),
+                    topic: &source.topic,
+                    partition: source.partition,
+                    offset: message.offset,
+                    key: message.key.as_deref(),
+                    payload: &message.payload,
+                    headers: &message.headers,
+                    reason: error.reason(),
+                    error: error.to_string(),
+                });
+            }
         }
+        for (h, error, reason) in held_dead {
+            let (row, e) = &held[h];
+            dead.push(DeadLetter {
+                aggregate: Some((&e.aggregate_type, &e.aggregate_id, e.version)),
+                topic: &row.topic,
+                partition: row.partition,
+                offset: row.offset,
+                key: row.key.as_deref(),
+                payload: &row.payload,
+                headers: &[],
+                reason,
+                error,
+            });
+        }
+        for undecodable in &source.undecodable {
+            let message = &undecodable.message;
+            dead.push(DeadLetter {
+                aggregate: None,
+                topic: &source.topic,
+                partition: source.partition,
+                offset: message.offset,
+                key: message.key.as_deref(),
+                payload: &message.payload,
+                headers: &message.headers,
+                reason: undecodable.reason,
+                error: undecodable.error.clone(),
+            });
+        }
+        for d in &dead {
+            *written.dead_letters.entry(d.reason).or_default() += 1;
+        }
+        written.parked = changes.values().filter(|c| c.is_some()).count() as u64;
+        written.resumed = changes.values().filter(|c| c.is_none()).count() as u64;
+        park::save(conn, name, source, &changes, &hold, &drained, &dead).await?;
         Ok(written)
     }
 }
@@ -346,6 +469,7 @@ trait WriteEvents: Projection<PgConnection> {
         events: &[&PreparedEvent],
         mode: Mode,
         parked: &mut Option<ParkedMap>,
+        gaps_halt: bool,
         changes: &mut HashMap<(String, String), Option<Parked>>,
     ) -> Result<(Vec<Outcome>, bool, Option<(String, String)>)> {
         let name = Projection::name(self);
@@ -363,9 +487,8 @@ trait WriteEvents: Projection<PgConnection> {
                 events[start..run_end.min(events.len())].iter().map(|e| (e.event(), e.effect())).collect();
             // A custom event goes alone, gated like any event; `apply` runs if it applies.
             let run_mode = if end > start { mode } else { Mode::PerEvent };
-            let ran = batch::apply(conn, name, tables, &run, run_mode, parked.as_ref())
-                .await
-                .map_err(|e| e.shifted(start))?;
+            let parking = Parking { parked: parked.as_ref(), gaps_halt };
+            let ran = batch::apply(conn, name, tables, &run, run_mode, parking).await.map_err(|e| e.shifted(start))?;
             per_event |= ran.per_event && end > start;
             for (aggregate, state) in ran.parks {
                 if let Some(parked) = parked.as_mut() {
@@ -403,57 +526,55 @@ trait WriteEvents: Projection<PgConnection> {
     }
 }
 
-/// One event decoded (its envelope's fields moved, not copied) and projected.
+/// One event decoded (its envelope's fields moved, not copied) and projected; one that
+/// cannot be is poison, with the error.
 fn prepare_event<P: Projection<PgConnection>>(
     projection: &P,
     decoder: &EventDecoder<P::Event>,
     halt_on_unknown: bool,
     index: usize,
     raw: RawEnvelope,
-) -> std::result::Result<PreparedEvent, Failure> {
+) -> PreparedEvent {
     let RawEnvelope { id, aggregate_type, aggregate_id, version, mut event_type, occurred_at, mut data, metadata } =
         raw;
+    let poison = |aggregate_type: String, aggregate_id: String, error: Error| PreparedEvent {
+        aggregate_type,
+        aggregate_id,
+        version,
+        occurred_at,
+        step: Step::Poison(error),
+    };
     if let Err(source) = upcast(Projection::upcasters(projection), &mut event_type, &mut data, metadata.as_ref()) {
         let aggregate = format!("{aggregate_type}/{aggregate_id}");
-        return Err(Failure { aggregate_id, error: Error::Decode { index, aggregate, version, source } });
+        return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
     }
     if !decoder.handles(&event_type) {
         if halt_on_unknown {
             let aggregate = format!("{aggregate_type}/{aggregate_id}");
-            let error = Error::UnknownType {
-                index,
-                aggregate,
-                version,
-                event_type,
-                known: decoder.types().unwrap_or_default().join(", "),
-            };
-            return Err(Failure { aggregate_id, error });
+            let known = decoder.types().unwrap_or_default().join(", ");
+            let error = Error::UnknownType { index, aggregate, version, event_type, known };
+            return poison(aggregate_type, aggregate_id, error);
         }
         let step = Step::Ignored(event_type);
-        return Ok(PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step });
+        return PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step };
     }
     let event = match decoder.event(&event_type, data) {
         Ok(event) => event,
         Err(source) => {
             let aggregate = format!("{aggregate_type}/{aggregate_id}");
-            return Err(Failure { aggregate_id, error: Error::Decode { index, aggregate, version, source } });
+            return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
         }
     };
     let env = Envelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, event, metadata };
     let writes = projection.project(&env);
     if writes.is_custom() {
         let (aggregate_type, aggregate_id) = (env.aggregate_type.clone(), env.aggregate_id.clone());
-        return Ok(PreparedEvent {
-            aggregate_type,
-            aggregate_id,
-            version,
-            occurred_at,
-            step: Step::Custom(Box::new(env)),
-        });
+        let step = Step::Custom(Box::new(env));
+        return PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step };
     }
     // The envelope's names move on with the writes.
     let Envelope { aggregate_type, aggregate_id, .. } = env;
-    Ok(PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step: Step::Writes(writes) })
+    PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step: Step::Writes(writes) }
 }
 
 fn check_declarations(projection: &str, tables: &[Table]) -> Result<()> {
@@ -484,33 +605,72 @@ pub fn validate(projection: &dyn PgProjection) -> Result<()> {
 /// needs it. Used by tests and tools: unlike the engine, which halts a partition at a gap,
 /// it goes on past one (the gap's event is not applied), so every event has an outcome.
 pub async fn apply_batch(pool: &PgPool, projection: &dyn PgProjection, batch: &[RawEnvelope]) -> Result<Vec<Outcome>> {
-    apply_batch_in(pool, projection, batch, Mode::Batch, OnGap::Halt).await
+    apply_batch_in(pool, projection, batch, Mode::Batch, Policy::HALT).await
 }
 
-/// As [`apply_batch`], starting in the given mode, with the given gap policy: with
-/// [`OnGap::Park`] a gap parks its aggregate as the engine does (the held events stored as
-/// their envelopes' JSON, with no topic and no offset), and [`Outcome::Parked`] events can
-/// be applied by a later call, when the missing version comes.
+/// What a batch does with an event that cannot be applied: a gap, a poison event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// A gap parks its aggregate, or is [`Outcome::Gap`].
+    pub on_gap: OnGap,
+    /// A poison event is dead-lettered (its aggregate parked behind it), or an error.
+    pub on_poison: OnPoison,
+}
+
+impl Policy {
+    /// Gaps are [`Outcome::Gap`], poison events errors.
+    pub const HALT: Self = Self { on_gap: OnGap::Halt, on_poison: OnPoison::Halt };
+}
+
+/// As [`apply_batch`], starting in the given mode, with the given policy: with
+/// [`OnGap::Park`] a gap parks its aggregate as the engine does, and with
+/// [`OnPoison::DeadLetter`] a poison event is dead-lettered (the held events and dead
+/// letters stored as their envelopes' JSON, with no topic and no offset); [`Outcome::Parked`]
+/// events can be applied by a later call, when the missing version comes.
 pub async fn apply_batch_in(
     pool: &PgPool,
     projection: &dyn PgProjection,
     batch: &[RawEnvelope],
     mode: Mode,
-    on_gap: OnGap,
+    policy: Policy,
 ) -> Result<Vec<Outcome>> {
+    let halts = |e: &Error| {
+        policy.on_poison == OnPoison::Halt || matches!(e, Error::UnknownType { .. } | Error::Declaration { .. })
+    };
     let mut tx = pool.begin().await?;
     let mut outcomes = Vec::with_capacity(batch.len());
     while outcomes.len() < batch.len() {
         let start = outcomes.len();
         let rest = &batch[start..];
         let mut prepared = projection.prepare(rest.to_vec());
-        if let Some(failure) = prepared.take_failure() {
-            return Err(failure.shifted(start));
+        if let Some((index, e)) = prepared.failures().find(|(_, e)| halts(e)) {
+            return Err(e.clone_of_batch().at(index).shifted(start));
         }
-        let messages = rest.iter().map(|raw| SourceMessage { offset: None, key: None, payload: raw.to_json() });
-        prepared.set_source(Source { topic: String::new(), partition: 0, messages: messages.collect() });
-        let written = projection.write(&mut tx, &prepared, mode, on_gap).await.map_err(|e| e.shifted(start))?;
-        outcomes.extend(written.outcomes);
+        let messages = rest.iter().map(|raw| SourceMessage { payload: raw.to_json(), ..SourceMessage::default() });
+        prepared.set_source(Source {
+            topic: String::new(),
+            partition: 0,
+            messages: messages.collect(),
+            ..Source::default()
+        });
+        loop {
+            let mut attempt = sqlx::Connection::begin(&mut *tx).await?;
+            match projection.write(&mut attempt, &prepared, mode, policy.on_gap).await {
+                Ok(written) => {
+                    attempt.commit().await?;
+                    outcomes.extend(written.outcomes);
+                    break;
+                }
+                Err(e) => {
+                    attempt.rollback().await?;
+                    match e.event_index() {
+                        // An event the batch cannot apply: dead-lettered, the rest written again.
+                        Some(index) if !halts(&e) && prepared.poison_at(index).is_none() => prepared.poison(index, e),
+                        _ => return Err(e.shifted(start)),
+                    }
+                }
+            }
+        }
     }
     tx.commit().await?;
     Ok(outcomes)

@@ -36,6 +36,14 @@ const PER_EVENT_TRIES: usize = 5;
 /// Parked aggregates by (aggregate type, aggregate id).
 pub(crate) type ParkedMap = HashMap<(String, String), Parked>;
 
+/// The parking a run starts from: the parked aggregates (`None`: parking off), and whether a
+/// gap still halts (then only dead letters park).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Parking<'a> {
+    pub parked: Option<&'a ParkedMap>,
+    pub gaps_halt: bool,
+}
+
 /// What applying a run did.
 #[derive(Debug, Default)]
 pub(crate) struct Ran {
@@ -67,13 +75,13 @@ pub(crate) async fn apply(
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
     mode: Mode,
-    parked: Option<&ParkedMap>,
+    parking: Parking<'_>,
 ) -> Result<Ran> {
     if mode == Mode::PerEvent {
-        return apply_per_event(conn, projection, tables, events, parked).await;
+        return apply_per_event(conn, projection, tables, events, parking).await;
     }
     let mut savepoint = conn.begin().await?;
-    match apply_set_based(&mut savepoint, projection, tables, events, parked).await {
+    match apply_set_based(&mut savepoint, projection, tables, events, parking).await {
         Ok(ran) => {
             savepoint.commit().await?;
             Ok(ran)
@@ -85,7 +93,7 @@ pub(crate) async fn apply(
                 reason = %e,
                 "The set-based statements could not apply the batch; applying its events one by one."
             );
-            apply_per_event(conn, projection, tables, events, parked).await
+            apply_per_event(conn, projection, tables, events, parking).await
         }
         Err(e) => Err(e),
     }
@@ -96,13 +104,14 @@ async fn apply_set_based(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
-    parked: Option<&ParkedMap>,
+    parking: Parking<'_>,
 ) -> Result<Ran> {
     if events.is_empty() {
         return Ok(Ran::default());
     }
     let mut stored = read_stored(conn, projection, tables, events).await?;
-    stored.parked = parked.cloned();
+    stored.parked = parking.parked.cloned();
+    stored.gaps_halt = parking.gaps_halt;
     let planned = |events| planned(tables, &stored, events);
     let mut plan = planned(events)?;
     // A gap ends the run: what precedes it is written, nothing at or after it.
@@ -149,19 +158,18 @@ async fn apply_per_event(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
-    parked: Option<&ParkedMap>,
+    parking: Parking<'_>,
 ) -> Result<Ran> {
     let mut ran = Ran { outcomes: Vec::with_capacity(events.len()), per_event: true, ..Ran::default() };
     // The parking state as each event finds it.
-    let mut parked = parked.cloned();
+    let mut parked = parking.parked.cloned();
     let mut parks: HashMap<(String, String), Option<Parked>> = HashMap::new();
     for (index, event) in events.iter().enumerate() {
         let mut tries = 0;
         loop {
             let mut savepoint = conn.begin().await?;
-            match apply_set_based(&mut savepoint, projection, tables, std::slice::from_ref(event), parked.as_ref())
-                .await
-            {
+            let now = Parking { parked: parked.as_ref(), gaps_halt: parking.gaps_halt };
+            match apply_set_based(&mut savepoint, projection, tables, std::slice::from_ref(event), now).await {
                 Ok(one) => {
                     savepoint.commit().await?;
                     ran.outcomes.extend(one.outcomes);

@@ -173,6 +173,50 @@ fn describe(e: &sqlx::Error) -> String {
 }
 
 impl Error {
+    /// What kind of poison an error of one event is, as dead letters record it: `data` (it
+    /// does not decode, or an upcaster failed), `unknown_type`, `value` (the database refused
+    /// a value), `declaration` (a write the tables' declarations forbid), `apply` (the
+    /// projection's own `apply` failed); `other` for the rest.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Decode { .. } => "data",
+            Self::UnknownType { .. } => "unknown_type",
+            Self::Rejected { .. } => "value",
+            Self::Invalid { .. } => "declaration",
+            Self::Apply { .. } => "apply",
+            _ => "other",
+        }
+    }
+
+    /// The same error, owned: a copy where its parts can be copied, else one that says the
+    /// same ([`Error::Invalid`] for an event, [`Error::Migration`] otherwise).
+    pub(crate) fn clone_of_batch(&self) -> Self {
+        match self {
+            Self::Decode { index, aggregate, version, source } => {
+                Self::Decode { index: *index, aggregate: aggregate.clone(), version: *version, source: source.clone() }
+            }
+            Self::UnknownType { index, aggregate, version, event_type, known } => Self::UnknownType {
+                index: *index,
+                aggregate: aggregate.clone(),
+                version: *version,
+                event_type: event_type.clone(),
+                known: known.clone(),
+            },
+            Self::Declaration { projection, problem } => {
+                Self::Declaration { projection: projection.clone(), problem: problem.clone() }
+            }
+            Self::Invalid { index, aggregate, version, .. }
+            | Self::Rejected { index, aggregate, version, .. }
+            | Self::Apply { index, aggregate, version, .. } => Self::Invalid {
+                index: *index,
+                aggregate: aggregate.clone(),
+                version: *version,
+                problem: self.to_string(),
+            },
+            other => Self::Migration(other.to_string()),
+        }
+    }
+
     /// True when trying the same transaction again may succeed: the environment's failures
     /// (see [`Error::is_environment`]), serialization failures (40001), deadlocks (40P01)
     /// and version races.

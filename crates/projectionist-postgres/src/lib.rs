@@ -10,8 +10,8 @@ mod migrate;
 pub mod park;
 
 pub use apply::{
-    apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, Prepared, SharedProjection,
-    Written,
+    apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, Policy, Prepared,
+    SharedProjection, Written,
 };
 pub use drift::{check_tables, Drift};
 pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};

@@ -1,6 +1,7 @@
-//! Parking: aggregates waiting for a version that never arrived, and the events held for
-//! them — the messages' exact bytes — in the engine's tables `projectionist_parked` and
-//! `projectionist_held`, written in the batch's own transaction.
+//! Parking: aggregates waiting for a version that never arrived or behind a dead letter of
+//! their own, the events held for them and the dead letters — the messages' exact bytes — in
+//! the engine's tables `projectionist_parked`, `projectionist_held` and
+//! `projectionist_dead_letters`, written in the batch's own transaction.
 
 use std::collections::HashMap;
 
@@ -21,10 +22,24 @@ pub struct Source {
     pub partition: i32,
     /// One per envelope of the batch, in the same order.
     pub messages: Vec<SourceMessage>,
+    /// The batch's messages that are not an envelope at all (or whose key contradicts it):
+    /// dead-lettered alone, with no aggregate parked.
+    pub undecodable: Vec<Undecodable>,
+}
+
+/// A message of a batch that is not an envelope: dead-lettered alone.
+#[derive(Debug, Clone)]
+pub struct Undecodable {
+    /// The message.
+    pub message: SourceMessage,
+    /// What kind: `envelope`, `key`, `tombstone`.
+    pub reason: &'static str,
+    /// Why, in full.
+    pub error: String,
 }
 
 /// One message of a [`Source`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SourceMessage {
     /// Its offset (`None`: not read from Kafka).
     pub offset: Option<i64>,
@@ -32,6 +47,8 @@ pub struct SourceMessage {
     pub key: Option<Vec<u8>>,
     /// Its payload, as read.
     pub payload: Vec<u8>,
+    /// Its headers, as read.
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 /// A parked aggregate, as `parked` lists it.
@@ -51,6 +68,8 @@ pub struct ParkedAggregate {
     pub waiting_for: i64,
     /// Why it is parked.
     pub reason: String,
+    /// The dead letter it is parked behind (`dead-letters show ID`), if it is.
+    pub dead_letter: Option<i64>,
     /// When it was parked.
     pub since: DateTime<Utc>,
     /// How many of its events are held.
@@ -61,10 +80,11 @@ pub struct ParkedAggregate {
 
 /// Every parked aggregate (of `projection`, or of all), by projection and aggregate.
 pub async fn list(pool: &PgPool, projection: Option<&str>) -> Result<Vec<ParkedAggregate>> {
-    type Row = (String, String, String, String, i32, i64, String, DateTime<Utc>, i64, Option<i64>, Option<i64>);
+    type Row =
+        (String, String, String, String, i32, i64, String, Option<i64>, DateTime<Utc>, i64, Option<i64>, Option<i64>);
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT p.projection, p.aggregate_type, p.aggregate_id, p.topic, p.partition, p.waiting_for, p.reason, \
-         p.since, count(h.id), min(h.version), max(h.version) \
+         p.dead_letter, p.since, count(h.id), min(h.version), max(h.version) \
          FROM projectionist_parked p LEFT JOIN projectionist_held h USING (projection, aggregate_type, aggregate_id) \
          WHERE $1::text IS NULL OR p.projection = $1 \
          GROUP BY p.projection, p.aggregate_type, p.aggregate_id \
@@ -76,7 +96,20 @@ pub async fn list(pool: &PgPool, projection: Option<&str>) -> Result<Vec<ParkedA
     Ok(rows
         .into_iter()
         .map(
-            |(projection, aggregate_type, aggregate_id, topic, partition, waiting_for, reason, since, held, lo, hi)| {
+            |(
+                projection,
+                aggregate_type,
+                aggregate_id,
+                topic,
+                partition,
+                waiting_for,
+                reason,
+                dead_letter,
+                since,
+                held,
+                lo,
+                hi,
+            )| {
                 ParkedAggregate {
                     projection,
                     aggregate_type,
@@ -85,6 +118,7 @@ pub async fn list(pool: &PgPool, projection: Option<&str>) -> Result<Vec<ParkedA
                     partition,
                     waiting_for,
                     reason,
+                    dead_letter,
                     since,
                     held,
                     held_versions: lo.zip(hi),
@@ -94,11 +128,13 @@ pub async fn list(pool: &PgPool, projection: Option<&str>) -> Result<Vec<ParkedA
         .collect())
 }
 
-/// How many aggregates `projection` has parked, and how many events it holds for them.
-pub async fn count(pool: &PgPool, projection: &str) -> Result<(i64, i64)> {
-    let counts: (i64, i64) = sqlx::query_as(
+/// How many aggregates `projection` has parked, how many events it holds for them, and how
+/// many dead letters it has.
+pub async fn count(pool: &PgPool, projection: &str) -> Result<(i64, i64, i64)> {
+    let counts: (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM projectionist_parked WHERE projection = $1), \
-         (SELECT count(*) FROM projectionist_held WHERE projection = $1)",
+         (SELECT count(*) FROM projectionist_held WHERE projection = $1), \
+         (SELECT count(*) FROM projectionist_dead_letters WHERE projection = $1)",
     )
     .bind(projection)
     .fetch_one(pool)
@@ -109,8 +145,8 @@ pub async fn count(pool: &PgPool, projection: &str) -> Result<(i64, i64)> {
 /// The aggregates of `projection` parked on partition `topic`/`partition`, locked until the
 /// transaction ends.
 pub(crate) async fn read(conn: &mut PgConnection, projection: &str, topic: &str, partition: i32) -> Result<ParkedMap> {
-    let rows: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT aggregate_type, aggregate_id, waiting_for FROM projectionist_parked \
+    let rows: Vec<(String, String, i64, bool)> = sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id, waiting_for, dead_letter IS NOT NULL FROM projectionist_parked \
          WHERE projection = $1 AND topic = $2 AND partition = $3 \
          ORDER BY aggregate_type, aggregate_id FOR UPDATE",
     )
@@ -119,18 +155,30 @@ pub(crate) async fn read(conn: &mut PgConnection, projection: &str, topic: &str,
     .bind(partition)
     .fetch_all(conn)
     .await?;
-    Ok(rows.into_iter().map(|(t, i, waiting_for)| ((t, i), Parked { waiting_for })).collect())
+    Ok(rows.into_iter().map(|(t, i, waiting_for, dead_letter)| ((t, i), Parked { waiting_for, dead_letter })).collect())
 }
 
-/// The events held for an aggregate of `projection`: id and payload, in version order, then
-/// in the order they were held.
+/// An event held for a parked aggregate, as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct HeldRow {
+    pub id: i64,
+    pub version: i64,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: Option<i64>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+}
+
+/// The events held for an aggregate of `projection`, in version order, then in the order
+/// they were held.
 pub(crate) async fn held(
     conn: &mut PgConnection,
     projection: &str,
     (aggregate_type, aggregate_id): &(String, String),
-) -> Result<Vec<(i64, Vec<u8>)>> {
+) -> Result<Vec<HeldRow>> {
     Ok(sqlx::query_as(
-        "SELECT id, payload FROM projectionist_held \
+        "SELECT id, version, topic, partition, \"offset\", key, payload FROM projectionist_held \
          WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3 ORDER BY version, id",
     )
     .bind(projection)
@@ -138,6 +186,21 @@ pub(crate) async fn held(
     .bind(aggregate_id)
     .fetch_all(conn)
     .await?)
+}
+
+/// A dead letter to keep.
+pub(crate) struct DeadLetter<'a> {
+    /// Its aggregate and version, when the envelope names them (the aggregate is parked
+    /// behind it).
+    pub aggregate: Option<(&'a str, &'a str, i64)>,
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: Option<i64>,
+    pub key: Option<&'a [u8]>,
+    pub payload: &'a [u8],
+    pub headers: &'a [(String, Vec<u8>)],
+    pub reason: &'static str,
+    pub error: String,
 }
 
 /// An event of the batch to hold: its aggregate, its version and its message.
@@ -158,16 +221,57 @@ pub(crate) async fn save(
     parks: &HashMap<(String, String), Option<Parked>>,
     hold: &[Hold<'_>],
     drained: &[i64],
+    dead: &[DeadLetter<'_>],
 ) -> Result<()> {
+    // The dead letters first: the aggregates parked behind them name them.
+    let mut behind: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
+    for d in dead {
+        let (names, values): (Vec<&str>, Vec<&[u8]>) =
+            d.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())).unzip();
+        let (aggregate_type, aggregate_id, version) =
+            d.aggregate.map_or((None, None, None), |(t, i, v)| (Some(t), Some(i), Some(v)));
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", key, payload, \
+             header_names, header_values, aggregate_type, aggregate_id, version, reason, error) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+             ON CONFLICT (projection, topic, partition, \"offset\") DO UPDATE \
+             SET attempts = projectionist_dead_letters.attempts + 1, last_seen = now(), error = EXCLUDED.error \
+             RETURNING id",
+        )
+        .bind(projection)
+        .bind(d.topic)
+        .bind(d.partition)
+        .bind(d.offset)
+        .bind(d.key)
+        .bind(d.payload)
+        .bind(&names)
+        .bind(&values)
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .bind(version)
+        .bind(d.reason)
+        .bind(&d.error)
+        .fetch_one(&mut *conn)
+        .await?;
+        if let Some((t, i, _)) = d.aggregate {
+            behind.insert((t, i), (id, d.error.as_str()));
+        }
+    }
     let (mut types, mut ids, mut waits, mut reasons) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut letters: Vec<Option<i64>> = Vec::new();
     let (mut resumed_types, mut resumed_ids) = (Vec::new(), Vec::new());
     for ((aggregate_type, aggregate_id), state) in parks {
         match state {
-            Some(Parked { waiting_for }) => {
+            Some(Parked { waiting_for, dead_letter }) => {
                 types.push(aggregate_type.as_str());
                 ids.push(aggregate_id.as_str());
                 waits.push(*waiting_for);
-                reasons.push(format!("gap: version {waiting_for} never arrived"));
+                let letter = behind.get(&(aggregate_type.as_str(), aggregate_id.as_str())).filter(|_| *dead_letter);
+                letters.push(letter.map(|(id, _)| *id));
+                reasons.push(match letter {
+                    Some((id, error)) => format!("dead letter {id} (version {waiting_for}): {error}"),
+                    None => format!("gap: version {waiting_for} never arrived"),
+                });
             }
             None => {
                 resumed_types.push(aggregate_type.as_str());
@@ -178,10 +282,11 @@ pub(crate) async fn save(
     if !types.is_empty() {
         sqlx::query(
             "INSERT INTO projectionist_parked (projection, aggregate_type, aggregate_id, topic, partition, \
-             waiting_for, reason) \
-             SELECT $1, t, i, $2, $3, w, r FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[]) AS a(t, i, w, r) \
+             waiting_for, reason, dead_letter) \
+             SELECT $1, t, i, $2, $3, w, r, d \
+             FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[]) AS a(t, i, w, r, d) \
              ON CONFLICT (projection, aggregate_type, aggregate_id) DO UPDATE \
-             SET waiting_for = EXCLUDED.waiting_for, reason = EXCLUDED.reason",
+             SET waiting_for = EXCLUDED.waiting_for, reason = EXCLUDED.reason, dead_letter = EXCLUDED.dead_letter",
         )
         .bind(projection)
         .bind(&source.topic)
@@ -190,6 +295,7 @@ pub(crate) async fn save(
         .bind(&ids)
         .bind(&waits)
         .bind(&reasons)
+        .bind(&letters)
         .execute(&mut *conn)
         .await?;
     }
@@ -235,4 +341,65 @@ pub(crate) async fn save(
         sqlx::query("DELETE FROM projectionist_held WHERE id = ANY($1)").bind(drained).execute(&mut *conn).await?;
     }
     Ok(())
+}
+
+/// A dead letter, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredDeadLetter {
+    /// Its id (`dead-letters show ID`).
+    pub id: i64,
+    /// The projection it failed in.
+    pub projection: String,
+    /// Where it was read.
+    pub topic: String,
+    /// Where it was read.
+    pub partition: i32,
+    /// Where it was read (`None`: not read from Kafka).
+    pub offset: Option<i64>,
+    /// The message's key, as read.
+    pub key: Option<Vec<u8>>,
+    /// The message's payload, as read.
+    pub payload: Vec<u8>,
+    /// The message's header names, as read.
+    pub header_names: Vec<String>,
+    /// The message's header values, as read.
+    pub header_values: Vec<Vec<u8>>,
+    /// Its aggregate's type, when the envelope names it (parked behind it).
+    pub aggregate_type: Option<String>,
+    /// Its aggregate's id, when the envelope names it.
+    pub aggregate_id: Option<String>,
+    /// Its version, when the envelope names it.
+    pub version: Option<i64>,
+    /// What kind of failure: `envelope`, `key`, `tombstone`, `data`, `value`, `apply`, ….
+    pub reason: String,
+    /// The full error.
+    pub error: String,
+    /// How many times it was read and failed (a replay reads it again).
+    pub attempts: i32,
+    /// When it first failed.
+    pub first_seen: DateTime<Utc>,
+    /// When it last failed.
+    pub last_seen: DateTime<Utc>,
+}
+
+const DEAD_LETTER_COLUMNS: &str = "id, projection, topic, partition, \"offset\", key, payload, header_names, \
+     header_values, aggregate_type, aggregate_id, version, reason, error, attempts, first_seen, last_seen";
+
+/// Every dead letter (of `projection`, or of all), oldest first.
+pub async fn dead_letters(pool: &PgPool, projection: Option<&str>) -> Result<Vec<StoredDeadLetter>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {DEAD_LETTER_COLUMNS} FROM projectionist_dead_letters WHERE $1::text IS NULL OR projection = $1 \
+         ORDER BY id"
+    ))
+    .bind(projection)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The dead letter `id`.
+pub async fn dead_letter(pool: &PgPool, id: i64) -> Result<Option<StoredDeadLetter>> {
+    Ok(sqlx::query_as(&format!("SELECT {DEAD_LETTER_COLUMNS} FROM projectionist_dead_letters WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await?)
 }

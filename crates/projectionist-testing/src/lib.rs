@@ -59,5 +59,15 @@ pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value 
     .await
     .unwrap_or_else(|e| panic!("dumping held events: {e}"));
     dump.insert("projectionist_held".into(), held);
+    let dead: Value = sqlx::query_scalar(
+        "SELECT coalesce(jsonb_agg(jsonb_build_array(aggregate_type, aggregate_id, version, reason) \
+         ORDER BY aggregate_type, aggregate_id, version, reason), '[]') FROM projectionist_dead_letters \
+         WHERE projection = $1",
+    )
+    .bind(projection.name())
+    .fetch_one(pool)
+    .await
+    .unwrap_or_else(|e| panic!("dumping dead letters: {e}"));
+    dump.insert("projectionist_dead_letters".into(), dead);
     Value::Object(dump)
 }

@@ -343,7 +343,7 @@ async fn a_member_joining_takes_partitions_without_stopping_the_others(pool: PgP
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
+async fn under_on_poison_halt_a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
     let env = Env::new(&pool, "poison").await;
     let out = env.cli(&["create-topics", "--partitions", "1"]).output().await.unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -357,7 +357,7 @@ async fn a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
     }
     producer.flush(Duration::from_secs(10)).unwrap();
 
-    let (status, stdout, stderr) = env.run_until_caught_up(&[]).await;
+    let (status, stdout, stderr) = env.run_until_caught_up(&["--on-poison", "halt"]).await;
     assert_eq!(status.code(), Some(2), "a halted partition fails the run:\n{stderr}");
     assert!(stderr.contains("Every partition caught up with its high watermark or halted; stopping."), "{stderr}");
     assert!(!stderr.contains("Caught up with the high watermarks"), "{stderr}");
@@ -733,7 +733,7 @@ async fn a_halted_partition_reports_growing_time_lag(pool: PgPool) {
         .map_err(|(e, _)| e)
         .unwrap();
     producer.flush(Duration::from_secs(10)).unwrap();
-    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0", "--on-poison", "halt"]);
     let started = Instant::now();
     let addr = metrics_listener(&log).await;
     // The poison message stays unapplied: lag is one offset, and its age by the broker's

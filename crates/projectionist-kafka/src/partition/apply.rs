@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use projectionist_core::{OnUnknownType, Outcome, OutcomeCounts};
+use projectionist_core::{OnPoison, OnUnknownType, Outcome, OutcomeCounts};
 use projectionist_postgres::park::Source;
 use projectionist_postgres::{Mode, Prepared};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::decode::{decode_until_poison, At, Msg};
+use super::decode::{split, At, Msg, Split};
 use super::{Halt, HaltKind, Order, Partition};
 use crate::metrics as m;
 use crate::outage::Outage;
@@ -49,30 +49,50 @@ impl Partition {
         );
         let this = self.clone();
         async move {
-            let (at, envelopes, messages, mut halt) = decode_until_poison(messages);
+            let first_offset = messages.first().map_or(0, |m| m.at.offset);
+            let last_offset = messages.last().map_or(0, |m| m.at.offset);
+            let Split { places, envelopes, messages, undecodable, mut halt } = split(messages, this.on_poison);
             // Decoded and projected once: a retry writes the same prepared events again.
             let mut prepared = this.projection.prepare(envelopes);
             let (topic, partition) = (this.tp.topic.clone(), this.tp.partition);
-            prepared.set_source(Source { topic, partition, messages });
-            if let Some(failure) = prepared.failure() {
-                let index = prepared.len();
-                halt = Some(this.halt_at(at[index], &prepared, index, failure));
-            }
+            prepared.set_source(Source { topic, partition, messages, undecodable });
+            // What halts rather than being dead-lettered: a problem of the whole batch, an
+            // unknown type the projection halts on, and any poison under `on_poison = halt`.
+            let on_poison = this.on_poison;
+            let halts = move |e: &projectionist_postgres::Error| {
+                on_poison == OnPoison::Halt
+                    || matches!(
+                        e,
+                        projectionist_postgres::Error::UnknownType { .. }
+                            | projectionist_postgres::Error::Declaration { .. }
+                    )
+            };
             let mut end = prepared.len();
-            while end > 0 {
+            if let Some((index, failure)) = prepared.failures().find(|(_, e)| halts(e)) {
+                halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, failure));
+                end = index;
+            }
+            loop {
                 prepared.truncate(end);
-                let after_last = at[end - 1].offset + 1;
-                let next_offset = match through {
-                    Some(position) if end == at.len() => position.max(after_last),
-                    _ => after_last,
+                // Everything, or up to the message the partition halts at.
+                let next_offset = match (&halt, through) {
+                    (Some(h), _) => h.offset,
+                    (None, Some(position)) => position.max(last_offset + 1),
+                    (None, None) => last_offset + 1,
                 };
+                if let Some(source) = prepared.source_mut() {
+                    source.undecodable.retain(|u| u.message.offset.is_some_and(|o| o < next_offset));
+                }
+                if next_offset <= first_offset {
+                    break;
+                }
                 let started = Instant::now();
                 let mut outage = Outage::new(this.stats.clone(), this.name());
                 let mut order = order.clone();
                 let result = this
                     .retry
                     .run_until(
-                        || this.try_apply(&prepared, &at, next_offset),
+                        || this.try_apply(&prepared, &places, next_offset),
                         Retry::of,
                         |e, retrying| {
                             if retrying.kind == Retry::WaitOut {
@@ -97,7 +117,7 @@ impl Partition {
                         this.stats.add(&counts);
                         this.count_ignored(ignored);
                         this.count_parking(&parking);
-                        let applied = gap.as_ref().map_or(end, |(index, _)| *index);
+                        let applied = gap.as_ref().map_or(prepared.len(), |(index, _)| *index);
                         let last =
                             applied.checked_sub(1).and_then(|i| prepared.occurred_at(i)).map(|t| t.timestamp_millis());
                         m::batch_committed(
@@ -110,16 +130,22 @@ impl Partition {
                             started.elapsed(),
                         );
                         if let Some((index, reason)) = gap {
-                            let m = at[index];
+                            let m = places[index];
                             let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
                             let kind = HaltKind::Gap;
                             halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind });
                         }
-                        return Applied::Committed { first_offset: at[0].offset, next_offset, halt };
+                        return Applied::Committed { first_offset, next_offset, halt };
                     }
                     Err(e) => {
                         let index = e.event_index().unwrap_or(0);
-                        halt = Some(this.halt_at(at[index], &prepared, index, &e));
+                        if !halts(&e) && e.event_index().is_some() && prepared.poison_at(index).is_none() {
+                            // An event retrying cannot fix: dead-lettered, the rest written again.
+                            tracing::warn!(error = %e, "An event the batch cannot apply; dead-lettering it.");
+                            prepared.poison(index, e);
+                            continue;
+                        }
+                        halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, &e));
                         end = index;
                     }
                 }
@@ -152,10 +178,19 @@ impl Partition {
     }
 
     /// Where a failure that retries did not cure (or that retrying cannot fix) stops the
-    /// partition: at the event it names, `message`, the `index`th of `prepared`.
-    fn halt_at(&self, message: At, prepared: &Prepared, index: usize, e: &projectionist_postgres::Error) -> Halt {
+    /// partition: at the event it names, `message`, the `index`th of `prepared` (without a
+    /// place, a problem of the whole batch: at its checkpoint).
+    fn halt_at(
+        &self,
+        message: Option<At>,
+        prepared: &Prepared,
+        index: usize,
+        e: &projectionist_postgres::Error,
+    ) -> Halt {
         let (reason, kind) = classify(e, self.retry.max_retries);
         let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
+        let checkpoint = self.progress.checkpoint.load(std::sync::atomic::Ordering::SeqCst).max(0);
+        let message = message.unwrap_or(At { offset: checkpoint, timestamp: None });
         Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind }
     }
 
@@ -169,6 +204,7 @@ impl Partition {
     ) -> projectionist_postgres::Result<Committed> {
         let mut tx = self.pool.begin().await?;
         let written = self.projection.write(&mut tx, prepared, Mode::Batch, self.on_gap).await?;
+        let dead_letters = written.dead_letters.clone();
         let outcomes = written.outcomes;
         let gap = match outcomes.last() {
             Some(gap @ Outcome::Gap { .. }) => {
@@ -193,13 +229,20 @@ impl Partition {
         // Held events of earlier batches applied now count as what they became.
         let drained = written.drained;
         counts.merge(&OutcomeCounts { parked: 0, ..drained });
-        let parking =
-            Parking { drained: drained.total() - drained.parked, parked: written.parked, resumed: written.resumed };
+        let parking = Parking {
+            drained: drained.total() - drained.parked,
+            parked: written.parked,
+            resumed: written.resumed,
+            dead_letters: written.dead_letters.values().sum(),
+        };
         let mut ignored = BTreeMap::new();
         for (index, _) in outcomes.iter().enumerate().filter(|(_, o)| **o == Outcome::Ignored) {
             if let Some(event_type) = prepared.ignored_type(index) {
                 *ignored.entry(event_type.to_owned()).or_default() += 1;
             }
+        }
+        for (reason, n) in dead_letters {
+            metrics::counter!(m::DEAD_LETTERS, "projection" => self.name().to_owned(), "reason" => reason).increment(n);
         }
         Ok(Committed { counts, next_offset, gap, ignored, parking })
     }
@@ -207,10 +250,11 @@ impl Partition {
     /// Counts what a committed batch did to the parking, and logs it.
     fn count_parking(&self, parking: &Parking) {
         let (counts, projection) = (&parking, self.name().to_owned());
-        if counts.parked + counts.resumed + counts.drained == 0 {
+        if counts.parked + counts.resumed + counts.drained + counts.dead_letters == 0 {
             return;
         }
         self.stats.drained.fetch_add(counts.drained, std::sync::atomic::Ordering::Relaxed);
+        self.stats.dead_letters.fetch_add(counts.dead_letters, std::sync::atomic::Ordering::Relaxed);
         m::parked_now(&self.pool, self.name());
         metrics::counter!(m::EVENTS_DRAINED, "projection" => projection.clone()).increment(counts.drained);
         metrics::counter!(m::AGGREGATES_PARKED, "projection" => projection.clone()).increment(counts.parked);
@@ -223,8 +267,10 @@ impl Partition {
             parked = counts.parked,
             resumed = counts.resumed,
             drained = counts.drained,
-            "Parking: aggregates parked behind a missing version (their events are held in projectionist_held; \
-             `parked` lists them), and aggregates resumed as it arrived (their held events applied)."
+            dead_letters = counts.dead_letters,
+            "Parking: aggregates parked behind a missing version or a dead letter (their events are held in \
+             projectionist_held; `parked` lists them, `dead-letters list` the dead letters), and aggregates resumed \
+             as the missing version arrived (their held events applied)."
         );
     }
 }
@@ -261,6 +307,8 @@ struct Parking {
     parked: u64,
     resumed: u64,
     drained: u64,
+    /// Dead letters kept (each parks its aggregate, or stands alone).
+    dead_letters: u64,
 }
 
 /// Why a failure that retries did not cure stops the partition, and its kind.

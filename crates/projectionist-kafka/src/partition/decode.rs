@@ -1,9 +1,9 @@
-//! Messages as the partition task holds them, and their envelopes decoded up to the first
-//! poison message.
+//! Messages as the partition task holds them, and a batch's envelopes decoded: those that
+//! are not an envelope at all are dead-lettered alone, or halt the partition, by policy.
 
-use projectionist_core::RawEnvelope;
-use projectionist_postgres::park::SourceMessage;
-use rdkafka::message::{BorrowedMessage, Message};
+use projectionist_core::{OnPoison, RawEnvelope};
+use projectionist_postgres::park::{SourceMessage, Undecodable};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 
 use super::{Halt, HaltKind};
 
@@ -16,20 +16,20 @@ pub(crate) struct At {
 }
 
 /// A consumed message, decoded as it is read (while the batch before it is written): its
-/// envelope, or why it is poison; and its bytes, kept until its batch commits, for what
-/// parking holds.
+/// envelope, or why it is poison; and the message as read, kept until its batch commits,
+/// for what parking holds and dead letters keep.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Msg {
     pub at: At,
     pub envelope: Result<RawEnvelope, Poison>,
-    pub key: Option<Vec<u8>>,
-    pub payload: Vec<u8>,
+    pub message: SourceMessage,
 }
 
-/// A message that cannot be applied: its key (or `?`) and why.
+/// A message that cannot be applied: its key (or `?`), what kind and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Poison {
     aggregate: String,
+    kind: &'static str,
     reason: String,
 }
 
@@ -40,45 +40,74 @@ impl Msg {
         let (key, payload) = (message.key(), message.payload());
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
         let envelope = decode(key, payload);
-        let (key, payload) = (key.map(<[u8]>::to_vec), payload.map(<[u8]>::to_vec).unwrap_or_default());
-        (Self { at, envelope, key, payload }, bytes)
+        let headers = message.headers().map_or_else(Vec::new, |headers| {
+            headers.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec).unwrap_or_default())).collect()
+        });
+        let message = SourceMessage {
+            offset: Some(at.offset),
+            key: key.map(<[u8]>::to_vec),
+            payload: payload.map(<[u8]>::to_vec).unwrap_or_default(),
+            headers,
+        };
+        (Self { at, envelope, message }, bytes)
     }
 }
 
-/// The messages' places, their envelopes up to the first poison message, each one's bytes
-/// as read (for parking), and the halt the poison message causes.
-pub(crate) fn decode_until_poison(messages: Vec<Msg>) -> (Vec<At>, Vec<RawEnvelope>, Vec<SourceMessage>, Option<Halt>) {
-    let at: Vec<At> = messages.iter().map(|m| m.at).collect();
-    let mut envelopes = Vec::with_capacity(messages.len());
-    let mut sources = Vec::with_capacity(messages.len());
-    for m in messages {
+/// A batch's messages split: the envelopes with their places and messages, the messages that
+/// are not envelopes (dead-lettered alone), and, with [`OnPoison::Halt`], the halt the first
+/// of those causes (nothing from it on is kept).
+#[derive(Debug, Default)]
+pub(crate) struct Split {
+    pub places: Vec<At>,
+    pub envelopes: Vec<RawEnvelope>,
+    pub messages: Vec<SourceMessage>,
+    pub undecodable: Vec<Undecodable>,
+    pub halt: Option<Halt>,
+}
+
+/// Splits a batch's messages (see [`Split`]).
+pub(crate) fn split(batch: Vec<Msg>, on_poison: OnPoison) -> Split {
+    let mut split = Split { places: Vec::with_capacity(batch.len()), ..Split::default() };
+    split.envelopes.reserve(batch.len());
+    split.messages.reserve(batch.len());
+    for m in batch {
         match m.envelope {
             Ok(e) => {
-                envelopes.push(e);
-                sources.push(SourceMessage { offset: Some(m.at.offset), key: m.key, payload: m.payload });
+                split.places.push(m.at);
+                split.envelopes.push(e);
+                split.messages.push(m.message);
             }
-            Err(Poison { aggregate, reason }) => {
+            Err(Poison { aggregate, reason, .. }) if on_poison == OnPoison::Halt => {
                 let (offset, timestamp, kind) = (m.at.offset, m.at.timestamp, HaltKind::Poison);
-                return (at, envelopes, sources, Some(Halt { offset, timestamp, aggregate, reason, kind }));
+                split.halt = Some(Halt { offset, timestamp, aggregate, reason, kind });
+                break;
+            }
+            Err(Poison { kind, reason, .. }) => {
+                split.undecodable.push(Undecodable { message: m.message, reason: kind, error: reason })
             }
         }
     }
-    (at, envelopes, sources, None)
+    split
 }
 
 fn decode(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<RawEnvelope, Poison> {
-    let poison = |reason: String| Poison {
+    let poison = |kind: &'static str, reason: String| Poison {
         aggregate: key.map_or_else(|| "?".to_owned(), |k| String::from_utf8_lossy(k).into_owned()),
+        kind,
         reason,
     };
-    let payload = payload.ok_or_else(|| poison("message has no payload (tombstone)".into()))?;
-    let envelope = RawEnvelope::from_slice(payload).map_err(|e| poison(format!("undecodable envelope: {e}")))?;
+    let payload = payload.ok_or_else(|| poison("tombstone", "message has no payload (tombstone)".into()))?;
+    let envelope =
+        RawEnvelope::from_slice(payload).map_err(|e| poison("envelope", format!("undecodable envelope: {e}")))?;
     match key {
-        Some(key) if key != envelope.aggregate_id.as_bytes() => Err(poison(format!(
-            "message key {:?} differs from aggregate_id {:?}: per-aggregate ordering is not guaranteed",
-            String::from_utf8_lossy(key),
-            envelope.aggregate_id
-        ))),
+        Some(key) if key != envelope.aggregate_id.as_bytes() => Err(poison(
+            "key",
+            format!(
+                "message key {:?} differs from aggregate_id {:?}: per-aggregate ordering is not guaranteed",
+                String::from_utf8_lossy(key),
+                envelope.aggregate_id
+            ),
+        )),
         _ => Ok(envelope),
     }
 }
@@ -90,7 +119,9 @@ mod tests {
     fn msg(offset: i64, key: &str, payload: &str) -> Msg {
         let at = At { offset, timestamp: Some(offset) };
         let (key, payload) = (key.as_bytes(), payload.as_bytes());
-        Msg { at, envelope: decode(Some(key), Some(payload)), key: Some(key.to_vec()), payload: payload.to_vec() }
+        let message =
+            SourceMessage { offset: Some(offset), key: Some(key.to_vec()), payload: payload.to_vec(), headers: vec![] };
+        Msg { at, envelope: decode(Some(key), Some(payload)), message }
     }
 
     fn envelope(id: &str, version: u64) -> String {
@@ -106,26 +137,39 @@ mod tests {
     }
 
     #[test]
-    fn decoding_stops_at_the_first_poison_message_and_names_it() {
-        let messages = [msg(10, "a", &envelope("a", 1)), msg(11, "b", "{not json"), msg(12, "a", &envelope("a", 2))];
-        let (_, envelopes, sources, halt) = decode_until_poison(messages.to_vec());
-        assert_eq!(sources[0].payload, envelope("a", 1).as_bytes(), "the bytes as read");
-        assert_eq!(envelopes.len(), 1);
-        let halt = halt.expect("a halt");
+    fn with_halt_decoding_stops_at_the_first_poison_message_and_names_it() {
+        let messages =
+            vec![msg(10, "a", &envelope("a", 1)), msg(11, "b", "{not json"), msg(12, "a", &envelope("a", 2))];
+        let split = split(messages, OnPoison::Halt);
+        assert_eq!(split.messages[0].payload, envelope("a", 1).as_bytes(), "the bytes as read");
+        assert_eq!(split.envelopes.len(), 1);
+        let halt = split.halt.expect("a halt");
         assert_eq!((halt.offset, halt.aggregate.as_str(), halt.kind), (11, "b", HaltKind::Poison));
         assert!(halt.reason.contains("undecodable envelope"), "{}", halt.reason);
     }
 
     #[test]
-    fn a_key_that_contradicts_the_envelope_is_poison() {
-        let (_, envelopes, _, halt) = decode_until_poison(vec![msg(5, "x", &envelope("y", 1))]);
-        assert!(envelopes.is_empty());
-        let halt = halt.expect("a halt");
+    fn with_dead_letters_what_is_not_an_envelope_is_set_aside_with_its_bytes() {
+        let messages =
+            vec![msg(10, "a", &envelope("a", 1)), msg(11, "b", "{not json"), msg(12, "a", &envelope("a", 2))];
+        let split = split(messages, OnPoison::DeadLetter);
+        assert_eq!((split.envelopes.len(), split.places[1].offset, split.halt), (2, 12, None));
+        let bad = &split.undecodable[0];
+        assert_eq!((bad.reason, bad.message.offset), ("envelope", Some(11)));
+        assert_eq!(bad.message.payload, b"{not json");
+    }
+
+    #[test]
+    fn a_key_that_contradicts_the_envelope_is_poison_and_so_is_a_tombstone() {
+        let halted = split(vec![msg(5, "x", &envelope("y", 1))], OnPoison::Halt);
+        assert!(halted.envelopes.is_empty());
+        let halt = halted.halt.expect("a halt");
         assert_eq!((halt.offset, halt.kind), (5, HaltKind::Poison));
         assert!(halt.reason.contains("differs from aggregate_id"), "{}", halt.reason);
         let at = At { offset: 6, timestamp: None };
-        let tombstone = Msg { at, envelope: decode(Some(b"x"), None), key: Some(b"x".to_vec()), payload: Vec::new() };
-        let (_, _, _, halt) = decode_until_poison(vec![tombstone]);
-        assert!(halt.expect("a halt").reason.contains("tombstone"));
+        let message = SourceMessage { offset: Some(6), key: Some(b"x".to_vec()), ..SourceMessage::default() };
+        let tombstone = Msg { at, envelope: decode(Some(b"x"), None), message };
+        let set_aside = split(vec![tombstone], OnPoison::DeadLetter);
+        assert_eq!(set_aside.undecodable[0].reason, "tombstone");
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
-use projectionist_core::OnGap;
+use projectionist_core::{OnGap, OnPoison};
 use projectionist_postgres::{PgPool, SharedProjection};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::StreamConsumer;
@@ -79,6 +79,7 @@ pub(crate) struct Partition {
     pub retry: RetryPolicy,
     pub exit_when_caught_up: bool,
     pub on_gap: OnGap,
+    pub on_poison: OnPoison,
     pub progress: Arc<Progress>,
 }
 
