@@ -269,6 +269,9 @@ pub fn plan<'a>(
     let mut owned: HashMap<&str, (Vec<usize>, bool)> = HashMap::new();
     // Aggregates parked or resumed in this plan (`None`: resumed).
     let mut parks: HashMap<(&'a str, &'a str), Option<Parked>> = HashMap::new();
+    // The aggregates parked where the plan starts, looked up by what the events hold.
+    let parked_before: HashMap<(&str, &str), Parked> =
+        stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
     let mut unparked = None;
 
     for (index, (event, effect)) in events.iter().enumerate() {
@@ -290,10 +293,11 @@ pub fn plan<'a>(
         let (gated, aggregate_gated) = (gated.as_slice(), *aggregate_gated);
         let mark_key = (event.aggregate_type, event.aggregate_id);
         // A parked aggregate's events past the version it waits for are held.
-        let parked = stored.parked.as_ref().and_then(|parked| match parks.get(&mark_key) {
+        let parked = match parks.get(&mark_key) {
             Some(state) => *state,
-            None => parked.get(&(event.aggregate_type.to_owned(), event.aggregate_id.to_owned())).copied(),
-        });
+            None if parked_before.is_empty() => None,
+            None => parked_before.get(&mark_key).copied(),
+        };
         let held = |p: Parked| event.version > p.waiting_for || (p.dead_letter && event.version == p.waiting_for);
         if parked.is_some_and(held) {
             outcomes.push(Outcome::Parked);
