@@ -396,7 +396,7 @@ async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_r
         .unwrap();
     assert_eq!(version, 1, "acc-d waits behind its dead letter");
     // Each dead letter holds the message as it was read.
-    let letters = projectionist::postgres::park::dead_letters(&pool, Some("bank_accounts")).await.unwrap();
+    let letters = projectionist::postgres::park::dead_letters(&pool, Some("bank_accounts"), false).await.unwrap();
     let mut reasons: Vec<&str> = letters.iter().map(|d| d.reason.as_str()).collect();
     reasons.sort_unstable();
     assert_eq!(reasons, ["data", "envelope", "key", "tombstone", "value"], "{letters:#?}");
@@ -697,4 +697,91 @@ async fn old_event_shapes_are_upcast_on_the_live_path_and_on_a_replay(pool: PgPo
         "every event before the broken one decodes again and is skipped by its gate: {outcomes:?}"
     );
     assert_eq!(balance(pool).await, (1012, 4));
+}
+
+/// Before the fix: the first release's deposits (`cents`, schema version 1) do not decode.
+const RETRY_BEFORE: AccountsWith =
+    AccountsWith { name: "retry_accounts", on_unknown_type: OnUnknownType::Warn, upcasters: &[] };
+
+/// The fix shipped: an upcaster for them.
+const RETRY_AFTER: AccountsWith = AccountsWith {
+    name: "retry_accounts",
+    on_unknown_type: OnUnknownType::Warn,
+    upcasters: &[Upcaster::new("MoneyDeposited", 1, funds_added_to_money_deposited)],
+};
+
+/// A dead letter caused by an old shape is fixed by shipping an upcaster and retrying it:
+/// applied, then the events held behind it. A retry that still fails counts the attempt; a
+/// discard skips the version on purpose, records why, and the held events apply.
+#[sqlx::test(migrations = false)]
+async fn a_dead_letter_retried_after_shipping_an_upcaster_or_discarded_resumes_its_aggregate(pool: PgPool) {
+    use projectionist::postgres::park::{dead_letter, dead_letters, list, resolve, Resolve};
+    migrate(&pool, &[&RETRY_BEFORE]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let today = |id: &str, version, amount| {
+        let mut event = e(id, version, &AccountEvent::MoneyDeposited { amount });
+        event.metadata = Some(serde_json::json!({ "schema_version": 2 }));
+        event
+    };
+    let old = |id: &str, version, cents: i64| {
+        let mut event = e(id, version, &AccountEvent::MoneyDeposited { amount: 0 });
+        event.data = serde_json::json!({ "cents": cents });
+        event.metadata = Some(serde_json::json!({ "schema_version": 1 }));
+        event
+    };
+    let opened = |id: &str| e(id, 1, &AccountEvent::AccountOpened { owner: id.into() });
+    let events = [
+        opened("acc-u"),
+        old("acc-u", 2, 5),
+        today("acc-u", 3, 7),
+        opened("acc-z"),
+        old("acc-z", 2, 100),
+        today("acc-z", 3, 4),
+    ];
+    let topic = rand_test_topic("retry");
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    produce(&topic, &events).await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(RETRY_BEFORE), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let balance = |id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (i64, i64)>("SELECT balance, version FROM bank_accounts WHERE account_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!((balance("acc-u").await, balance("acc-z").await), ((0, 1), (0, 1)), "both wait behind a dead letter");
+    let letters = dead_letters(&pool, Some("retry_accounts"), false).await.unwrap();
+    let id_of = |aggregate: &str| letters.iter().find(|d| d.aggregate_id.as_deref() == Some(aggregate)).unwrap().id;
+    let (u, z) = (id_of("acc-u"), id_of("acc-z"));
+
+    // The fix shipped: the retry applies the old deposit, then the one held behind it.
+    let retried = resolve(&pool, &RETRY_AFTER, u, Resolve::Retry).await.unwrap();
+    assert_eq!((retried.outcome, retried.drained.applied), (projectionist::Outcome::Applied, 1), "{retried:?}");
+    assert_eq!(balance("acc-u").await, (12, 3));
+
+    // Without it, a retry fails again: the attempt counted, the aggregate still parked.
+    let again = resolve(&pool, &RETRY_BEFORE, z, Resolve::Retry).await.unwrap();
+    assert_eq!(again.outcome, projectionist::Outcome::DeadLettered, "{again:?}");
+    assert!(again.error.as_deref().is_some_and(|e| e.contains("amount")), "{again:?}");
+    assert_eq!(dead_letter(&pool, z).await.unwrap().unwrap().attempts, 2);
+    assert_eq!(list(&pool, None).await.unwrap().len(), 1);
+
+    // A discard skips the version on purpose: the held deposit applies on the unchanged row.
+    let reason = "refunded by hand, ticket 42".to_owned();
+    let discarded = resolve(&pool, &RETRY_BEFORE, z, Resolve::Discard { reason: reason.clone() }).await.unwrap();
+    assert_eq!((discarded.outcome, discarded.drained.applied), (projectionist::Outcome::Ignored, 1));
+    assert_eq!(balance("acc-z").await, (4, 3));
+    assert!(list(&pool, None).await.unwrap().is_empty(), "nothing parked any more");
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_held").fetch_one(&pool).await.unwrap();
+    assert_eq!(held, 0);
+    assert!(dead_letters(&pool, None, false).await.unwrap().is_empty(), "no open dead letter");
+    let record = dead_letter(&pool, z).await.unwrap().unwrap();
+    assert_eq!((record.resolution.as_deref(), record.resolution_note), (Some("discarded"), Some(reason)));
+    assert_eq!(dead_letter(&pool, u).await.unwrap().unwrap().resolution.as_deref(), Some("retried"));
+    let err = resolve(&pool, &RETRY_BEFORE, z, Resolve::Retry).await.unwrap_err();
+    assert!(err.to_string().contains("already discarded"), "{err}");
 }

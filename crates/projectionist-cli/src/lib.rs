@@ -123,15 +123,39 @@ enum Command {
 
 #[derive(Subcommand)]
 enum DeadLettersCommand {
-    /// Every dead letter: id, projection, where it was read, aggregate and version, reason,
-    /// attempts, the error.
+    /// The open dead letters: id, projection, where it was read, aggregate and version,
+    /// reason, attempts, the error.
     List {
         /// Only this projection's.
         #[arg(long)]
         projection: Option<String>,
+        /// The retried and discarded ones too.
+        #[arg(long)]
+        all: bool,
         /// One JSON object per dead letter and line, for scripts.
         #[arg(long)]
         json: bool,
+    },
+    /// Decode and apply a dead letter again with this build (its upcasters included: ship
+    /// the fix, then retry), then the events held behind it, in version order. One that
+    /// still fails stays, with its attempts counted and the new error.
+    Retry {
+        /// Its id (from `dead-letters list`).
+        #[arg(required_unless_present = "all")]
+        id: Option<i64>,
+        /// Every open dead letter of the registered projections, oldest first.
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+    },
+    /// Skip a dead letter's version on purpose, ACCEPTING ITS LOSS: the read model never
+    /// sees that event; the aggregate's gates move past its version without changing its
+    /// rows, and the events held behind it are applied. Recorded with the reason.
+    Discard {
+        /// Its id (from `dead-letters list`).
+        id: i64,
+        /// Why, as recorded.
+        #[arg(long)]
+        reason: String,
     },
     /// One dead letter in full: where it was read, its key, headers and payload as read,
     /// the error.
@@ -236,9 +260,32 @@ impl App {
                 let pool = pool(&cli.database_url).await?;
                 status::print_parked(&pool, projection.as_deref(), json).await?;
             }
-            Command::DeadLetters(DeadLettersCommand::List { projection, json }) => {
+            Command::DeadLetters(DeadLettersCommand::List { projection, all, json }) => {
                 let pool = pool(&cli.database_url).await?;
-                status::print_dead_letters(&pool, projection.as_deref(), json).await?;
+                status::print_dead_letters(&pool, projection.as_deref(), all, json).await?;
+            }
+            Command::DeadLetters(DeadLettersCommand::Retry { id, all }) => {
+                let pool = pool(&cli.database_url).await?;
+                let ids = match id {
+                    Some(id) => vec![id],
+                    None if all => {
+                        let open = projectionist_postgres::park::dead_letters(&pool, None, false).await?;
+                        open.iter().map(|d| d.id).collect()
+                    }
+                    None => bail!("name a dead letter, or --all"),
+                };
+                let mut failing = 0;
+                for id in ids {
+                    failing +=
+                        usize::from(!self.resolve(&pool, id, projectionist_postgres::park::Resolve::Retry).await?);
+                }
+                if failing > 0 {
+                    bail!("{failing} dead letter(s) still fail (`dead-letters show ID` gives the error)");
+                }
+            }
+            Command::DeadLetters(DeadLettersCommand::Discard { id, reason }) => {
+                let pool = pool(&cli.database_url).await?;
+                self.resolve(&pool, id, projectionist_postgres::park::Resolve::Discard { reason }).await?;
             }
             Command::DeadLetters(DeadLettersCommand::Show { id, json }) => {
                 let pool = pool(&cli.database_url).await?;
@@ -246,6 +293,36 @@ impl App {
             }
         }
         Ok(ExitCode::SUCCESS)
+    }
+
+    /// Retries or discards dead letter `id` with its projection, and says what happened:
+    /// whether it is resolved.
+    async fn resolve(
+        &self,
+        pool: &PgPool,
+        id: i64,
+        action: projectionist_postgres::park::Resolve,
+    ) -> anyhow::Result<bool> {
+        let Some(letter) = projectionist_postgres::park::dead_letter(pool, id).await? else {
+            bail!("no dead letter {id} (`dead-letters list` shows them)");
+        };
+        let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == letter.projection) else {
+            bail!("dead letter {id} is of projection {}, which this binary does not run", letter.projection);
+        };
+        let resolved =
+            projectionist_postgres::park::resolve(pool, registration.projection.as_ref(), id, action).await?;
+        let drained = resolved.drained.total();
+        let what = match resolved.outcome {
+            projectionist_core::Outcome::Applied => "applied".to_owned(),
+            projectionist_core::Outcome::Ignored => "discarded".to_owned(),
+            projectionist_core::Outcome::DeadLettered => {
+                format!("still fails: {}", resolved.error.as_deref().unwrap_or("?"))
+            }
+            projectionist_core::Outcome::Parked => "parked: its own predecessor is missing (`parked`)".to_owned(),
+            other => format!("{other} (the read model was past it already)"),
+        };
+        println!("dead letter {id}: {what}; {drained} held event(s) applied after it");
+        Ok(resolved.outcome != projectionist_core::Outcome::DeadLettered)
     }
 
     /// The registrations named (`--projection`), or an error naming the unknown one.

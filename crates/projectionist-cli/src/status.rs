@@ -102,8 +102,13 @@ pub(crate) async fn print_parked(pool: &PgPool, projection: Option<&str>, json: 
 }
 
 /// Prints the dead letters (of `projection`, or of all): a table, or JSON lines.
-pub(crate) async fn print_dead_letters(pool: &PgPool, projection: Option<&str>, json: bool) -> anyhow::Result<()> {
-    let letters = projectionist_postgres::park::dead_letters(pool, projection).await?;
+pub(crate) async fn print_dead_letters(
+    pool: &PgPool,
+    projection: Option<&str>,
+    resolved: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let letters = projectionist_postgres::park::dead_letters(pool, projection, resolved).await?;
     if json {
         for d in &letters {
             println!("{}", dead_letter_json(d));
@@ -125,7 +130,10 @@ pub(crate) async fn print_dead_letters(pool: &PgPool, projection: Option<&str>, 
             _ => "- (alone)".to_owned(),
         };
         let seen = d.last_seen.format("%Y-%m-%d %H:%M:%S UTC").to_string();
-        let error: String = d.error.chars().take(120).collect();
+        let mut error: String = d.error.chars().take(120).collect();
+        if let Some(resolution) = &d.resolution {
+            error = format!("[{resolution}] {error}");
+        }
         println!(
             "{:>6} {:<20} {at:<30} {aggregate:<32} {:<12} {:>8} {seen:<24} {error}",
             d.id, d.projection, d.reason, d.attempts
@@ -157,6 +165,9 @@ pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> any
     }
     println!("payload ({} bytes):\n{}", d.payload.len(), shown(&d.payload));
     println!("error:\n{}", d.error);
+    if let (Some(resolution), Some(at)) = (&d.resolution, d.resolved_at) {
+        println!("{resolution} at {at}: {}", d.resolution_note.as_deref().unwrap_or(""));
+    }
     Ok(())
 }
 
@@ -189,5 +200,8 @@ fn dead_letter_json(d: &projectionist_postgres::park::StoredDeadLetter) -> serde
         "attempts": d.attempts,
         "first_seen": d.first_seen,
         "last_seen": d.last_seen,
+        "resolution": d.resolution,
+        "resolved_at": d.resolved_at,
+        "resolution_note": d.resolution_note,
     })
 }

@@ -94,6 +94,19 @@ impl Prepared {
         })
     }
 
+    /// One event that moves its aggregate's gates past `version` and writes nothing (as an
+    /// event of a type the projection ignores): a dead letter discarded on purpose.
+    pub fn skipping(aggregate_type: &str, aggregate_id: &str, version: i64) -> Self {
+        let event = PreparedEvent {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            version,
+            occurred_at: Utc::now(),
+            step: Step::Ignored("(discarded)".to_owned()),
+        };
+        Prepared { events: vec![event], failure: None, source: None }
+    }
+
     /// Every event that cannot be applied as it stands (or, for a problem of the whole
     /// batch, its first event), in order: its index, and why.
     pub fn failures(&self) -> impl Iterator<Item = (usize, &Error)> {

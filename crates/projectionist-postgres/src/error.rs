@@ -16,6 +16,14 @@ pub enum Error {
     /// this build does not know, or one of them failed).
     #[error("migration refused: {0}")]
     Migration(String),
+    /// A dead letter cannot be retried or discarded as asked.
+    #[error("dead letter {id}: {problem}")]
+    DeadLetter {
+        /// Its id.
+        id: i64,
+        /// Why not.
+        problem: String,
+    },
     /// A table or column name from configuration breaks the identifier rules.
     #[error("invalid identifier {ident:?}: {reason}")]
     Identifier {
