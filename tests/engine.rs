@@ -337,6 +337,13 @@ async fn produce_raw(topic: &str, messages: &[(Option<&str>, Option<Vec<u8>>)]) 
     producer.flush(Duration::from_secs(10)).unwrap();
 }
 
+/// `event`'s JSON with `field` set to `value`.
+fn with(event: RawEnvelope, field: &str, value: serde_json::Value) -> Vec<u8> {
+    let mut json: serde_json::Value = serde_json::from_slice(&event.to_json()).unwrap();
+    json[field] = value;
+    serde_json::to_vec(&json).unwrap()
+}
+
 /// Poison events are dead-lettered with their exact bytes, each in a stream of healthy
 /// aggregates on the same partition: an event whose aggregate is known parks it behind the
 /// dead letter (its later events held), one with no usable aggregate stands alone; every
@@ -362,13 +369,30 @@ async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_r
         ("key", Some("acc-k"), Some(opened("acc-other", "o").to_json())),
         ("data", Some("acc-d"), Some(wrong_type.to_json())),
         ("value", Some("acc-r"), Some(opened("acc-r", "robot").to_json())),
+        ("envelope", Some("acc-8"), Some(b"{\"id\": \"\xff\xfe\"}".to_vec())),
+        (
+            "envelope",
+            Some("acc-m"),
+            Some(br#"{"aggregate_type":"account","aggregate_id":"acc-m","version":1}"#.to_vec()),
+        ),
+        ("envelope", Some("acc-v0"), Some(with(opened("acc-v0", "v"), "version", 0.into()))),
+        ("envelope", Some("acc-vn"), Some(with(opened("acc-vn", "v"), "version", (-3).into()))),
+        ("envelope", Some("acc-ts"), Some(with(opened("acc-ts", "v"), "occurred_at", "yesterday".into()))),
+        ("key", None, Some(opened("acc-nokey", "n").to_json())),
+        ("oversized", Some("acc-big"), Some(opened("acc-big", &"b".repeat(3000)).to_json())),
     ];
     let mut messages: Vec<(Option<&str>, Option<Vec<u8>>)> = Vec::new();
     let healthy: Vec<String> = (0..30).map(|i| format!("acc-{i}")).collect();
     messages.push((Some("acc-d"), Some(opened("acc-d", "dee").to_json())));
+    // An unknown type is ignored (its version still moves), not dead-lettered.
+    let mut unheard = deposit("acc-u", 2, 1);
+    unheard.event_type = "Unheard".into();
+    for event in [opened("acc-u", "u"), unheard, deposit("acc-u", 3, 3)] {
+        messages.push((Some("acc-u"), Some(event.to_json())));
+    }
     for (i, id) in healthy.iter().enumerate() {
         messages.push((Some(id), Some(opened(id, "h").to_json())));
-        if let Some((_, key, payload)) = (i % 6 == 0).then(|| bad.pop()).flatten() {
+        if let Some((_, key, payload)) = (i % 2 == 0).then(|| bad.pop()).flatten() {
             messages.push((key, payload));
         }
         messages.push((Some(id), Some(deposit(id, 2, 10).to_json())));
@@ -379,7 +403,9 @@ async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_r
     assert!(bad.is_empty());
     let topic = rand_test_topic("dead");
     produce_raw(&topic, &messages).await;
-    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    let mut config = config();
+    config.max_event_bytes = 2000;
+    let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
     assert!(report.halts().is_empty(), "poison halts nothing: {:?}", report.halts());
     for id in &healthy {
         let (balance, version): (i64, i64) =
@@ -399,7 +425,8 @@ async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_r
     let letters = projectionist::postgres::park::dead_letters(&pool, Some("bank_accounts"), false).await.unwrap();
     let mut reasons: Vec<&str> = letters.iter().map(|d| d.reason.as_str()).collect();
     reasons.sort_unstable();
-    assert_eq!(reasons, ["data", "envelope", "key", "tombstone", "value"], "{letters:#?}");
+    let want = ["data", "envelope", "envelope", "envelope", "envelope", "envelope", "envelope", "key", "key"];
+    assert_eq!(reasons, [&want[..], &["oversized", "tombstone", "value"]].concat(), "{letters:#?}");
     for d in &letters {
         let (_, payload) = messages
             .iter()
@@ -416,10 +443,19 @@ async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_r
     assert!(data.error.contains("invalid type: string \"a lot\""), "the full error: {}", data.error);
     let value = letters.iter().find(|d| d.reason == "value").unwrap();
     assert!(value.error.contains("owner_is_no_robot"), "the database's reason: {}", value.error);
-    assert!(letters
-        .iter()
-        .filter(|d| ["envelope", "tombstone", "key"].contains(&d.reason.as_str()))
-        .all(|d| d.aggregate_id.is_none()));
+    let alone = ["envelope", "tombstone", "key", "oversized"];
+    assert!(letters.iter().filter(|d| alone.contains(&d.reason.as_str())).all(|d| d.aggregate_id.is_none()));
+    let errors: Vec<&str> = letters.iter().map(|d| d.error.as_str()).collect();
+    for needle in
+        ["invalid unicode code point", "`id`", "`version`: must be >= 1, got 0", "got -3", "`occurred_at`", "no key"]
+    {
+        assert!(errors.iter().any(|e| e.contains(needle)), "an error names {needle:?}: {errors:#?}");
+    }
+    let unknown: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-u'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(unknown, (3, 3), "the unknown type is ignored, not parked");
     // Their aggregates are parked behind them, later events held.
     let parked = projectionist::postgres::park::list(&pool, Some("bank_accounts")).await.unwrap();
     let parked: Vec<(&str, i64, i64, Option<i64>)> =
@@ -435,7 +471,7 @@ async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_r
     let (read, drained, dead) = (load(&stats.read), load(&stats.drained), load(&stats.dead_letters));
     assert_eq!(read, messages.len() as u64);
     assert_eq!(read, c.applied + c.duplicate + c.stale + c.ignored + c.parked + dead - drained, "{c:?}, dead {dead}");
-    assert_eq!((c.parked, dead, c.applied), (2, 5, 61));
+    assert_eq!((c.parked, dead, c.applied, c.ignored), (2, 12, 63, 1));
 }
 
 #[sqlx::test(migrations = false)]
@@ -784,4 +820,36 @@ async fn a_dead_letter_retried_after_shipping_an_upcaster_or_discarded_resumes_i
     assert_eq!(dead_letter(&pool, u).await.unwrap().unwrap().resolution.as_deref(), Some("retried"));
     let err = resolve(&pool, &RETRY_BEFORE, z, Resolve::Retry).await.unwrap_err();
     assert!(err.to_string().contains("already discarded"), "{err}");
+}
+
+/// Parking is bounded: past the events held for one aggregate (or the aggregates parked),
+/// the partition halts with an error naming the bound and how to raise it, rather than hold
+/// without end or drop anything.
+#[sqlx::test(migrations = false)]
+async fn parking_past_its_bounds_halts_naming_the_bound(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let deposit = |v| e("acc-b", v, &AccountEvent::MoneyDeposited { amount: 1 });
+    let events =
+        [e("acc-b", 1, &AccountEvent::AccountOpened { owner: "b".into() }), deposit(3), deposit(4), deposit(5)];
+    let topic = rand_test_topic("bound");
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    produce(&topic, &events).await;
+    let mut config = config();
+    config.max_held_per_aggregate = 2;
+    let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(
+        halts[0].contains("over max_held_per_aggregate (2)") && halts[0].contains("--max-held-per-aggregate"),
+        "names the bound and how to raise it: {}",
+        halts[0]
+    );
+    let version: i64 = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-b'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(version, 1, "what precedes the halt is applied");
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_held").fetch_one(&pool).await.unwrap();
+    assert!(held <= 2, "never more held than the bound: {held}");
 }

@@ -108,6 +108,16 @@ pub(crate) struct RunOptions {
     /// them) or `halt` the partition.
     #[arg(long, env = "PROJECTIONIST_ON_POISON", value_name = "dead-letter|halt")]
     pub on_poison: Option<OnPoison>,
+    /// Largest event payload taken, in bytes: a larger message is dead-lettered alone
+    /// (`oversized`), unparsed.
+    #[arg(long, env = "PROJECTIONIST_MAX_EVENT_BYTES")]
+    pub max_event_bytes: Option<usize>,
+    /// Most aggregates a projection keeps parked; past it the partition halts, naming this.
+    #[arg(long, env = "PROJECTIONIST_MAX_PARKED_AGGREGATES")]
+    pub max_parked_aggregates: Option<u64>,
+    /// Most events held for one parked aggregate; past it the partition halts, naming this.
+    #[arg(long, env = "PROJECTIONIST_MAX_HELD_PER_AGGREGATE")]
+    pub max_held_per_aggregate: Option<u64>,
     /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
     /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
     #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]

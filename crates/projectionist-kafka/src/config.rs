@@ -86,6 +86,19 @@ pub struct EngineConfig {
     /// everything else flowing) or `halt` the partition.
     #[serde(default)]
     pub on_poison: OnPoison,
+    /// Largest event payload taken, in bytes: a larger message is poison (`oversized`),
+    /// dead-lettered alone without being parsed, or halting under `on_poison = halt`.
+    #[serde(default = "default_max_event_bytes")]
+    pub max_event_bytes: usize,
+    /// Most aggregates a projection keeps parked (behind gaps and dead letters): a batch that
+    /// would park more halts its partition, naming this bound, rather than hold events
+    /// without end.
+    #[serde(default = "default_max_parked_aggregates")]
+    pub max_parked_aggregates: u64,
+    /// Most events held for one parked aggregate: past it, its partition halts, naming this
+    /// bound.
+    #[serde(default = "default_max_held_per_aggregate")]
+    pub max_held_per_aggregate: u64,
 }
 
 fn default_batch_max_events() -> usize {
@@ -103,6 +116,15 @@ fn default_max_retries() -> u32 {
 fn default_retry_backoff_ms() -> u64 {
     EngineConfig::DEFAULT_RETRY_BACKOFF_MS
 }
+fn default_max_event_bytes() -> usize {
+    EngineConfig::DEFAULT_MAX_EVENT_BYTES
+}
+fn default_max_parked_aggregates() -> u64 {
+    EngineConfig::DEFAULT_MAX_PARKED_AGGREGATES
+}
+fn default_max_held_per_aggregate() -> u64 {
+    EngineConfig::DEFAULT_MAX_HELD_PER_AGGREGATE
+}
 
 impl EngineConfig {
     /// Default of [`EngineConfig::batch_max_events`].
@@ -115,6 +137,12 @@ impl EngineConfig {
     pub const DEFAULT_MAX_RETRIES: u32 = 5;
     /// Default of [`EngineConfig::retry_backoff_ms`].
     pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 100;
+    /// Default of [`EngineConfig::max_event_bytes`] (1 MiB, Kafka's default message size).
+    pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+    /// Default of [`EngineConfig::max_parked_aggregates`].
+    pub const DEFAULT_MAX_PARKED_AGGREGATES: u64 = 10_000;
+    /// Default of [`EngineConfig::max_held_per_aggregate`].
+    pub const DEFAULT_MAX_HELD_PER_AGGREGATE: u64 = 10_000;
 
     /// Defaults for the given brokers, or for a client's brokers and properties (security
     /// settings and the like).
@@ -132,6 +160,9 @@ impl EngineConfig {
             exit_when_caught_up: false,
             on_gap: OnGap::Park,
             on_poison: OnPoison::DeadLetter,
+            max_event_bytes: default_max_event_bytes(),
+            max_parked_aggregates: default_max_parked_aggregates(),
+            max_held_per_aggregate: default_max_held_per_aggregate(),
         }
     }
 
@@ -216,6 +247,9 @@ impl fmt::Debug for EngineConfig {
             .field("exit_when_caught_up", &self.exit_when_caught_up)
             .field("on_gap", &self.on_gap)
             .field("on_poison", &self.on_poison)
+            .field("max_event_bytes", &self.max_event_bytes)
+            .field("max_parked_aggregates", &self.max_parked_aggregates)
+            .field("max_held_per_aggregate", &self.max_held_per_aggregate)
             .finish()
     }
 }

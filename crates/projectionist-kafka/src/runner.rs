@@ -456,6 +456,11 @@ impl Runner {
                 exit_when_caught_up: self.config.exit_when_caught_up,
                 on_gap: self.config.on_gap,
                 on_poison: self.config.on_poison,
+                max_event_bytes: self.config.max_event_bytes,
+                bounds: crate::partition::Bounds {
+                    parked_aggregates: self.config.max_parked_aggregates,
+                    held_per_aggregate: self.config.max_held_per_aggregate,
+                },
                 progress: progress.clone(),
             };
             let (stop, stopped) = watch::channel(Order::Run);

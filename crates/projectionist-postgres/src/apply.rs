@@ -154,6 +154,12 @@ impl Prepared {
         }
     }
 
+    /// The aggregate (type and id) and version of the event at `index`.
+    pub fn aggregate(&self, index: usize) -> Option<(&str, &str, i64)> {
+        let e = self.events.get(index)?;
+        Some((&e.aggregate_type, &e.aggregate_id, e.version))
+    }
+
     /// The type of the prepared event at `index` when the projection has no variant for it
     /// (it is ignored), for the engine's count of ignored events by type.
     pub fn ignored_type(&self, index: usize) -> Option<&str> {

@@ -16,6 +16,17 @@ pub enum Error {
     /// this build does not know, or one of them failed).
     #[error("migration refused: {0}")]
     Migration(String),
+    /// Parking would pass one of its bounds: the partition halts at the event, rather than
+    /// hold events without end.
+    #[error("event #{index} of the batch ({aggregate}): {problem}")]
+    Bound {
+        /// Position in the batch.
+        index: usize,
+        /// Aggregate of the event, `type/id`.
+        aggregate: String,
+        /// Which bound, and how to raise it.
+        problem: String,
+    },
     /// A dead letter cannot be retried or discarded as asked.
     #[error("dead letter {id}: {problem}")]
     DeadLetter {
@@ -269,6 +280,7 @@ impl Error {
             Self::Decode { index, .. }
             | Self::UnknownType { index, .. }
             | Self::Invalid { index, .. }
+            | Self::Bound { index, .. }
             | Self::Rejected { index, .. }
             | Self::Apply { index, .. } => Some(*index),
             _ => None,
@@ -304,6 +316,7 @@ impl Error {
             Self::Apply { projection, index, aggregate, version, error } => {
                 Self::Apply { projection, index: to(index), aggregate, version, error }
             }
+            Self::Bound { index, aggregate, problem } => Self::Bound { index: to(index), aggregate, problem },
             other => other,
         }
     }

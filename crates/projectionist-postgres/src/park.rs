@@ -547,3 +547,21 @@ async fn mark(conn: &mut PgConnection, id: i64, resolution: &str, note: Option<&
     .await?;
     Ok(())
 }
+
+/// How many aggregates `projection` has parked, and how many events it holds for `aggregate`:
+/// for the bounds on parking, in the batch's transaction.
+pub async fn bounds_in(
+    conn: &mut PgConnection,
+    projection: &str,
+    (aggregate_type, aggregate_id): (&str, &str),
+) -> Result<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT (SELECT count(*) FROM projectionist_parked WHERE projection = $1), \
+         (SELECT count(*) FROM projectionist_held WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3)",
+    )
+    .bind(projection)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .fetch_one(conn)
+    .await?)
+}

@@ -65,6 +65,7 @@ impl Partition {
                         e,
                         projectionist_postgres::Error::UnknownType { .. }
                             | projectionist_postgres::Error::Declaration { .. }
+                            | projectionist_postgres::Error::Bound { .. }
                     )
             };
             let mut end = prepared.len();
@@ -204,6 +205,7 @@ impl Partition {
     ) -> projectionist_postgres::Result<Committed> {
         let mut tx = self.pool.begin().await?;
         let written = self.projection.write(&mut tx, prepared, Mode::Batch, self.on_gap).await?;
+        self.check_bounds(&mut tx, prepared, &written.outcomes).await?;
         let dead_letters = written.dead_letters.clone();
         let outcomes = written.outcomes;
         let gap = match outcomes.last() {
@@ -245,6 +247,47 @@ impl Partition {
             metrics::counter!(m::DEAD_LETTERS, "projection" => self.name().to_owned(), "reason" => reason).increment(n);
         }
         Ok(Committed { counts, next_offset, gap, ignored, parking })
+    }
+
+    /// Refuses a batch whose parking passes a bound: too many aggregates parked, or too many
+    /// events held for one (checked for each aggregate the batch held events of).
+    async fn check_bounds(
+        &self,
+        tx: &mut projectionist_postgres::PgConnection,
+        prepared: &Prepared,
+        outcomes: &[Outcome],
+    ) -> projectionist_postgres::Result<()> {
+        let mut checked = std::collections::HashSet::new();
+        for (index, _) in
+            outcomes.iter().enumerate().filter(|(_, o)| matches!(o, Outcome::Parked | Outcome::DeadLettered))
+        {
+            let Some((aggregate_type, aggregate_id, _)) = prepared.aggregate(index) else { continue };
+            if !checked.insert((aggregate_type, aggregate_id)) {
+                continue;
+            }
+            let (parked, held) =
+                projectionist_postgres::park::bounds_in(tx, self.name(), (aggregate_type, aggregate_id)).await?;
+            let bound = |problem: String| projectionist_postgres::Error::Bound {
+                index,
+                aggregate: format!("{aggregate_type}/{aggregate_id}"),
+                problem,
+            };
+            if parked as u64 > self.bounds.parked_aggregates {
+                return Err(bound(format!(
+                    "{parked} aggregates would be parked, over max_parked_aggregates ({}): resolve them (`parked`, \
+                     `dead-letters list`) or raise it (--max-parked-aggregates)",
+                    self.bounds.parked_aggregates
+                )));
+            }
+            if held as u64 > self.bounds.held_per_aggregate {
+                return Err(bound(format!(
+                    "{held} events would be held for it, over max_held_per_aggregate ({}): resolve what it waits for \
+                     (`parked`) or raise it (--max-held-per-aggregate)",
+                    self.bounds.held_per_aggregate
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Counts what a committed batch did to the parking, and logs it.
@@ -298,6 +341,13 @@ struct Committed {
     gap: Option<(usize, String)>,
     /// Ignored events by type.
     ignored: BTreeMap<String, u64>,
+}
+
+/// The bounds on parking (`EngineConfig::max_parked_aggregates`, `max_held_per_aggregate`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub parked_aggregates: u64,
+    pub held_per_aggregate: u64,
 }
 
 /// What a batch did to the parking: aggregates it parked (or moved to wait for another

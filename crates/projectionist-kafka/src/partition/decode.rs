@@ -34,12 +34,13 @@ pub(crate) struct Poison {
 }
 
 impl Msg {
-    /// The message decoded, and its size in bytes (payload and key) for the batch bounds.
-    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>) -> (Self, usize) {
+    /// The message decoded (a payload over `max_bytes` is poison, unparsed), and its size in
+    /// bytes (payload and key) for the batch bounds.
+    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>, max_bytes: usize) -> (Self, usize) {
         let at = At { offset: message.offset(), timestamp: message.timestamp().to_millis() };
         let (key, payload) = (message.key(), message.payload());
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
-        let envelope = decode(key, payload);
+        let envelope = decode(key, payload, max_bytes);
         let headers = message.headers().map_or_else(Vec::new, |headers| {
             headers.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec).unwrap_or_default())).collect()
         });
@@ -90,13 +91,17 @@ pub(crate) fn split(batch: Vec<Msg>, on_poison: OnPoison) -> Split {
     split
 }
 
-fn decode(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<RawEnvelope, Poison> {
+fn decode(key: Option<&[u8]>, payload: Option<&[u8]>, max_bytes: usize) -> Result<RawEnvelope, Poison> {
     let poison = |kind: &'static str, reason: String| Poison {
         aggregate: key.map_or_else(|| "?".to_owned(), |k| String::from_utf8_lossy(k).into_owned()),
         kind,
         reason,
     };
     let payload = payload.ok_or_else(|| poison("tombstone", "message has no payload (tombstone)".into()))?;
+    if payload.len() > max_bytes {
+        let reason = format!("payload of {} bytes is over max_event_bytes ({max_bytes}); not parsed", payload.len());
+        return Err(poison("oversized", reason));
+    }
     let envelope =
         RawEnvelope::from_slice(payload).map_err(|e| poison("envelope", format!("undecodable envelope: {e}")))?;
     match key {
@@ -108,7 +113,15 @@ fn decode(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<RawEnvelope, Poi
                 envelope.aggregate_id
             ),
         )),
-        _ => Ok(envelope),
+        Some(_) => Ok(envelope),
+        None => Err(poison(
+            "key",
+            format!(
+                "message has no key (aggregate_id {:?}): per-aggregate ordering is not guaranteed; publish it keyed \
+                 by aggregate_id",
+                envelope.aggregate_id
+            ),
+        )),
     }
 }
 
@@ -121,7 +134,7 @@ mod tests {
         let (key, payload) = (key.as_bytes(), payload.as_bytes());
         let message =
             SourceMessage { offset: Some(offset), key: Some(key.to_vec()), payload: payload.to_vec(), headers: vec![] };
-        Msg { at, envelope: decode(Some(key), Some(payload)), message }
+        Msg { at, envelope: decode(Some(key), Some(payload), 1 << 20), message }
     }
 
     fn envelope(id: &str, version: u64) -> String {
@@ -168,8 +181,13 @@ mod tests {
         assert!(halt.reason.contains("differs from aggregate_id"), "{}", halt.reason);
         let at = At { offset: 6, timestamp: None };
         let message = SourceMessage { offset: Some(6), key: Some(b"x".to_vec()), ..SourceMessage::default() };
-        let tombstone = Msg { at, envelope: decode(Some(b"x"), None), message };
-        let set_aside = split(vec![tombstone], OnPoison::DeadLetter);
-        assert_eq!(set_aside.undecodable[0].reason, "tombstone");
+        let tombstone = Msg { at, envelope: decode(Some(b"x"), None, 1 << 20), message: message.clone() };
+        let big = envelope("x", 1);
+        let oversized = Msg { at, envelope: decode(Some(b"x"), Some(big.as_bytes()), 10), message: message.clone() };
+        let keyless = Msg { at, envelope: decode(None, Some(big.as_bytes()), 1 << 20), message };
+        let set_aside = split(vec![tombstone, oversized, keyless], OnPoison::DeadLetter);
+        let reasons: Vec<&str> = set_aside.undecodable.iter().map(|u| u.reason).collect();
+        assert_eq!(reasons, ["tombstone", "oversized", "key"]);
+        assert!(set_aside.undecodable[1].error.contains("over max_event_bytes (10)"));
     }
 }

@@ -35,6 +35,7 @@ use crate::context::{EngineContext, Tp};
 use crate::retry::RetryPolicy;
 use crate::runner::Stats;
 use apply::Applied;
+pub(crate) use apply::Bounds;
 use decode::Msg;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
 use progress::MarkerRetry;
@@ -80,6 +81,8 @@ pub(crate) struct Partition {
     pub exit_when_caught_up: bool,
     pub on_gap: OnGap,
     pub on_poison: OnPoison,
+    pub max_event_bytes: usize,
+    pub bounds: Bounds,
     pub progress: Arc<Progress>,
 }
 
@@ -201,7 +204,7 @@ impl Task {
     fn receive(&mut self, received: Option<KafkaResult<BorrowedMessage<'_>>>) -> bool {
         match received {
             Some(Ok(message)) => {
-                let (msg, bytes) = Msg::from_kafka(&message);
+                let (msg, bytes) = Msg::from_kafka(&message, self.partition.max_event_bytes);
                 self.partition.stats.read.fetch_add(1, Ordering::Relaxed);
                 self.batcher.push(msg, bytes, Instant::now());
                 true
