@@ -397,7 +397,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                             written.drained.add(&outcome);
                             if outcome == Outcome::DeadLettered {
                                 let error = event.poison().expect("a dead letter is poison");
-                                held_dead.push((*h, error.to_string(), error.reason()));
+                                held_dead.push((*h, error.of_the_event(), error.reason()));
                             }
                         }
                     }
@@ -431,7 +431,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                     payload: &message.payload,
                     headers: &message.headers,
                     reason: error.reason(),
-                    error: error.to_string(),
+                    error: error.of_the_event(),
                 });
             }
         }

@@ -207,6 +207,29 @@ impl Error {
         }
     }
 
+    /// The error of one event, told without its place in a batch (which means nothing once
+    /// the batch is gone): what a dead letter records.
+    pub fn of_the_event(&self) -> String {
+        match self {
+            Self::Decode { aggregate, version, source, .. } => {
+                format!("{aggregate} v{version} does not decode: {source}")
+            }
+            Self::UnknownType { aggregate, version, event_type, known, .. } => {
+                format!(
+                    "{aggregate} v{version} has type {event_type:?}, none of those the projection handles ({known})"
+                )
+            }
+            Self::Invalid { aggregate, version, problem, .. } => format!("{aggregate} v{version}: {problem}"),
+            Self::Rejected { aggregate, version, source, .. } => {
+                format!("the database refused {aggregate} v{version}: {}", describe(source))
+            }
+            Self::Apply { projection, aggregate, version, error, .. } => {
+                format!("projection {projection} failed on {aggregate} v{version}: {error}")
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// The same error, owned: a copy where its parts can be copied, else one that says the
     /// same ([`Error::Invalid`] for an event, [`Error::Migration`] otherwise).
     pub(crate) fn clone_of_batch(&self) -> Self {

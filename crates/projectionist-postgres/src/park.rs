@@ -527,7 +527,7 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
         }
     };
     let outcome = written.outcomes.first().copied().unwrap_or(Outcome::Duplicate);
-    let error = prepared.poison_at(0).map(ToString::to_string);
+    let error = prepared.poison_at(0).map(Error::of_the_event);
     if outcome != Outcome::DeadLettered {
         mark(&mut tx, id, resolution, note).await?;
     }
