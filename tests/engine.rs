@@ -853,3 +853,49 @@ async fn parking_past_its_bounds_halts_naming_the_bound(pool: PgPool) {
     let held: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_held").fetch_one(&pool).await.unwrap();
     assert!(held <= 2, "never more held than the bound: {held}");
 }
+
+/// With a dead-letter topic, each dead letter is also produced there once its batch
+/// commits: the message's own key and payload, with where it was read and why it failed in
+/// `projectionist.*` headers.
+#[sqlx::test(migrations = false)]
+async fn dead_letters_are_also_produced_to_the_dead_letter_topic(pool: PgPool) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let mut poison = e("acc-q", 2, &AccountEvent::MoneyDeposited { amount: 1 });
+    poison.data = serde_json::json!({ "amount": "a lot" });
+    let events = [e("acc-q", 1, &AccountEvent::AccountOpened { owner: "q".into() }), poison.clone()];
+    let (topic, dlq) = (rand_test_topic("dlq-source"), rand_test_topic("dlq"));
+    topics::create_topics(&brokers(), &[&topic, &dlq], 1, 1).await.unwrap();
+    produce(&topic, &events).await;
+    let mut config = config();
+    config.dead_letter_topic = Some(dlq.clone());
+    let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("dlq-{}", uuid::Uuid::new_v4().simple()))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&dlq]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let message = loop {
+        assert!(std::time::Instant::now() < deadline, "nothing on the dead-letter topic");
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            break m.detach();
+        }
+    };
+    assert_eq!(message.payload(), Some(poison.to_json().as_slice()), "the exact bytes");
+    assert_eq!(message.key(), Some(&b"acc-q"[..]));
+    let headers = message.headers().expect("headers");
+    let header = |name: &str| {
+        headers.iter().find(|h| h.key == name).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    assert_eq!(header("projectionist.reason").as_deref(), Some("data"));
+    assert_eq!(header("projectionist.topic").as_deref(), Some(topic.as_str()));
+    assert_eq!(header("projectionist.offset").as_deref(), Some("1"));
+    assert!(header("projectionist.error").is_some_and(|e| e.contains("acc-q v2 does not decode")), "{headers:?}");
+}

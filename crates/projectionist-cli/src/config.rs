@@ -118,6 +118,10 @@ pub(crate) struct RunOptions {
     /// Most events held for one parked aggregate; past it the partition halts, naming this.
     #[arg(long, env = "PROJECTIONIST_MAX_HELD_PER_AGGREGATE")]
     pub max_held_per_aggregate: Option<u64>,
+    /// Also produce each dead letter to this topic (its key, payload and headers, plus
+    /// `projectionist.*` headers saying where it was read and why it failed).
+    #[arg(long, env = "PROJECTIONIST_DEAD_LETTER_TOPIC")]
+    pub dead_letter_topic: Option<String>,
     /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
     /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
     #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]

@@ -99,6 +99,12 @@ pub struct EngineConfig {
     /// bound.
     #[serde(default = "default_max_held_per_aggregate")]
     pub max_held_per_aggregate: u64,
+    /// Also produce each dead letter to this topic once its batch commits, as Kafka Connect
+    /// does: the message's key, payload and headers, plus `projectionist.projection`,
+    /// `.topic`, `.partition`, `.offset`, `.dead_letter_id`, `.reason` and `.error` headers.
+    /// PostgreSQL's table stays the record. Unset: none.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
 }
 
 fn default_batch_max_events() -> usize {
@@ -163,6 +169,7 @@ impl EngineConfig {
             max_event_bytes: default_max_event_bytes(),
             max_parked_aggregates: default_max_parked_aggregates(),
             max_held_per_aggregate: default_max_held_per_aggregate(),
+            dead_letter_topic: None,
         }
     }
 
@@ -250,6 +257,7 @@ impl fmt::Debug for EngineConfig {
             .field("max_event_bytes", &self.max_event_bytes)
             .field("max_parked_aggregates", &self.max_parked_aggregates)
             .field("max_held_per_aggregate", &self.max_held_per_aggregate)
+            .field("dead_letter_topic", &self.dead_letter_topic)
             .finish()
     }
 }

@@ -189,6 +189,7 @@ impl Engine {
             return Ok(RunReport { projections: projections.collect() });
         }
         let (stop_tx, stop_rx) = watch::channel(false);
+        let dead_letter_topic = crate::dead_letters::DeadLetterTopic::from_config(&self.config)?;
         let mut tasks = Vec::new();
         let mut report = RunReport { projections: Vec::new() };
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
@@ -199,7 +200,8 @@ impl Engine {
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
             let member = Member { group, consumer, rebalances };
             let (pool, config) = (self.pool.clone(), self.config.clone());
-            let runner = Runner::new(reg.projection.clone(), pool, config, member, stats.clone(), joined.clone());
+            let runner = Runner::new(reg.projection.clone(), pool, config, member, stats.clone(), joined.clone())
+                .with_dead_letter_topic(dead_letter_topic.clone());
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }

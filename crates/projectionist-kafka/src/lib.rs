@@ -4,6 +4,7 @@ mod batcher;
 pub mod client;
 mod config;
 mod context;
+mod dead_letters;
 mod engine;
 mod error;
 pub mod metrics;

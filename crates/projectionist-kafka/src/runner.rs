@@ -146,6 +146,8 @@ pub(crate) struct Runner {
     unassigned_since: Option<Instant>,
     /// When to say again that no partition was assigned.
     unassigned_log: Throttle,
+    /// Where dead letters are also produced, if anywhere.
+    dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
 }
 
 /// Where an assigned partition starts reading.
@@ -214,7 +216,14 @@ impl Runner {
             replayed: HashSet::new(),
             unassigned_since: Some(Instant::now()),
             unassigned_log: Throttle::new(UNASSIGNED_LOG_EVERY),
+            dead_letter_topic: None,
         }
+    }
+
+    /// Dead letters also go to this topic.
+    pub(crate) fn with_dead_letter_topic(mut self, topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>) -> Self {
+        self.dead_letter_topic = topic;
+        self
     }
 
     fn name(&self) -> &str {
@@ -456,6 +465,7 @@ impl Runner {
                 exit_when_caught_up: self.config.exit_when_caught_up,
                 on_gap: self.config.on_gap,
                 on_poison: self.config.on_poison,
+                dead_letter_topic: self.dead_letter_topic.clone(),
                 max_event_bytes: self.config.max_event_bytes,
                 bounds: crate::partition::Bounds {
                     parked_aggregates: self.config.max_parked_aggregates,

@@ -237,6 +237,8 @@ pub struct Written {
     /// held events found so when their aggregate resumed, and messages that are not an
     /// envelope at all; by reason (`envelope`, `data`, `value`, `apply`, …).
     pub dead_letters: std::collections::BTreeMap<&'static str, u64>,
+    /// The ids of those dead letters.
+    pub dead_letter_ids: Vec<i64>,
 }
 
 /// A projection over PostgreSQL with its event type erased, so the engine can hold many
@@ -468,7 +470,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         }
         written.parked = changes.values().filter(|c| c.is_some()).count() as u64;
         written.resumed = changes.values().filter(|c| c.is_none()).count() as u64;
-        park::save(conn, name, source, &changes, &hold, &drained, &dead).await?;
+        written.dead_letter_ids = park::save(conn, name, source, &changes, &hold, &drained, &dead).await?;
         Ok(written)
     }
 }

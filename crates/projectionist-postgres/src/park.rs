@@ -225,9 +225,10 @@ pub(crate) async fn save(
     hold: &[Hold<'_>],
     drained: &[i64],
     dead: &[DeadLetter<'_>],
-) -> Result<()> {
+) -> Result<Vec<i64>> {
     // The dead letters first: the aggregates parked behind them name them.
     let mut behind: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
+    let mut letter_ids = Vec::with_capacity(dead.len());
     for d in dead {
         let (names, values): (Vec<&str>, Vec<&[u8]>) =
             d.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())).unzip();
@@ -256,6 +257,7 @@ pub(crate) async fn save(
         .bind(&d.error)
         .fetch_one(&mut *conn)
         .await?;
+        letter_ids.push(id);
         if let Some((t, i, _)) = d.aggregate {
             behind.insert((t, i), (id, d.error.as_str()));
         }
@@ -343,7 +345,7 @@ pub(crate) async fn save(
     if !drained.is_empty() {
         sqlx::query("DELETE FROM projectionist_held WHERE id = ANY($1)").bind(drained).execute(&mut *conn).await?;
     }
-    Ok(())
+    Ok(letter_ids)
 }
 
 /// A dead letter, as stored.
@@ -404,6 +406,16 @@ pub async fn dead_letters(pool: &PgPool, projection: Option<&str>, resolved: boo
     ))
     .bind(projection)
     .bind(resolved)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The dead letters `ids`, by id.
+pub async fn dead_letters_by_id(pool: &PgPool, ids: &[i64]) -> Result<Vec<StoredDeadLetter>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {DEAD_LETTER_COLUMNS} FROM projectionist_dead_letters WHERE id = ANY($1) ORDER BY id"
+    ))
+    .bind(ids)
     .fetch_all(pool)
     .await?)
 }

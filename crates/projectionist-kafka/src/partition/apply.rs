@@ -224,6 +224,9 @@ impl Partition {
         )
         .await?;
         tx.commit().await?;
+        if let (Some(topic), false) = (&self.dead_letter_topic, written.dead_letter_ids.is_empty()) {
+            topic.send(&self.pool, &written.dead_letter_ids).await;
+        }
         if written.per_event {
             metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
         }

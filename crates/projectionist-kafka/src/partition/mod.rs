@@ -81,6 +81,7 @@ pub(crate) struct Partition {
     pub exit_when_caught_up: bool,
     pub on_gap: OnGap,
     pub on_poison: OnPoison,
+    pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
     pub max_event_bytes: usize,
     pub bounds: Bounds,
     pub progress: Arc<Progress>,
