@@ -899,3 +899,47 @@ async fn dead_letters_are_also_produced_to_the_dead_letter_topic(pool: PgPool) {
     assert_eq!(header("projectionist.offset").as_deref(), Some("1"));
     assert!(header("projectionist.error").is_some_and(|e| e.contains("acc-q v2 does not decode")), "{headers:?}");
 }
+
+/// A projection's own policy wins over the engine's, for it alone: in one process, a gap
+/// halts `order_status` (its own `on_gap = halt`) and parks in `bank_accounts` (the engine's
+/// `park`). A setting for a projection that is not registered refuses to start.
+#[sqlx::test(migrations = false)]
+async fn a_projections_own_policy_applies_to_it_alone(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts, &OrderStatus]).await.unwrap();
+    let (accounts_topic, orders_topic) = (rand_test_topic("own-accounts"), rand_test_topic("own-orders"));
+    topics::create_topics(&brokers(), &[&accounts_topic, &orders_topic], 1, 1).await.unwrap();
+    let a = bank_accounts::generate::envelope;
+    let o = order_status::generate::envelope;
+    let accounts = [
+        a("acc-g", 1, &AccountEvent::AccountOpened { owner: "g".into() }),
+        a("acc-g", 3, &AccountEvent::MoneyDeposited { amount: 5 }),
+        a("acc-h", 1, &AccountEvent::AccountOpened { owner: "h".into() }),
+    ];
+    let orders = [
+        o("ord-g", 1, &OrderEvent::OrderPlaced { customer_id: "c".into(), total_cents: 10 }),
+        o("ord-g", 3, &OrderEvent::OrderShipped {}),
+        o("ord-h", 1, &OrderEvent::OrderPlaced { customer_id: "c".into(), total_cents: 10 }),
+    ];
+    produce(&accounts_topic, &accounts).await;
+    produce(&orders_topic, &orders).await;
+    let own = projectionist::kafka::ProjectionSettings { on_gap: Some(OnGap::Halt), ..Default::default() };
+    let engine = |config: EngineConfig| {
+        Engine::new(pool.clone(), config)
+            .register(Arc::new(BankAccounts), [accounts_topic.clone()])
+            .register(Arc::new(OrderStatus), [orders_topic.clone()])
+    };
+
+    let refused = engine(config().with_projection_settings("order_stats", own.clone())).run(std::future::pending());
+    let Err(err) = refused.await else { panic!("started with a setting for no projection") };
+    assert!(err.to_string().contains("per_projection names \"order_stats\", which is not registered"), "{err}");
+
+    let report = run(engine(config().with_projection_settings("order_status", own))).await;
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(halts[0].contains("in projection order_status, aggregate ord-g: gap"), "{}", halts[0]);
+    let parked = projectionist::postgres::park::list(&pool, None).await.unwrap();
+    let parked: Vec<(&str, &str)> = parked.iter().map(|p| (p.projection.as_str(), p.aggregate_id.as_str())).collect();
+    assert_eq!(parked, [("bank_accounts", "acc-g")], "the engine's policy parks the other projection's gap");
+    let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM bank_accounts").fetch_one(&pool).await.unwrap();
+    assert_eq!(accounts, 2, "bank_accounts flowed");
+}

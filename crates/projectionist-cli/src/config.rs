@@ -28,7 +28,7 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 use projectionist_core::{OnGap, OnPoison};
-use projectionist_kafka::{EngineConfig, KafkaClientConfig};
+use projectionist_kafka::{EngineConfig, KafkaClientConfig, ProjectionSettings};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -122,6 +122,17 @@ pub(crate) struct RunOptions {
     /// `projectionist.*` headers saying where it was read and why it failed).
     #[arg(long, env = "PROJECTIONIST_DEAD_LETTER_TOPIC")]
     pub dead_letter_topic: Option<String>,
+    /// One projection's own value of one of the five settings above (`on_gap`, `on_poison`,
+    /// `max_event_bytes`, `max_parked_aggregates`, `max_held_per_aggregate`,
+    /// `dead_letter_topic`), e.g. `order_status.on_gap=halt`; repeat for more. In the file:
+    /// a `[run.per_projection.order_status]` table.
+    #[arg(long = "projection-setting", value_name = "PROJECTION.SETTING=VALUE", value_parser = projection_setting)]
+    #[serde(skip)]
+    pub projection_settings: Vec<(String, String, String)>,
+    /// The file's `[run.per_projection.NAME]` tables.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_projection: BTreeMap<String, ProjectionSettings>,
     /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
     /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
     #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]
@@ -141,12 +152,30 @@ fn is_false(b: &bool) -> bool {
     !b
 }
 
+/// `PROJECTION.SETTING=VALUE`, split.
+fn projection_setting(arg: &str) -> Result<(String, String, String), String> {
+    let (name, value) = arg.split_once('=').ok_or("expected PROJECTION.SETTING=VALUE: no `=`")?;
+    let (projection, setting) = name.split_once('.').ok_or("expected PROJECTION.SETTING=VALUE: no `.`")?;
+    if projection.is_empty() || setting.is_empty() {
+        return Err("expected PROJECTION.SETTING=VALUE".into());
+    }
+    Ok((projection.to_owned(), setting.to_owned(), value.to_owned()))
+}
+
 impl RunOptions {
     /// The engine's configuration: these options' engine settings over the engine's defaults,
     /// with `client`'s brokers and properties.
     pub(crate) fn engine_config(&self, client: &KafkaClientConfig) -> anyhow::Result<EngineConfig> {
         let mut fields = object(serde_json::to_value(self)?);
         fields.retain(|_, value| !value.is_null());
+        for (projection, setting, value) in &self.projection_settings {
+            let own = fields.entry("per_projection").or_insert_with(|| Map::new().into());
+            let own = own.as_object_mut().expect("per_projection is a table");
+            let own = own.entry(projection.as_str()).or_insert_with(|| Map::new().into());
+            // A number or a name: `5` is 5, `halt` is "halt".
+            let value = value.parse::<u64>().map_or_else(|_| Value::from(value.as_str()), Value::from);
+            own.as_object_mut().expect("a projection's settings are a table").insert(setting.clone(), value);
+        }
         fields.extend(object(serde_json::to_value(client)?));
         serde_json::from_value(Value::Object(fields)).context("run's settings")
     }
@@ -225,7 +254,7 @@ mod tests {
         std::fs::remove_file(&path)?;
         let crate::Command::Run(options) = cli?.command else { panic!("not run") };
         let engine = options.engine_config(&KafkaClientConfig::new("b:1"))?;
-        Ok((options, engine))
+        Ok((*options, engine))
     }
 
     #[test]
@@ -242,6 +271,28 @@ mod tests {
         assert_eq!(engine.batch_max_events, EngineConfig::DEFAULT_BATCH_MAX_EVENTS, "default");
         assert_eq!(engine.retry_backoff_ms, EngineConfig::DEFAULT_RETRY_BACKOFF_MS);
         assert_eq!((engine.client.brokers.as_str(), options.projections), ("b:1", None));
+    }
+
+    #[test]
+    fn a_projections_own_settings_come_from_the_file_and_the_command_line() {
+        let file = "[run]\non_gap = \"park\"\n[run.per_projection.a]\non_gap = \"halt\"\nmax_held_per_aggregate = 7\n";
+        let argv = [
+            "bin",
+            "run",
+            "--projection-setting",
+            "a.max_held_per_aggregate=9",
+            "--projection-setting",
+            "b.on_poison=halt",
+        ];
+        let (_, engine) = run_options(file, &argv).unwrap();
+        let a = engine.for_projection("a");
+        assert_eq!((a.on_gap, a.max_held_per_aggregate), (OnGap::Halt, 9), "the command line wins");
+        assert_eq!(a.on_poison, OnPoison::DeadLetter, "the engine's where unset");
+        let b = engine.for_projection("b");
+        assert_eq!((b.on_gap, b.on_poison), (OnGap::Park, OnPoison::Halt));
+        let err = run_options("", &["bin", "run", "--projection-setting", "a.on_gapp=halt"]).err().unwrap();
+        assert!(format!("{err:#}").contains("unknown field `on_gapp`"), "{err:#}");
+        assert!(run_options("", &["bin", "run", "--projection-setting", "on_gap=halt"]).is_err());
     }
 
     #[test]

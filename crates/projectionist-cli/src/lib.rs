@@ -93,7 +93,7 @@ enum Command {
         replication: i32,
     },
     /// Consume and project until stopped (SIGINT/SIGTERM).
-    Run(config::RunOptions),
+    Run(Box<config::RunOptions>),
     /// Publish envelopes from NDJSON (a file, or - for stdin) keyed by aggregate_id, with a
     /// transactional producer, one transaction per chunk (`publish --help` shows a line).
     Publish(publish::PublishArgs),
@@ -249,7 +249,7 @@ impl App {
                     topics.len() - created.len()
                 );
             }
-            Command::Run(args) => return self.run(&cli.database_url, client, args).await,
+            Command::Run(args) => return self.run(&cli.database_url, client, *args).await,
             Command::Publish(args) => return publish::publish(&client, args).await,
             Command::Config(ConfigCommand::Example) => print!("{}", config::EXAMPLE),
             Command::Status => {
@@ -327,13 +327,19 @@ impl App {
 
     /// The registrations named (`--projection`), or an error naming the unknown one.
     fn select(self, names: &[String]) -> anyhow::Result<Vec<Registration>> {
+        self.check_names(names, "--projection")?;
+        Ok(self.registrations.into_iter().filter(|r| names.iter().any(|n| n == r.projection.name())).collect())
+    }
+
+    /// An error naming the first of `names` (given by `source`) that is not registered.
+    fn check_names(&self, names: &[String], source: &str) -> anyhow::Result<()> {
         for name in names {
             if !self.registrations.iter().any(|r| r.projection.name() == name) {
                 let known: Vec<&str> = self.registrations.iter().map(|r| r.projection.name()).collect();
-                bail!("no projection named {name:?} in {}; registered: {}", self.name, known.join(", "));
+                bail!("{source}: no projection named {name:?} in {}; registered: {}", self.name, known.join(", "));
             }
         }
-        Ok(self.registrations.into_iter().filter(|r| names.iter().any(|n| n == r.projection.name())).collect())
+        Ok(())
     }
 
     fn topics(&self) -> Vec<&str> {
@@ -350,11 +356,14 @@ impl App {
         client: KafkaClientConfig,
         args: config::RunOptions,
     ) -> anyhow::Result<ExitCode> {
-        let config = args.engine_config(&client)?;
+        let mut config = args.engine_config(&client)?;
+        let own: Vec<String> = config.per_projection.keys().cloned().collect();
+        self.check_names(&own, "per_projection")?;
         let selected: Vec<Registration> = match args.projections.as_deref() {
             None | Some([]) => self.registrations,
             Some(names) => self.select(names)?,
         };
+        config.per_projection.retain(|name, _| selected.iter().any(|r| r.projection.name() == name));
         let connections = match args.pg_max_connections {
             Some(n) => n.max(1),
             None => partitions(&client, &selected).await.map_or(DEFAULT_POOL_SIZE, |n| (n + 2).min(64)),
@@ -471,7 +480,7 @@ fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<
     if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
         let mut options = file.run;
         options.update_from_arg_matches(run)?;
-        *args = options;
+        **args = options;
     }
     Ok(cli)
 }

@@ -1,5 +1,6 @@
 //! Engine configuration.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -105,6 +106,37 @@ pub struct EngineConfig {
     /// PostgreSQL's table stays the record. Unset: none.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
+    /// Settings of single projections that differ from the ones above, by projection name,
+    /// e.g. `{"order_status": {"on_gap": "halt"}}`; see [`ProjectionSettings`]. A name that
+    /// is not registered makes [`crate::Engine::run`] refuse to start.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_projection: BTreeMap<String, ProjectionSettings>,
+}
+
+/// The settings one projection may set for itself, over the engine's (each unset one is the
+/// engine's): what its gaps and poison events do, and the bounds and dead-letter topic of
+/// its parking. See the fields of the same names on [`EngineConfig`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectionSettings {
+    /// See [`EngineConfig::on_gap`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_gap: Option<OnGap>,
+    /// See [`EngineConfig::on_poison`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_poison: Option<OnPoison>,
+    /// See [`EngineConfig::max_event_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_event_bytes: Option<usize>,
+    /// See [`EngineConfig::max_parked_aggregates`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parked_aggregates: Option<u64>,
+    /// See [`EngineConfig::max_held_per_aggregate`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_held_per_aggregate: Option<u64>,
+    /// See [`EngineConfig::dead_letter_topic`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_topic: Option<String>,
 }
 
 fn default_batch_max_events() -> usize {
@@ -170,7 +202,36 @@ impl EngineConfig {
             max_parked_aggregates: default_max_parked_aggregates(),
             max_held_per_aggregate: default_max_held_per_aggregate(),
             dead_letter_topic: None,
+            per_projection: BTreeMap::new(),
         }
+    }
+
+    /// Sets `projection`'s own settings (see [`EngineConfig::per_projection`]).
+    pub fn with_projection_settings(mut self, projection: impl Into<String>, settings: ProjectionSettings) -> Self {
+        self.per_projection.insert(projection.into(), settings);
+        self
+    }
+
+    /// The configuration `projection` runs with: this one with its own settings laid over.
+    pub fn for_projection(&self, projection: &str) -> EngineConfig {
+        let mut config = self.clone();
+        config.per_projection.clear();
+        let Some(own) = self.per_projection.get(projection) else { return config };
+        let ProjectionSettings {
+            on_gap,
+            on_poison,
+            max_event_bytes,
+            max_parked_aggregates,
+            max_held_per_aggregate,
+            dead_letter_topic,
+        } = own.clone();
+        config.on_gap = on_gap.unwrap_or(config.on_gap);
+        config.on_poison = on_poison.unwrap_or(config.on_poison);
+        config.max_event_bytes = max_event_bytes.unwrap_or(config.max_event_bytes);
+        config.max_parked_aggregates = max_parked_aggregates.unwrap_or(config.max_parked_aggregates);
+        config.max_held_per_aggregate = max_held_per_aggregate.unwrap_or(config.max_held_per_aggregate);
+        config.dead_letter_topic = dead_letter_topic.or(config.dead_letter_topic);
+        config
     }
 
     /// Sets the consumer group id prefix: each projection consumes in
@@ -258,6 +319,7 @@ impl fmt::Debug for EngineConfig {
             .field("max_parked_aggregates", &self.max_parked_aggregates)
             .field("max_held_per_aggregate", &self.max_held_per_aggregate)
             .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("per_projection", &self.per_projection)
             .finish()
     }
 }

@@ -188,8 +188,16 @@ impl Engine {
                 self.registrations.iter().zip(&self.stats).map(|(r, s)| (r.projection.name().to_owned(), s.clone()));
             return Ok(RunReport { projections: projections.collect() });
         }
+        for name in self.config.per_projection.keys() {
+            if !self.registrations.iter().any(|r| r.projection.name() == name) {
+                let registered: Vec<&str> = self.registrations.iter().map(|r| r.projection.name()).collect();
+                return Err(Error::Config(format!(
+                    "per_projection names {name:?}, which is not registered; registered: {}",
+                    registered.join(", ")
+                )));
+            }
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
-        let dead_letter_topic = crate::dead_letters::DeadLetterTopic::from_config(&self.config)?;
         let mut tasks = Vec::new();
         let mut report = RunReport { projections: Vec::new() };
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
@@ -199,9 +207,10 @@ impl Engine {
             let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
             let member = Member { group, consumer, rebalances };
-            let (pool, config) = (self.pool.clone(), self.config.clone());
+            let (pool, config) = (self.pool.clone(), self.config.for_projection(&name));
+            let dead_letter_topic = crate::dead_letters::DeadLetterTopic::from_config(&config)?;
             let runner = Runner::new(reg.projection.clone(), pool, config, member, stats.clone(), joined.clone())
-                .with_dead_letter_topic(dead_letter_topic.clone());
+                .with_dead_letter_topic(dead_letter_topic);
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }

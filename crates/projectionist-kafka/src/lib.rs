@@ -15,7 +15,7 @@ mod runner;
 pub mod topics;
 
 pub use client::{ConnectFailure, KafkaClientConfig};
-pub use config::{redact_userinfo, EngineConfig};
+pub use config::{redact_userinfo, EngineConfig, ProjectionSettings};
 pub use engine::{Engine, Readiness, ReadyState, Registration, RunReport};
 pub use error::{Error, Result};
 pub use retry::{Retry, RetryPolicy, Retrying};
