@@ -943,3 +943,63 @@ async fn a_projections_own_policy_applies_to_it_alone(pool: PgPool) {
     let accounts: i64 = sqlx::query_scalar("SELECT count(*) FROM bank_accounts").fetch_one(&pool).await.unwrap();
     assert_eq!(accounts, 2, "bank_accounts flowed");
 }
+
+/// A held event the table refuses, found so only when its aggregate resumes: the held event
+/// itself is dead-lettered (its bytes and headers as read, its own error), not the event
+/// that resumed the aggregate, which applies; the events held behind it stay held, and
+/// discarding it drains them.
+#[sqlx::test(migrations = false)]
+async fn a_held_event_refused_when_its_aggregate_resumes_is_dead_lettered_itself(pool: PgPool) {
+    use projectionist::postgres::park::{dead_letters, list, resolve, Resolve};
+    use rdkafka::message::{Header, OwnedHeaders};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE bank_accounts ADD CONSTRAINT owner_is_no_robot CHECK (owner <> 'robot')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let e = bank_accounts::generate::envelope;
+    let topic = rand_test_topic("held-refused");
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    let refused = e("acc-x", 3, &AccountEvent::AccountOpened { owner: "robot".into() });
+    produce(&topic, &[e("acc-x", 1, &AccountEvent::AccountOpened { owner: "x".into() })]).await;
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let payload = refused.to_json();
+    let headers = OwnedHeaders::new().insert(Header { key: "trace", value: Some(&[0u8, 255, 7][..]) });
+    producer.send(BaseRecord::to(&topic).key("acc-x").payload(&payload).headers(headers)).map_err(|(e, _)| e).unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    produce(&topic, &[e("acc-x", 4, &AccountEvent::MoneyDeposited { amount: 5 })]).await;
+    let engine = || Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]);
+    let report = run(engine()).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    assert_eq!(list(&pool, None).await.unwrap()[0].held, 2, "v3 and v4 held behind the gap");
+
+    // v2 arrives: applied; v3 is refused as it drains, and is the dead letter.
+    produce(&topic, &[e("acc-x", 2, &AccountEvent::MoneyDeposited { amount: 1 })]).await;
+    let report = run(engine()).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let row: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-x'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row, (1, 2), "the resuming event applied");
+    let letters = dead_letters(&pool, None, false).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    let d = &letters[0];
+    assert_eq!((d.reason.as_str(), d.version, d.offset), ("value", Some(3), Some(1)), "{d:#?}");
+    assert!(d.error.contains("account/acc-x v3") && d.error.contains("owner_is_no_robot"), "{}", d.error);
+    assert_eq!(d.payload, payload, "the exact bytes");
+    assert_eq!((d.header_names.clone(), d.header_values.clone()), (vec!["trace".to_owned()], vec![vec![0u8, 255, 7]]));
+    let parked = list(&pool, None).await.unwrap();
+    assert_eq!((parked.len(), parked[0].held, parked[0].dead_letter), (1, 1, Some(d.id)), "v4 waits behind it");
+
+    // Discarded: v4 drains.
+    let discarded = resolve(&pool, &BankAccounts, d.id, Resolve::Discard { reason: "a robot".into() }).await.unwrap();
+    assert_eq!(discarded.drained.applied, 1, "{discarded:?}");
+    let row: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-x'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row, (6, 4));
+    assert!(list(&pool, None).await.unwrap().is_empty());
+}

@@ -266,6 +266,7 @@ impl App {
             }
             Command::DeadLetters(DeadLettersCommand::Retry { id, all }) => {
                 let pool = pool(&cli.database_url).await?;
+                status::engine_tables(&pool).await?;
                 let ids = match id {
                     Some(id) => vec![id],
                     None if all => {
@@ -285,6 +286,7 @@ impl App {
             }
             Command::DeadLetters(DeadLettersCommand::Discard { id, reason }) => {
                 let pool = pool(&cli.database_url).await?;
+                status::engine_tables(&pool).await?;
                 self.resolve(&pool, id, projectionist_postgres::park::Resolve::Discard { reason }).await?;
             }
             Command::DeadLetters(DeadLettersCommand::Show { id, json }) => {

@@ -21,14 +21,22 @@ pub(crate) async fn positions(
     client: &KafkaClientConfig,
     registrations: &[Registration],
 ) -> anyhow::Result<Vec<Position>> {
+    // The broker first: a topic that does not exist is the first thing to fix.
+    let mut marks = Vec::new();
+    for r in registrations {
+        for topic in &r.topics {
+            let (c, t) = (client.clone(), topic.clone());
+            marks.push(tokio::task::spawn_blocking(move || topics::watermarks(c, &t)).await??);
+        }
+    }
+    engine_tables(pool).await?;
     let stored = checkpoint::all(pool).await?;
+    let mut marks = marks.into_iter();
     let mut out = Vec::new();
     for r in registrations {
         let name = r.projection.name();
         for topic in &r.topics {
-            let (c, t) = (client.clone(), topic.clone());
-            let marks = tokio::task::spawn_blocking(move || topics::watermarks(c, &t)).await??;
-            for (partition, low, high) in marks {
+            for (partition, low, high) in marks.next().expect("the watermarks of each topic") {
                 let checkpoint = stored
                     .iter()
                     .find(|c| c.projection == name && c.topic == *topic && c.partition == partition)
@@ -52,11 +60,12 @@ pub(crate) async fn print(
     client: &KafkaClientConfig,
     registrations: &[Registration],
 ) -> anyhow::Result<()> {
+    let positions = positions(pool, client, registrations).await?;
     println!(
         "{:<24} {:<24} {:>9} {:>12} {:>12} {:>10}",
         "projection", "topic", "partition", "checkpoint", "high", "lag"
     );
-    for p in positions(pool, client, registrations).await? {
+    for p in positions {
         let lag = p.high - p.checkpoint.unwrap_or(p.low);
         let shown = p.checkpoint.map_or("-".to_owned(), |o| o.to_string());
         println!("{:<24} {:<24} {:>9} {shown:>12} {:>12} {lag:>10}", p.projection, p.topic, p.partition, p.high);
@@ -71,8 +80,20 @@ pub(crate) async fn print(
     Ok(())
 }
 
+/// An error saying what to do when the engine's tables are not in the database.
+pub(crate) async fn engine_tables(pool: &PgPool) -> anyhow::Result<()> {
+    let present: bool = sqlx::query_scalar(
+        "SELECT to_regclass('projectionist_checkpoints') IS NOT NULL AND to_regclass('projectionist_dead_letters') IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    anyhow::ensure!(present, "the engine's tables are not in this database (or not all of them): run `migrate` first");
+    Ok(())
+}
+
 /// Prints the parked aggregates (of `projection`, or of all): a table, or JSON lines.
 pub(crate) async fn print_parked(pool: &PgPool, projection: Option<&str>, json: bool) -> anyhow::Result<()> {
+    engine_tables(pool).await?;
     let parked = projectionist_postgres::park::list(pool, projection).await?;
     if json {
         for p in &parked {
@@ -108,6 +129,7 @@ pub(crate) async fn print_dead_letters(
     resolved: bool,
     json: bool,
 ) -> anyhow::Result<()> {
+    engine_tables(pool).await?;
     let letters = projectionist_postgres::park::dead_letters(pool, projection, resolved).await?;
     if json {
         for d in &letters {
@@ -144,6 +166,7 @@ pub(crate) async fn print_dead_letters(
 
 /// Prints dead letter `id` in full.
 pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> anyhow::Result<()> {
+    engine_tables(pool).await?;
     let Some(d) = projectionist_postgres::park::dead_letter(pool, id).await? else {
         anyhow::bail!("no dead letter {id} (`dead-letters list` shows them)");
     };

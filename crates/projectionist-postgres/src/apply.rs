@@ -43,6 +43,9 @@ pub struct Prepared {
     /// Where the events were read, as they arrived: set for parking and dead letters to
     /// store what they keep.
     source: Option<Source>,
+    /// Events held for parked aggregates found poison when their aggregate resumed, by id
+    /// in `projectionist_held`: dead-lettered when they drain.
+    held_poison: HashMap<i64, Error>,
 }
 
 struct PreparedEvent {
@@ -104,7 +107,7 @@ impl Prepared {
             occurred_at: Utc::now(),
             step: Step::Ignored("(discarded)".to_owned()),
         };
-        Prepared { events: vec![event], failure: None, source: None }
+        Prepared { events: vec![event], failure: None, source: None, held_poison: HashMap::new() }
     }
 
     /// Every event that cannot be applied as it stands (or, for a problem of the whole
@@ -136,12 +139,26 @@ impl Prepared {
         self.source.as_mut()
     }
 
-    /// Marks the event at `index` as poison, with `error`: what retrying the batch cannot
-    /// fix (a value the table refuses, an `apply` that keeps failing), so that the next
-    /// write dead-letters it and applies the rest.
-    pub fn poison(&mut self, index: usize, error: Error) {
-        if let Some(e) = self.events.get_mut(index) {
-            e.step = Step::Poison(error);
+    /// Marks the event `error` is about as poison: what retrying the batch cannot fix (a
+    /// value the table refuses, an `apply` that keeps failing), so that the next write
+    /// dead-letters it and applies the rest. The event at `index`, or for
+    /// [`Error::Held`] the held event it names. `Err(error)` when that event is poison
+    /// already, or there is no such event: writing again would fail the same way.
+    pub fn poison(&mut self, index: usize, error: Error) -> Result<()> {
+        if let Error::Held { held, .. } = &error {
+            if self.held_poison.contains_key(held) {
+                return Err(error);
+            }
+            let Error::Held { held, source, .. } = error else { unreachable!("a held event's error") };
+            self.held_poison.insert(held, *source);
+            return Ok(());
+        }
+        match self.events.get_mut(index) {
+            Some(e) if e.poison().is_none() => {
+                e.step = Step::Poison(error);
+                Ok(())
+            }
+            _ => Err(error),
         }
     }
 
@@ -301,7 +318,8 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared {
         if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
             let aggregate_id = batch.into_iter().next().map(|raw| raw.aggregate_id).unwrap_or_default();
-            return Prepared { events: Vec::new(), failure: Some(Failure { aggregate_id, error }), source: None };
+            let failure = Some(Failure { aggregate_id, error });
+            return Prepared { events: Vec::new(), failure, source: None, held_poison: HashMap::new() };
         }
         let decoder = EventDecoder::<P::Event>::new();
         let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
@@ -310,7 +328,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             .enumerate()
             .map(|(index, raw)| prepare_event(self, &decoder, halt_on_unknown, index, raw))
             .collect();
-        Prepared { events, failure: None, source: None }
+        Prepared { events, failure: None, source: None, held_poison: HashMap::new() }
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {
@@ -356,6 +374,19 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
                 for row in park::held(conn, name, &aggregate).await? {
                     let event = match RawEnvelope::from_slice(&row.payload) {
+                        // Found poison by an earlier attempt at this batch.
+                        Ok(raw) if prepared.held_poison.contains_key(&row.id) => {
+                            let error = prepared.held_poison[&row.id].clone_of_batch();
+                            let (aggregate_type, aggregate_id) = (raw.aggregate_type, raw.aggregate_id);
+                            let version = raw.version;
+                            PreparedEvent {
+                                aggregate_type,
+                                aggregate_id,
+                                version,
+                                occurred_at: Utc::now(),
+                                step: Step::Poison(error),
+                            }
+                        }
                         Ok(raw) => prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw),
                         Err(source) => PreparedEvent {
                             aggregate_type: aggregate.0.clone(),
@@ -388,7 +419,13 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 let (outcomes, per_event, _) = self
                     .write_events(conn, &drain_events, mode, &mut parked, gaps_halt, &mut changes)
                     .await
-                    .map_err(|e| e.at(resumed_at))?;
+                    .map_err(|e| match e.event_index().and_then(|i| drain.get(i)).map(|(origin, _)| *origin) {
+                        // A held event: named, so that the next attempt dead-letters it.
+                        Some(Ok(h)) => Error::Held { index: resumed_at, held: held[h].0.id, source: Box::new(e) },
+                        // An event of this batch parked before its aggregate resumed.
+                        Some(Err(index)) => e.at(index),
+                        None => e.at(resumed_at),
+                    })?;
                 written.per_event |= per_event;
                 for ((origin, event), outcome) in drain.iter().zip(outcomes) {
                     match origin {
@@ -398,7 +435,9 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                             drained.push(held[*h].0.id);
                             written.drained.add(&outcome);
                             if outcome == Outcome::DeadLettered {
-                                let error = event.poison().expect("a dead letter is poison");
+                                // As found when it was refused, where an earlier attempt found it.
+                                let found = prepared.held_poison.get(&held[*h].0.id);
+                                let error = found.or(event.poison()).expect("a dead letter is poison");
                                 held_dead.push((*h, error.of_the_event(), error.reason()));
                             }
                         }
@@ -437,7 +476,8 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 });
             }
         }
-        for (h, error, reason) in held_dead {
+        let held_headers: Vec<Vec<(String, Vec<u8>)>> = held_dead.iter().map(|(h, ..)| held[*h].0.headers()).collect();
+        for ((h, error, reason), headers) in held_dead.into_iter().zip(&held_headers) {
             let (row, e) = &held[h];
             dead.push(DeadLetter {
                 aggregate: Some((&e.aggregate_type, &e.aggregate_id, e.version)),
@@ -446,7 +486,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 offset: row.offset,
                 key: row.key.as_deref(),
                 payload: &row.payload,
-                headers: &[],
+                headers,
                 reason,
                 error,
             });
@@ -686,7 +726,7 @@ pub async fn apply_batch_in(
                     attempt.rollback().await?;
                     match e.event_index() {
                         // An event the batch cannot apply: dead-lettered, the rest written again.
-                        Some(index) if !halts(&e) && prepared.poison_at(index).is_none() => prepared.poison(index, e),
+                        Some(index) if !halts(&e) => prepared.poison(index, e).map_err(|e| e.shifted(start))?,
                         _ => return Err(e.shifted(start)),
                     }
                 }

@@ -108,6 +108,19 @@ pub enum Error {
         /// What is missing.
         problem: String,
     },
+    /// An event held for a parked aggregate cannot be applied now that the aggregate resumes
+    /// (its data does not decode, the database refuses a value, …): the batch's event that
+    /// resumed it (`index`) stands for it in the batch, and `held` names it, so that the
+    /// held event itself is dead-lettered on the next attempt ([`crate::Prepared::poison`]).
+    #[error("{source} (an event held for its aggregate, drained behind event #{index} of the batch)")]
+    Held {
+        /// Position in the batch of the event that resumed the aggregate.
+        index: usize,
+        /// The held event's id in `projectionist_held`.
+        held: i64,
+        /// Why it cannot be applied.
+        source: Box<Error>,
+    },
     /// A concurrent writer moved (or inserted) rows under the batch: a statement changed
     /// another number of rows than planned, or the aggregate's gates were read at different
     /// versions. The batch is rolled back and applied on the per-event path.
@@ -203,6 +216,7 @@ impl Error {
             Self::Rejected { .. } => "value",
             Self::Invalid { .. } => "declaration",
             Self::Apply { .. } => "apply",
+            Self::Held { source, .. } => source.reason(),
             _ => "other",
         }
     }
@@ -226,6 +240,7 @@ impl Error {
             Self::Apply { projection, aggregate, version, error, .. } => {
                 format!("projection {projection} failed on {aggregate} v{version}: {error}")
             }
+            Self::Held { source, .. } => source.of_the_event(),
             other => other.to_string(),
         }
     }
@@ -247,6 +262,9 @@ impl Error {
             Self::Declaration { projection, problem } => {
                 Self::Declaration { projection: projection.clone(), problem: problem.clone() }
             }
+            Self::Held { index, held, source } => {
+                Self::Held { index: *index, held: *held, source: Box::new(source.clone_of_batch()) }
+            }
             Self::Invalid { index, aggregate, version, .. }
             | Self::Rejected { index, aggregate, version, .. }
             | Self::Apply { index, aggregate, version, .. } => Self::Invalid {
@@ -267,6 +285,7 @@ impl Error {
             Self::Database(e) => is_retryable_sqlx(e),
             Self::Conflict { .. } => true,
             Self::Apply { error, .. } => is_retryable_apply(error),
+            Self::Held { source, .. } => source.is_retryable(),
             _ => false,
         }
     }
@@ -286,6 +305,7 @@ impl Error {
                 error.downcast_ref::<sqlx::Error>().is_some_and(is_environment_sqlx)
                     || error.downcast_ref::<Error>().is_some_and(Error::is_environment)
             }
+            Self::Held { source, .. } => source.is_environment(),
             _ => false,
         }
     }
@@ -293,7 +313,10 @@ impl Error {
     /// True for an event that can never be applied as it is (decode failure): retrying
     /// cannot help, it must be dead-lettered or halt its partition.
     pub fn is_poison(&self) -> bool {
-        matches!(self, Self::Decode { .. } | Self::UnknownType { .. })
+        match self {
+            Self::Held { source, .. } => source.is_poison(),
+            _ => matches!(self, Self::Decode { .. } | Self::UnknownType { .. }),
+        }
     }
 
     /// The position in the batch of the event the error is about, when it is about one:
@@ -305,7 +328,8 @@ impl Error {
             | Self::Invalid { index, .. }
             | Self::Bound { index, .. }
             | Self::Rejected { index, .. }
-            | Self::Apply { index, .. } => Some(*index),
+            | Self::Apply { index, .. }
+            | Self::Held { index, .. } => Some(*index),
             _ => None,
         }
     }
@@ -340,6 +364,7 @@ impl Error {
                 Self::Apply { projection, index: to(index), aggregate, version, error }
             }
             Self::Bound { index, aggregate, problem } => Self::Bound { index: to(index), aggregate, problem },
+            Self::Held { index, held, source } => Self::Held { index: to(index), held, source },
             other => other,
         }
     }

@@ -171,6 +171,25 @@ pub(crate) struct HeldRow {
     pub offset: Option<i64>,
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
+    /// Its headers, as stored (see [`headers_json`]).
+    pub headers: sqlx::types::Json<Vec<(String, String)>>,
+}
+
+impl HeldRow {
+    /// Its headers, as read.
+    pub fn headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.headers.0.iter().map(|(name, hex)| (name.clone(), from_hex(hex))).collect()
+    }
+}
+
+/// Headers as `projectionist_held.headers` keeps them: `[[name, value as hex], …]`.
+fn headers_json(headers: &[(String, Vec<u8>)]) -> serde_json::Value {
+    let hex = |v: &[u8]| v.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    headers.iter().map(|(name, value)| serde_json::json!([name, hex(value)])).collect()
+}
+
+fn from_hex(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2).filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()).collect()
 }
 
 /// The events held for an aggregate of `projection`, in version order, then in the order
@@ -181,7 +200,7 @@ pub(crate) async fn held(
     (aggregate_type, aggregate_id): &(String, String),
 ) -> Result<Vec<HeldRow>> {
     Ok(sqlx::query_as(
-        "SELECT id, version, topic, partition, \"offset\", key, payload FROM projectionist_held \
+        "SELECT id, version, topic, partition, \"offset\", key, payload, headers FROM projectionist_held \
          WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3 ORDER BY version, id",
     )
     .bind(projection)
@@ -322,12 +341,13 @@ pub(crate) async fn save(
         let offsets: Vec<Option<i64>> = hold.iter().map(|h| h.message.offset).collect();
         let keys: Vec<Option<&[u8]>> = hold.iter().map(|h| h.message.key.as_deref()).collect();
         let payloads: Vec<&[u8]> = hold.iter().map(|h| h.message.payload.as_slice()).collect();
+        let headers: Vec<serde_json::Value> = hold.iter().map(|h| headers_json(&h.message.headers)).collect();
         sqlx::query(
             "INSERT INTO projectionist_held (projection, aggregate_type, aggregate_id, version, topic, partition, \
-             \"offset\", key, payload) \
-             SELECT $1, t, i, v, $2, $3, o, k, p \
-             FROM unnest($4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bytea[]) \
-             AS a(t, i, v, o, k, p) \
+             \"offset\", key, payload, headers) \
+             SELECT $1, t, i, v, $2, $3, o, k, p, h \
+             FROM unnest($4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::bytea[], $9::bytea[], $10::jsonb[]) \
+             AS a(t, i, v, o, k, p, h) \
              ON CONFLICT (projection, topic, partition, \"offset\") DO NOTHING",
         )
         .bind(projection)
@@ -339,6 +359,7 @@ pub(crate) async fn save(
         .bind(&offsets)
         .bind(&keys)
         .bind(&payloads)
+        .bind(&headers)
         .execute(&mut *conn)
         .await?;
     }
@@ -532,7 +553,7 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
                 attempt.rollback().await?;
                 match e.event_index() {
                     // Still refused: dead-lettered again, its aggregate parked behind it.
-                    Some(0) if prepared.poison_at(0).is_none() && !e.is_retryable() => prepared.poison(0, e),
+                    Some(0) if !e.is_retryable() => prepared.poison(0, e)?,
                     _ => return Err(e),
                 }
             }
@@ -576,4 +597,15 @@ pub async fn bounds_in(
     .bind(aggregate_id)
     .fetch_one(conn)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn held_headers_keep_their_bytes() {
+        let headers = vec![("trace".to_owned(), vec![0, 255, 16, b'a']), ("empty".to_owned(), vec![])];
+        let stored: Vec<(String, String)> = serde_json::from_value(super::headers_json(&headers)).unwrap();
+        let read: Vec<(String, Vec<u8>)> = stored.iter().map(|(n, h)| (n.clone(), super::from_hex(h))).collect();
+        assert_eq!(read, headers);
+    }
 }

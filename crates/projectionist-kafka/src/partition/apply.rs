@@ -140,12 +140,20 @@ impl Partition {
                     }
                     Err(e) => {
                         let index = e.event_index().unwrap_or(0);
-                        if !halts(&e) && e.event_index().is_some() && prepared.poison_at(index).is_none() {
-                            // An event retrying cannot fix: dead-lettered, the rest written again.
-                            tracing::warn!(error = %e, "An event the batch cannot apply; dead-lettering it.");
-                            prepared.poison(index, e);
-                            continue;
-                        }
+                        let e = match e.event_index() {
+                            Some(_) if !halts(&e) => {
+                                // An event retrying cannot fix: dead-lettered, the rest written again.
+                                let error = e.to_string();
+                                match prepared.poison(index, e) {
+                                    Ok(()) => {
+                                        tracing::warn!(%error, "An event the batch cannot apply; dead-lettering it.");
+                                        continue;
+                                    }
+                                    Err(e) => e,
+                                }
+                            }
+                            _ => e,
+                        };
                         halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, &e));
                         end = index;
                     }
