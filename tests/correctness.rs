@@ -262,6 +262,32 @@ async fn an_overflow_mid_chain_fails_batched_as_it_does_per_event(pool: PgPool) 
     }
 }
 
+/// A CHECK constraint sees every state a row goes through, as one event at a time would: a
+/// withdrawal below zero is refused though a deposit later in the batch would cover it.
+#[sqlx::test(migrations = false)]
+async fn a_check_constraint_refuses_a_state_between_as_it_does_per_event(pool: PgPool) {
+    setup(&pool).await;
+    sqlx::raw_sql("ALTER TABLE c_accounts ADD CONSTRAINT c_no_overdraft CHECK (balance >= 0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let events = [
+        account("a", 1, Ev::Opened { owner: "ann".into() }),
+        account("b", 1, Ev::Opened { owner: "bob".into() }),
+        account("a", 2, Ev::Deposited { amount: -1500 }),
+        account("b", 2, Ev::Deposited { amount: 5 }),
+        account("a", 3, Ev::Deposited { amount: 1000 }),
+    ];
+    for mode in [Mode::PerEvent, Mode::Batch] {
+        let err = apply(&pool, &events, mode).await.unwrap_err();
+        assert_eq!(err.event_index(), Some(2), "{mode:?}: {err}");
+        assert!(err.to_string().contains("c_no_overdraft"), "{mode:?}: {err}");
+    }
+    // Without the state between, both apply the batch alike.
+    let (_, tables) = both(&pool, &[&events[..2], &[account("a", 2, Ev::Deposited { amount: -900 })]].concat()).await;
+    assert!(tables.to_string().contains("\"balance\":100"), "{tables}");
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_bad_value_is_blamed_on_its_own_event(pool: PgPool) {
     setup(&pool).await;

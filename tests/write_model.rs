@@ -162,7 +162,7 @@ const SHAPES: [Shaped; 5] = [
 
 /// A random delivered stream: per-aggregate histories with every event type, some events
 /// lost (gaps) and some of those re-sent at the end, with `poison` a few whose data does not
-/// decode, interleaved across aggregates, duplicated, re-sent with fresh ids, and sometimes
+/// decode and a few snaps of a value the tables refuse, interleaved across aggregates, duplicated, re-sent with fresh ids, and sometimes
 /// replayed from the start.
 fn random_stream(seed: u64, poison: bool) -> Vec<RawEnvelope> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -179,6 +179,8 @@ fn random_stream(seed: u64, poison: bool) -> Vec<RawEnvelope> {
             for v in 1..=len {
                 let event = match rng.gen_range(0..10) {
                     0..=3 => Wire::Add { n: rng.gen_range(-50..100) },
+                    // A value the tables refuse (see `REFUSED`), with `poison`.
+                    4..=5 if poison && rng.gen_bool(0.1) => Wire::Snap { s: "refused".into() },
                     4..=5 => Wire::Snap { s: format!("s{v}") },
                     6..=7 => Wire::Bump { bucket: format!("b{}", rng.gen_range(0..4)), n: rng.gen_range(1..9) },
                     8 => Wire::Nothing {},
@@ -260,15 +262,15 @@ fn expected_totals(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)> {
 }
 
 /// The oracle with gaps parked and poison dead-lettered: each aggregate's total is the sum
-/// over the versions that arrived, from 1 up to the first that never did or is poison, each
-/// counted once.
+/// over the versions that arrived, from 1 up to the first that never did or is poison (its
+/// data does not decode, or a snap the table refuses), each counted once.
 fn expected_totals_parked(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)> {
     let mut arrived: HashMap<String, HashMap<i64, Option<i64>>> = HashMap::new();
     for e in stream.iter().filter(|e| e.aggregate_type == THING) {
         let add = match e.event_type.as_str() {
             "Add" => e.data["n"].as_i64(),
             "Bump" => e.data["n"].as_i64().map(|_| 1),
-            "Snap" => e.data["s"].as_str().map(|_| 0),
+            "Snap" => e.data["s"].as_str().filter(|s| *s != "refused").map(|_| 0),
             _ => Some(0),
         };
         arrived.entry(e.aggregate_id.clone()).or_default().entry(e.version).or_insert(add);
@@ -290,17 +292,27 @@ fn expected_totals_parked(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)>
 async fn with_gaps_parked_and_poison_dead_lettered_batches_equal_the_per_event_path(pool: PgPool) {
     let projections: Vec<&dyn PgProjection> = SHAPES.iter().map(|s| s as &dyn PgProjection).collect();
     migrate(&pool, &projections).await.unwrap();
+    sqlx::raw_sql(REFUSED).execute(&pool).await.unwrap();
     let mut seen = HashMap::new();
     let mut dead_letters = 0;
+    let mut reasons: HashMap<(&str, String), usize> = HashMap::new();
     for seed in 0..12 {
         let stream = random_stream(seed, true);
         for shape in &SHAPES {
             let park = Policy::default();
             let (per_event, per_event_tables) = run(&pool, shape, &stream, (Mode::PerEvent, park), seed).await;
+            let per_event_letters = dead_lettered(&pool, shape.name).await;
             let (batched, batched_tables) = run(&pool, shape, &stream, (Mode::Batch, park), seed + 100).await;
+            let batched_letters = dead_lettered(&pool, shape.name).await;
             let (whole, whole_tables) = run_whole(&pool, shape, &stream).await;
+            let whole_letters = dead_lettered(&pool, shape.name).await;
             assert_eq!(batched_tables, per_event_tables, "seed {seed}, {}: tables differ", shape.name);
             assert_eq!(whole_tables, per_event_tables, "seed {seed}, {}: one batch differs", shape.name);
+            assert_eq!(batched_letters, per_event_letters, "seed {seed}, {}: dead letters differ", shape.name);
+            assert_eq!(whole_letters, per_event_letters, "seed {seed}, {}: dead letters differ", shape.name);
+            for (_, _, _, reason) in whole_letters {
+                *reasons.entry((shape.name, reason)).or_insert(0) += 1;
+            }
             assert!(!batched.iter().chain(&per_event).any(|o| matches!(o, Outcome::Gap { .. })), "gaps park");
             for o in per_event.iter().chain(&whole) {
                 *seen.entry((shape.name, o.label())).or_insert(0) += 1;
@@ -327,7 +339,29 @@ async fn with_gaps_parked_and_poison_dead_lettered_batches_equal_the_per_event_p
             .unwrap();
     assert!(parked.0 > 0 && parked.1 > 0, "some gaps were never filled: {parked:?}");
     assert!(dead_letters > 0, "poison events were dead-lettered");
+    for shape in ["transition_only", "upsert_only", "mixed"] {
+        let refused = reasons.get(&(shape, "value".to_owned()));
+        assert!(refused.is_some_and(|n| *n > 0), "{shape}: no value refused: {reasons:?}");
+    }
 }
+
+/// The dead letters of `projection`: aggregate, version and reason, in order.
+async fn dead_lettered(pool: &PgPool, projection: &str) -> Vec<(String, String, i64, String)> {
+    sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id, version, reason FROM projectionist_dead_letters WHERE projection = $1 \
+         ORDER BY 1, 2, 3, 4",
+    )
+    .bind(projection)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Snaps of `refused` are values the tables refuse, as a CHECK constraint a projection's
+/// author added would: found by PostgreSQL, in a batch, in its per-event fallback, or as a
+/// held event drains.
+const REFUSED: &str = "ALTER TABLE wm_counts ADD CONSTRAINT wm_counts_not_refused CHECK (last <> 'refused'); \
+    ALTER TABLE wm_snaps ADD CONSTRAINT wm_snaps_not_refused CHECK (state <> 'refused')";
 
 /// The whole stream as one batch, set-based, gaps parked.
 async fn run_whole(

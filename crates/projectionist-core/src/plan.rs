@@ -16,7 +16,7 @@
 //!   after that event ([`Plan::unparked`]), so the caller applies the held events (the
 //!   drain) exactly where one event at a time would have.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
@@ -164,6 +164,10 @@ pub struct Plan<'a> {
     /// `outcomes` is shorter than the events. The caller applies the aggregate's held
     /// events in version order, then plans the rest.
     pub unparked: Option<(String, String)>,
+    /// The tables where a row is written by more than one event of the plan (its writes
+    /// coalesced into one, so that PostgreSQL sees only the row's last state): where a
+    /// CHECK constraint could refuse a state between, they are written in [`rounds`].
+    pub rewritten: Vec<Table>,
 }
 
 /// An event that cannot be planned.
@@ -223,6 +227,8 @@ struct RowState<'a> {
     created: Option<Option<i64>>,
     first: Vec<ColumnWrite<'a>>,
     rest: Vec<ColumnWrite<'a>>,
+    /// Events of the plan that write the row.
+    writers: u32,
 }
 
 impl<'a> RowState<'a> {
@@ -375,6 +381,7 @@ pub fn plan<'a>(
                 Target::Aggregate { key, .. } | Target::Row(key) => key.as_str(),
             };
             let state = rows.entry((t, key)).or_default();
+            state.writers += 1;
             if tables[t].is_gated() {
                 let creating = state.created == Some(Some(event.version));
                 state.take(&write.changes, creating, creating);
@@ -396,6 +403,9 @@ pub fn plan<'a>(
     let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(rows.len());
     for ((t, key), state) in rows {
         let table = tables[t];
+        if state.writers > 1 && !plan.rewritten.contains(&table) {
+            plan.rewritten.push(table);
+        }
         let mut push = |kind, expected, version, columns| {
             ordered.push((t, RowWrite { table, key, kind, expected, version, columns }))
         };
@@ -436,6 +446,27 @@ pub fn plan<'a>(
     plan.aggregates
         .sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
     Ok(plan)
+}
+
+/// Where to cut `events` so that no row of the `checked` tables is written twice within a
+/// run: the index each run after the first starts at. Written run after run, every state a
+/// row goes through is one PostgreSQL checks, as when events are applied one at a time.
+pub fn rounds(events: &[(EventRef<'_>, Effect<'_>)], checked: &[Table]) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut written: HashSet<(&str, &str)> = HashSet::new();
+    for (index, (_, effect)) in events.iter().enumerate() {
+        let Effect::Writes(writes) = effect else { continue };
+        let rows = writes.iter().filter(|w| checked.iter().any(|t| t.same(&w.table))).map(|w| match &w.target {
+            Target::Aggregate { key, .. } | Target::Row(key) => (w.table.name(), key.as_str()),
+        });
+        let rows: Vec<(&str, &str)> = rows.collect();
+        if rows.iter().any(|row| written.contains(row)) {
+            cuts.push(index);
+            written.clear();
+        }
+        written.extend(rows);
+    }
+    cuts
 }
 
 /// Whether events of `aggregate_type` are gated by the aggregate's version: when a fan-in
@@ -566,6 +597,29 @@ mod tests {
 
     fn r(id: &str, version: i64) -> EventRef<'static> {
         EventRef { aggregate_type: "account", aggregate_id: Box::leak(id.to_owned().into_boxed_str()), version }
+    }
+
+    #[test]
+    fn rows_written_twice_are_named_and_rounds_cut_before_a_checked_row_is_written_again() {
+        let a1 = [ACC.write(&env("a", 1)).add("balance", 1), STATS.row("c").add("n", 1)];
+        let b1 = [ACC.write(&env("b", 1)).add("balance", 1), STATS.row("c").add("n", 1)];
+        let a2 = [ACC.write(&env("a", 2)).add("balance", -5)];
+        let b2 = [ACC.write(&env("b", 2)).add("balance", 5)];
+        let events = [
+            (r("a", 1), Effect::Writes(&a1)),
+            (r("b", 1), Effect::Writes(&b1)),
+            (r("a", 2), Effect::Writes(&a2)),
+            (r("b", 2), Effect::Writes(&b2)),
+            (r("c", 1), Effect::Ignored),
+        ];
+        let p = plan(&[ACC, STATS], &Stored::default(), &events).unwrap();
+        assert!(p.rewritten.len() == 2 && p.rewritten.contains(&ACC) && p.rewritten.contains(&STATS), "{p:?}");
+        assert_eq!(rounds(&events, &[ACC]), vec![2], "a and b again: a second round");
+        assert_eq!(rounds(&events, &[STATS]), vec![1], "stats/c again at once");
+        assert_eq!(rounds(&events, &[ACC, STATS]), vec![1, 3], "stats/c, then b");
+        assert!(rounds(&events, &[SNAP]).is_empty(), "an unwritten table cuts nothing");
+        let once = plan(&[ACC, STATS], &Stored::default(), &events[..1]).unwrap();
+        assert!(once.rewritten.is_empty());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::Write as _;
 
 use projectionist_core::plan::{
-    aggregate_gated, plan, AggregateWrite, Effect, EventRef, Parked, Plan, RowKind, RowWrite, Stored,
+    aggregate_gated, plan, rounds, AggregateWrite, Effect, EventRef, Parked, Plan, RowKind, RowWrite, Stored,
 };
 use projectionist_core::{Outcome, Table};
 use serde::Serialize;
@@ -109,6 +109,25 @@ async fn apply_set_based(
     if events.is_empty() {
         return Ok(Ran::default());
     }
+    let plan = plan_run(conn, projection, tables, events, parking).await?;
+    if !plan.rewritten.is_empty() {
+        let checked = checked(conn, &plan.rewritten).await?;
+        let cuts = if checked.is_empty() { Vec::new() } else { rounds(events, &checked) };
+        if !cuts.is_empty() {
+            return apply_rounds(conn, projection, tables, events, parking, &cuts).await;
+        }
+    }
+    write_plan(conn, projection, plan).await
+}
+
+/// The plan of a run of events, against the rows as they are now.
+async fn plan_run<'a>(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &'a [(EventRef<'a>, Effect<'a>)],
+    parking: Parking<'_>,
+) -> Result<Plan<'a>> {
     let mut stored = read_stored(conn, projection, tables, events).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
@@ -120,11 +139,99 @@ async fn apply_set_based(
         plan = planned(&events[..gap])?;
         plan.outcomes.push(outcome);
     }
+    Ok(plan)
+}
+
+async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>) -> Result<Ran> {
     write_aggregates(conn, projection, &plan.aggregates).await?;
     for (table, shape, rows) in group(&plan.rows) {
         write_rows(conn, table, &shape, rows).await?;
     }
     Ok(Ran { outcomes: plan.outcomes, per_event: false, parks: plan.parks, unparked: plan.unparked })
+}
+
+/// Of `tables`, those PostgreSQL checks beyond their columns' types: with a CHECK
+/// constraint, or a column of a domain type (which may have its own).
+async fn checked(conn: &mut PgConnection, tables: &[Table]) -> Result<Vec<Table>> {
+    let names = tables.iter().map(|t| Ident::new(t.name()).map(|i| i.to_string())).collect::<Result<Vec<_>>>()?;
+    let found: Vec<i64> = sqlx::query_scalar(
+        "SELECT i FROM unnest($1::text[]) WITH ORDINALITY AS n(name, i) \
+         WHERE EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conrelid = n.name::regclass AND c.contype = 'c') \
+         OR EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid \
+                    WHERE a.attrelid = n.name::regclass AND a.attnum > 0 AND NOT a.attisdropped AND ty.typtype = 'd')",
+    )
+    .bind(&names)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(found.into_iter().map(|i| tables[i as usize - 1]).collect())
+}
+
+/// A run whose rows of checked tables are written more than once, written in rounds (see
+/// [`rounds`]): each round planned against what the rounds before it wrote, so that every
+/// state a checked row goes through meets its constraints, as one event at a time would.
+async fn apply_rounds(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+    parking: Parking<'_>,
+    cuts: &[usize],
+) -> Result<Ran> {
+    let mut runs = Runs::new(parking, false);
+    let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain([events.len()]).collect();
+    for round in bounds.windows(2) {
+        let (start, end) = (round[0], round[1]);
+        let plan = plan_run(conn, projection, tables, &events[start..end], runs.parking()).await;
+        let one = write_plan(conn, projection, plan.map_err(|e| e.shifted(start))?).await?;
+        // A round that ends in a gap, or with an aggregate resumed, ends the batch.
+        if runs.take(one) {
+            break;
+        }
+    }
+    Ok(runs.finish())
+}
+
+/// Runs of a batch applied one after another, each seeing what those before it wrote and
+/// parked.
+struct Runs {
+    ran: Ran,
+    parked: Option<ParkedMap>,
+    parks: HashMap<(String, String), Option<Parked>>,
+    gaps_halt: bool,
+}
+
+impl Runs {
+    fn new(parking: Parking<'_>, per_event: bool) -> Self {
+        let ran = Ran { per_event, ..Ran::default() };
+        Self { ran, parked: parking.parked.cloned(), parks: HashMap::new(), gaps_halt: parking.gaps_halt }
+    }
+
+    /// The parking state as the next run finds it.
+    fn parking(&self) -> Parking<'_> {
+        Parking { parked: self.parked.as_ref(), gaps_halt: self.gaps_halt }
+    }
+
+    /// Takes a run's outcomes and parks; `true` when the batch ends with it (a gap, or an
+    /// aggregate resumed: its held events come next).
+    fn take(&mut self, one: Ran) -> bool {
+        self.ran.outcomes.extend(one.outcomes);
+        for (aggregate, state) in one.parks {
+            if let Some(parked) = self.parked.as_mut() {
+                match state {
+                    Some(p) => parked.insert(aggregate.clone(), p),
+                    None => parked.remove(&aggregate),
+                };
+            }
+            self.parks.insert(aggregate, state);
+        }
+        self.ran.unparked = one.unparked;
+        ends_in_a_gap(&self.ran.outcomes) || self.ran.unparked.is_some()
+    }
+
+    fn finish(mut self) -> Ran {
+        self.ran.parks = sorted(self.parks);
+        self.ran
+    }
 }
 
 /// The plan of `events`, or the error naming the event that cannot be planned.
@@ -160,32 +267,17 @@ async fn apply_per_event(
     events: &[(EventRef<'_>, Effect<'_>)],
     parking: Parking<'_>,
 ) -> Result<Ran> {
-    let mut ran = Ran { outcomes: Vec::with_capacity(events.len()), per_event: true, ..Ran::default() };
-    // The parking state as each event finds it.
-    let mut parked = parking.parked.cloned();
-    let mut parks: HashMap<(String, String), Option<Parked>> = HashMap::new();
+    let mut runs = Runs::new(parking, true);
     for (index, event) in events.iter().enumerate() {
         let mut tries = 0;
         loop {
             let mut savepoint = conn.begin().await?;
-            let now = Parking { parked: parked.as_ref(), gaps_halt: parking.gaps_halt };
-            match apply_set_based(&mut savepoint, projection, tables, std::slice::from_ref(event), now).await {
+            let one = std::slice::from_ref(event);
+            match apply_set_based(&mut savepoint, projection, tables, one, runs.parking()).await {
                 Ok(one) => {
                     savepoint.commit().await?;
-                    ran.outcomes.extend(one.outcomes);
-                    for (aggregate, state) in one.parks {
-                        if let Some(parked) = parked.as_mut() {
-                            match state {
-                                Some(p) => parked.insert(aggregate.clone(), p),
-                                None => parked.remove(&aggregate),
-                            };
-                        }
-                        parks.insert(aggregate, state);
-                    }
-                    if ends_in_a_gap(&ran.outcomes) || one.unparked.is_some() {
-                        ran.unparked = one.unparked;
-                        ran.parks = sorted(parks);
-                        return Ok(ran);
+                    if runs.take(one) {
+                        return Ok(runs.finish());
                     }
                     break;
                 }
@@ -207,8 +299,7 @@ async fn apply_per_event(
             }
         }
     }
-    ran.parks = sorted(parks);
-    Ok(ran)
+    Ok(runs.finish())
 }
 
 fn sorted(parks: HashMap<(String, String), Option<Parked>>) -> Vec<((String, String), Option<Parked>)> {
