@@ -105,6 +105,13 @@ pub struct ColumnWrite<'a> {
 }
 
 impl<'a> ColumnWrite<'a> {
+    /// Whether PostgreSQL might refuse what this write holds, were it written (in a column
+    /// of `table`): adds (an overflow, a type without `+`), or a base its declared type may
+    /// not take. False only where the value surely fits.
+    fn might_be_refused(&self, table: &Table) -> bool {
+        !self.deltas.is_empty() || self.base.is_some_and(|v| !surely_fits(table.column_type(self.column), v))
+    }
+
     fn apply(&mut self, change: &'a Change) {
         match change.op {
             Op::Set => {
@@ -168,6 +175,11 @@ pub struct Plan<'a> {
     /// coalesced into one, so that PostgreSQL sees only the row's last state): where a
     /// CHECK constraint could refuse a state between, they are written in [`rounds`].
     pub rewritten: Vec<Table>,
+    /// The tables where the plan coalesced away a value PostgreSQL might refuse (a later set
+    /// of the same row's column superseded it: a null in a NOT NULL column, a value its type
+    /// may not take, adds never summed): written in [`rounds`] too, so that it is refused as
+    /// it is one event at a time.
+    pub superseded: Vec<Table>,
 }
 
 /// An event that cannot be planned.
@@ -229,6 +241,8 @@ struct RowState<'a> {
     rest: Vec<ColumnWrite<'a>>,
     /// Events of the plan that write the row.
     writers: u32,
+    /// Whether a value PostgreSQL might refuse was superseded (see [`Plan::superseded`]).
+    superseded: bool,
 }
 
 impl<'a> RowState<'a> {
@@ -242,15 +256,18 @@ impl<'a> RowState<'a> {
         }
     }
 
-    /// Takes `changes` into the first part (with `absolute`, a column's first value is its
-    /// base, as on a row the event creates) or into the part that follows.
-    fn take(&mut self, changes: &'a [Change], first: bool, absolute: bool) {
+    /// Takes `changes` of a row of `table` into the first part (with `absolute`, a column's
+    /// first value is its base, as on a row the event creates) or into the part that follows.
+    fn take(&mut self, table: &Table, changes: &'a [Change], first: bool, absolute: bool) {
         let part = if first { &mut self.first } else { &mut self.rest };
         for change in changes {
             let column = Self::column(part, change.column);
             if absolute && column.base.is_none() && column.deltas.is_empty() {
                 column.base = Some(&change.value);
             } else {
+                if change.op == Op::Set && !self.superseded {
+                    self.superseded = column.might_be_refused(table);
+                }
                 column.apply(change);
             }
         }
@@ -384,12 +401,12 @@ pub fn plan<'a>(
             state.writers += 1;
             if tables[t].is_gated() {
                 let creating = state.created == Some(Some(event.version));
-                state.take(&write.changes, creating, creating);
+                state.take(&tables[t], &write.changes, creating, creating);
             } else {
                 // A fan-in row's first write in the batch merges into whatever row is there.
                 let first = state.created.is_none();
                 state.created = Some(None);
-                state.take(&write.changes, first, false);
+                state.take(&tables[t], &write.changes, first, false);
             }
         }
         if resumes {
@@ -406,6 +423,7 @@ pub fn plan<'a>(
         if state.writers > 1 && !plan.rewritten.contains(&table) {
             plan.rewritten.push(table);
         }
+        let mut superseded = state.superseded;
         let mut push = |kind, expected, version, columns| {
             ordered.push((t, RowWrite { table, key, kind, expected, version, columns }))
         };
@@ -420,7 +438,7 @@ pub fn plan<'a>(
             match state.created {
                 None => push(RowKind::Update, state.stored, state.current, state.rest),
                 Some(created) => {
-                    let (first, rest) = coalesce(state.first, state.rest);
+                    let (first, rest) = coalesce(&table, state.first, state.rest, &mut superseded);
                     if rest.is_empty() {
                         push(RowKind::Insert, None, state.current, first);
                     } else {
@@ -429,6 +447,9 @@ pub fn plan<'a>(
                     }
                 }
             }
+        }
+        if superseded && !plan.superseded.contains(&table) {
+            plan.superseded.push(table);
         }
     }
     // Per table, inserts and merges before the updates that may build on them; then by
@@ -478,9 +499,12 @@ pub fn aggregate_gated(tables: &[Table], aggregate_type: &str) -> bool {
 /// Folds what follows a row's insert into the insert where the result cannot depend on
 /// what the insert left in the row: a set, or adds to a column the insert wrote. What is
 /// left (adds to a column the insert did not write: its default, or NULL) stays an update.
+/// `superseded` is set when an insert's value PostgreSQL might refuse is folded away.
 fn coalesce<'a>(
+    table: &Table,
     mut first: Vec<ColumnWrite<'a>>,
     rest: Vec<ColumnWrite<'a>>,
+    superseded: &mut bool,
 ) -> (Vec<ColumnWrite<'a>>, Vec<ColumnWrite<'a>>) {
     if rest.iter().any(|c| c.base.is_none() && !first.iter().any(|f| f.column == c.column)) {
         return (first, rest);
@@ -488,11 +512,46 @@ fn coalesce<'a>(
     for c in rest {
         match first.iter_mut().find(|f| f.column == c.column) {
             Some(f) if c.base.is_none() => f.deltas.extend(c.deltas),
-            Some(f) => *f = c,
+            Some(f) => {
+                *superseded |= f.might_be_refused(table);
+                *f = c;
+            }
             None => first.push(c),
         }
     }
     (first, Vec::new())
+}
+
+/// Whether `value` surely fits a column declared `declared` (`None`: not declared): what
+/// PostgreSQL's input of the type takes for certain. Anything else might be refused.
+fn surely_fits(declared: Option<&str>, value: &Value) -> bool {
+    let Some(declared) = declared else { return false };
+    let lower = declared.to_ascii_lowercase();
+    if value.is_null() {
+        return !lower.contains("not null") && !lower.contains("primary key");
+    }
+    if lower.contains("check") || lower.contains("references") {
+        return false;
+    }
+    // The type: the words before the first of the column's constraints.
+    const CONSTRAINTS: [&str; 6] = ["not", "null", "default", "unique", "collate", "generated"];
+    let words: Vec<&str> = lower.split_whitespace().take_while(|w| !CONSTRAINTS.contains(w)).collect();
+    let no_nul = |s: &str| !s.contains('\0');
+    match (words.join(" ").as_str(), value) {
+        ("text" | "varchar" | "character varying" | "citext", Value::String(s)) => no_nul(s),
+        ("text" | "varchar" | "character varying" | "citext", Value::Number(_) | Value::Bool(_)) => true,
+        ("jsonb" | "json", v) => !v.to_string().contains("\\u0000"),
+        ("bigint" | "int8", Value::Number(n)) => n.is_i64(),
+        ("integer" | "int" | "int4", Value::Number(n)) => n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+        ("smallint" | "int2", Value::Number(n)) => n.as_i64().is_some_and(|n| i16::try_from(n).is_ok()),
+        ("boolean" | "bool", Value::Bool(_)) => true,
+        ("double precision" | "float8" | "numeric" | "decimal", Value::Number(_)) => true,
+        ("timestamptz" | "timestamp with time zone", Value::String(s)) => {
+            chrono::DateTime::parse_from_rfc3339(s).is_ok()
+        }
+        ("uuid", Value::String(s)) => uuid::Uuid::parse_str(s).is_ok(),
+        _ => false,
+    }
 }
 
 /// The index of the declared table `write` targets, after checking it fits the declaration.
@@ -597,6 +656,47 @@ mod tests {
 
     fn r(id: &str, version: i64) -> EventRef<'static> {
         EventRef { aggregate_type: "account", aggregate_id: Box::leak(id.to_owned().into_boxed_str()), version }
+    }
+
+    #[test]
+    fn only_values_that_surely_fit_their_column_may_be_written_over_unseen() {
+        use serde_json::json;
+        let fits = |declared: &str, value: Value| surely_fits(Some(declared), &value);
+        assert!(fits("text", json!("ann")) && !fits("text", json!("nul\u{0}")));
+        assert!(fits("text", Value::Null) && !fits("text NOT NULL", Value::Null));
+        assert!(fits("bigint NOT NULL DEFAULT 0", json!(i64::MIN)) && !fits("bigint", json!(1.5)));
+        assert!(
+            fits("smallint", json!(-32768)) && !fits("smallint", json!(32768)) && !fits("integer", json!(1u64 << 31))
+        );
+        assert!(fits("numeric", json!(1e300)) && !fits("numeric(10,2)", json!(1)), "a precision may overflow");
+        assert!(fits("double precision", json!(0.1)) && !fits("real", json!(0.1)), "real: not known to fit");
+        assert!(fits("timestamptz", json!("2026-11-24T20:56:28Z")) && !fits("timestamptz", json!("yesterday")));
+        assert!(fits("timestamp with time zone NOT NULL", json!("2026-11-24T20:56:28+01:00")));
+        assert!(!fits("timestamp", json!("2026-11-24T20:56:28Z")), "only the types known");
+        assert!(!fits("varchar(3)", json!("four")) && fits("character varying", json!("four")));
+        assert!(fits("jsonb", json!({"a": [1, "b"]})) && !fits("jsonb", json!({"a": "\u{0}"})));
+        assert!(!fits("text CHECK (last <> 'x')", json!("y")), "a constraint of its own");
+        assert!(!surely_fits(None, &json!(1)), "an undeclared column");
+        assert!(fits("uuid", json!("67e55044-10b1-426f-9247-bb680e5fe0c8")) && !fits("uuid", json!("x")));
+    }
+
+    #[test]
+    fn a_value_that_might_be_refused_written_over_names_its_table() {
+        let w1 = [ACC.write(&env("a", 1)).set("owner", "nul\u{0}")];
+        let w2 = [ACC.write(&env("a", 2)).set("owner", "ann")];
+        let w3 = [ACC.write(&env("a", 3)).set("owner", "bob")];
+        let events =
+            [(r("a", 1), Effect::Writes(&w1)), (r("a", 2), Effect::Writes(&w2)), (r("a", 3), Effect::Writes(&w3))];
+        let p = plan(&[ACC], &Stored::default(), &events).unwrap();
+        assert_eq!(p.superseded, vec![ACC], "the NUL is written over in the insert");
+        let p = plan(&[ACC], &Stored::default(), &events[1..]).unwrap();
+        assert!(p.superseded.is_empty(), "ann surely fits text: {p:?}");
+        let adds = [ACC.write(&env("a", 2)).add("balance", 5)];
+        let set = [ACC.write(&env("a", 3)).set("balance", 0)];
+        let mut stored = Stored::default();
+        stored.rows.insert("acc", HashMap::from([("a".to_owned(), 1)]));
+        let events = [(r("a", 2), Effect::Writes(&adds)), (r("a", 3), Effect::Writes(&set))];
+        assert_eq!(plan(&[ACC], &stored, &events).unwrap().superseded, vec![ACC], "adds never summed");
     }
 
     #[test]

@@ -110,12 +110,15 @@ async fn apply_set_based(
         return Ok(Ran::default());
     }
     let plan = plan_run(conn, projection, tables, events, parking).await?;
+    // Where coalescing a row's writes would keep a state from PostgreSQL's checks (a table
+    // with CHECK constraints, a value that might be refused written over), rounds.
+    let mut in_rounds = plan.superseded.clone();
     if !plan.rewritten.is_empty() {
-        let checked = checked(conn, &plan.rewritten).await?;
-        let cuts = if checked.is_empty() { Vec::new() } else { rounds(events, &checked) };
-        if !cuts.is_empty() {
-            return apply_rounds(conn, projection, tables, events, parking, &cuts).await;
-        }
+        in_rounds.extend(checked(conn, &plan.rewritten).await?);
+    }
+    let cuts = if in_rounds.is_empty() { Vec::new() } else { rounds(events, &in_rounds) };
+    if !cuts.is_empty() {
+        return apply_rounds(conn, projection, tables, events, parking, &cuts).await;
     }
     write_plan(conn, projection, plan).await
 }
