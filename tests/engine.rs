@@ -1003,3 +1003,122 @@ async fn a_held_event_refused_when_its_aggregate_resumes_is_dead_lettered_itself
     assert_eq!(row, (6, 4));
     assert!(list(&pool, None).await.unwrap().is_empty());
 }
+
+/// A blue/green rebuild: built beside the live tables from offset zero and swapped in, a
+/// reader polling the live table all along never sees it shrink nor gets an error; the
+/// rebuilt tables are exact (a row tampered with by hand is repaired) with the projection's
+/// checkpoints and parking; a second rebuild at once is refused; a rollback restores the
+/// replaced tables exactly.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) {
+    use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    use projectionist::postgres::rebuild as shadow;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("rebuild");
+    let mut events = bank_accounts::generate::stream(60, 12, 7);
+    let e = bank_accounts::generate::envelope;
+    events.push(e("acc-gap", 1, &AccountEvent::AccountOpened { owner: "g".into() }));
+    events.push(e("acc-gap", 3, &AccountEvent::MoneyDeposited { amount: 1 }));
+    events.push(e("acc-p", 1, &AccountEvent::AccountOpened { owner: "p".into() }));
+    let mut poison = e("acc-p", 2, &AccountEvent::MoneyDeposited { amount: 1 });
+    poison.data = serde_json::json!({ "amount": "a lot" });
+    events.push(poison);
+    produce(&topic, &events).await;
+    let live = || Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]);
+    assert!(run(live()).await.halts().is_empty());
+    let letters = || async { projectionist::postgres::park::dead_letters(&pool, None, true).await.unwrap() };
+    let first = letters().await;
+    assert_eq!(first.len(), 1);
+    let dump = || projectionist_testing::dump_tables(&pool, &BankAccounts);
+    let clean = dump().await;
+    let checkpoints = || async {
+        sqlx::query_as::<_, (String, i32, i64)>(
+            "SELECT topic, partition, next_offset FROM projectionist_checkpoints ORDER BY 1, 2",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    let live_checkpoints = checkpoints().await;
+    sqlx::query(
+        "UPDATE bank_accounts SET owner = 'tampered' WHERE account_id = (SELECT min(account_id) FROM bank_accounts)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let tampered = dump().await;
+    assert_ne!(tampered, clean);
+
+    // A reader polls the live table while the rebuild runs and swaps.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (pool, stop) = (pool.clone(), stop.clone());
+        async move {
+            let (mut polls, mut least) = (0, (i64::MAX, i64::MAX));
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (count, versions): (i64, i64) =
+                    sqlx::query_as("SELECT count(*), coalesce(sum(version), 0)::bigint FROM bank_accounts")
+                        .fetch_one(&pool)
+                        .await
+                        .expect("the reader never gets an error");
+                least = (least.0.min(count), least.1.min(versions));
+                polls += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (polls, least)
+        }
+    });
+    let held = shadow::lock(&pool, "bank_accounts").await.unwrap();
+    let refused = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
+    let Err(err) = refused.await else { panic!("a second rebuild at once started") };
+    assert!(err.to_string().contains("another rebuild of it is running"), "{err}");
+    held.release().await.unwrap();
+    let rebuilt = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
+    let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
+    assert!(matches!(rebuilt, Rebuilt::Swapped { resumed: false, .. }));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (polls, least) = reader.await.unwrap();
+    let full: (i64, i64) =
+        sqlx::query_as("SELECT count(*), sum(version)::bigint FROM bank_accounts").fetch_one(&pool).await.unwrap();
+    assert!(polls > 0 && least == full, "the reader saw {least:?} at least, over {polls} polls; full: {full:?}");
+    assert_eq!(dump().await, clean, "the rebuilt tables equal a clean run's (the tampered row repaired)");
+    assert_eq!(checkpoints().await, live_checkpoints, "the projection's checkpoints are the rebuild's");
+    let parked = projectionist::postgres::park::list(&pool, None).await.unwrap();
+    let parked: Vec<(&str, i64, i64, Option<i64>)> =
+        parked.iter().map(|p| (p.aggregate_id.as_str(), p.waiting_for, p.held, p.dead_letter)).collect();
+    let again = letters().await;
+    let again: Vec<(i64, i32, Option<&str>)> =
+        again.iter().map(|d| (d.id, d.attempts, d.resolution.as_deref())).collect();
+    assert_eq!(again, [(first[0].id, 2, None)], "the same dead letter, met again by the rebuild");
+    assert_eq!(
+        parked,
+        [("acc-gap", 2, 1, None), ("acc-p", 2, 0, Some(first[0].id))],
+        "the gap and the poison event parked again by the rebuild, once"
+    );
+    let schemas: Vec<String> =
+        sqlx::query_scalar("SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'projectionist_%' ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(schemas, ["projectionist_old_bank_accounts"], "the shadow is gone, the replaced tables kept");
+
+    // The live run goes on with the new tables.
+    produce(&topic, &[e("acc-gap", 2, &AccountEvent::MoneyDeposited { amount: 1 })]).await;
+    assert!(run(live()).await.halts().is_empty());
+    let (version,): (i64,) = sqlx::query_as("SELECT version FROM bank_accounts WHERE account_id = 'acc-gap'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(version, 3, "the gap filled and drained in the rebuilt tables");
+
+    // Rolled back: the replaced tables, tampered row included, and their checkpoints.
+    shadow::rollback(&pool, &BankAccounts).await.unwrap();
+    assert_eq!(dump().await, tampered);
+    assert_eq!(checkpoints().await, live_checkpoints);
+    let parked = projectionist::postgres::park::list(&pool, None).await.unwrap();
+    let parked: Vec<(&str, Option<i64>)> = parked.iter().map(|p| (p.aggregate_id.as_str(), p.dead_letter)).collect();
+    assert_eq!(parked, [("acc-gap", None), ("acc-p", Some(first[0].id))], "parked as it was");
+    let restored = letters().await;
+    assert_eq!((restored.len(), restored[0].id, restored[0].attempts), (1, first[0].id, 1));
+    assert!(!shadow::drop_old(&pool, "bank_accounts").await.unwrap(), "nothing left to drop");
+}

@@ -94,6 +94,13 @@ enum Command {
     },
     /// Consume and project until stopped (SIGINT/SIGTERM).
     Run(Box<config::RunOptions>),
+    /// Build a projection's read model again from offset zero beside the live tables (in a
+    /// schema of its own, read in a consumer group of its own) while `run` keeps the live
+    /// ones current, then swap it in within one short transaction: readers see the old read
+    /// model until the swap and the new one after, never an empty or partial one. Stopped
+    /// or killed, the next `rebuild` resumes it. The replaced tables are kept:
+    /// `--rollback` swaps them back, `--drop-old` removes them. Takes `run`'s settings.
+    Rebuild(Box<RebuildArgs>),
     /// Publish envelopes from NDJSON (a file, or - for stdin) keyed by aggregate_id, with a
     /// transactional producer, one transaction per chunk (`publish --help` shows a line).
     Publish(publish::PublishArgs),
@@ -119,6 +126,21 @@ enum Command {
     /// The settings file.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+#[derive(clap::Args)]
+struct RebuildArgs {
+    /// Swap back the tables the last rebuild replaced (while they are kept).
+    #[arg(long, conflicts_with_all = ["drop_old", "abandon"])]
+    rollback: bool,
+    /// Remove the tables the last rebuild replaced (no rollback after this).
+    #[arg(long, conflicts_with = "abandon")]
+    drop_old: bool,
+    /// Remove a rebuild's tables that were never swapped in (the next one starts over).
+    #[arg(long)]
+    abandon: bool,
+    #[command(flatten)]
+    run: config::RunOptions,
 }
 
 #[derive(Subcommand)]
@@ -250,6 +272,7 @@ impl App {
                 );
             }
             Command::Run(args) => return self.run(&cli.database_url, client, *args).await,
+            Command::Rebuild(args) => return self.rebuild(&cli.database_url, client, *args).await,
             Command::Publish(args) => return publish::publish(&client, args).await,
             Command::Config(ConfigCommand::Example) => print!("{}", config::EXAMPLE),
             Command::Status => {
@@ -331,6 +354,71 @@ impl App {
     fn select(self, names: &[String]) -> anyhow::Result<Vec<Registration>> {
         self.check_names(names, "--projection")?;
         Ok(self.registrations.into_iter().filter(|r| names.iter().any(|n| n == r.projection.name())).collect())
+    }
+
+    async fn rebuild(
+        self,
+        database_url: &Option<String>,
+        client: KafkaClientConfig,
+        args: RebuildArgs,
+    ) -> anyhow::Result<ExitCode> {
+        use projectionist_postgres::rebuild;
+        if args.run.reset || args.run.from_beginning || args.run.exit_when_caught_up {
+            bail!("a rebuild reads from offset zero into tables of its own and ends with its swap: --reset, --from-beginning and --exit-when-caught-up are `run`'s");
+        }
+        let config = args.run.engine_config(&client)?;
+        let own: Vec<String> = config.per_projection.keys().cloned().collect();
+        self.check_names(&own, "per_projection")?;
+        let selected: Vec<Registration> = match args.run.projections.as_deref() {
+            None | Some([]) => self.registrations,
+            Some(names) => self.select(names)?,
+        };
+        let pool = pool(database_url).await?;
+        status::engine_tables(&pool).await?;
+        for r in selected {
+            let name = r.projection.name().to_owned();
+            if args.rollback || args.drop_old || args.abandon {
+                let _lock = rebuild::lock(&pool, &name).await?;
+                if args.rollback {
+                    rebuild::rollback(&pool, r.projection.as_ref()).await?;
+                    println!("{name}: the tables the last rebuild replaced are live again, with their checkpoints.");
+                } else if args.drop_old {
+                    let dropped = rebuild::drop_old(&pool, &name).await?;
+                    println!(
+                        "{name}: {}",
+                        if dropped { "the replaced tables are removed." } else { "no replaced tables kept." }
+                    );
+                } else {
+                    let dropped = rebuild::abandon(&pool, &name).await?;
+                    println!(
+                        "{name}: {}",
+                        if dropped { "the unfinished rebuild is removed." } else { "no unfinished rebuild." }
+                    );
+                }
+                continue;
+            }
+            let mut config = config.for_projection(&name);
+            // Its dead letters were produced to the topic when first met.
+            config.dead_letter_topic = None;
+            let started = Instant::now();
+            let rebuilt =
+                projectionist_kafka::rebuild::rebuild(&pool, config, r.projection, r.topics, shutdown_signal()).await?;
+            match rebuilt {
+                projectionist_kafka::rebuild::Rebuilt::Swapped { resumed, .. } => println!(
+                    "{name}: rebuilt{} in {:.1}s and swapped in; the replaced tables are kept for `rebuild --rollback` \
+                     (`rebuild --drop-old` removes them).",
+                    if resumed { " (resumed)" } else { "" },
+                    started.elapsed().as_secs_f64()
+                ),
+                projectionist_kafka::rebuild::Rebuilt::Stopped => {
+                    println!(
+                        "{name}: stopped before its swap; the live tables are untouched, and `rebuild` resumes it."
+                    );
+                    return Ok(ExitCode::from(130));
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
     }
 
     /// An error naming the first of `names` (given by `source`) that is not registered.
@@ -465,7 +553,13 @@ pub fn command() -> clap::Command {
         .filter(|a| a.get_help_heading() == Some(kafka::KAFKA_HEADING))
         .map(|a| a.clone().hide(true))
         .collect();
-    command.mut_subcommand("migrate", |migrate| migrate.args(kafka))
+    // `rebuild` takes `run`'s settings but those that say where `run` starts and stops.
+    let rebuild = |rebuild: clap::Command| {
+        ["from_beginning", "reset", "exit_when_caught_up"]
+            .into_iter()
+            .fold(rebuild, |c, id| c.mut_arg(id, |a| a.hide(true)))
+    };
+    command.mut_subcommand("migrate", |migrate| migrate.args(kafka)).mut_subcommand("rebuild", rebuild)
 }
 
 /// Applies `--config FILE`, if given, where the command line and the environment left
@@ -479,10 +573,18 @@ fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<
         }
     }
     cli.kafka.file_properties = file.kafka;
-    if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
-        let mut options = file.run;
-        options.update_from_arg_matches(run)?;
-        **args = options;
+    match (&mut cli.command, matches.subcommand()) {
+        (Command::Run(args), Some(("run", run))) => {
+            let mut options = file.run;
+            options.update_from_arg_matches(run)?;
+            **args = options;
+        }
+        (Command::Rebuild(args), Some(("rebuild", rebuild))) => {
+            let mut options = file.run;
+            options.update_from_arg_matches(rebuild)?;
+            args.run = options;
+        }
+        _ => {}
     }
     Ok(cli)
 }

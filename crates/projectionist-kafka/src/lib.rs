@@ -10,6 +10,7 @@ mod error;
 pub mod metrics;
 mod outage;
 mod partition;
+pub mod rebuild;
 mod retry;
 mod runner;
 pub mod topics;

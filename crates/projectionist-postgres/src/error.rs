@@ -35,6 +35,14 @@ pub enum Error {
         /// Why not.
         problem: String,
     },
+    /// A rebuild of a projection cannot start, swap or roll back as asked.
+    #[error("rebuild of projection {projection}: {problem}")]
+    Rebuild {
+        /// Projection name.
+        projection: String,
+        /// Why not, and what to do.
+        problem: String,
+    },
     /// A table or column name from configuration breaks the identifier rules.
     #[error("invalid identifier {ident:?}: {reason}")]
     Identifier {

@@ -8,6 +8,7 @@ mod error;
 mod ident;
 mod migrate;
 pub mod park;
+pub mod rebuild;
 
 pub use apply::{
     apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, Policy, Prepared,

@@ -1,0 +1,108 @@
+//! A blue/green rebuild: a projection's read model built again from offset zero beside the
+//! live one, by the engine itself writing a shadow schema (see
+//! [`projectionist_postgres::rebuild`]), then swapped in once it has caught up with the
+//! live checkpoints. The live tables stay complete for their readers all along.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use projectionist_postgres::rebuild::{self, Swap};
+use projectionist_postgres::{PgPool, SharedProjection};
+use sqlx::postgres::PgPoolOptions;
+
+use crate::{Engine, EngineConfig, Error, Result, RunReport};
+
+/// Most catch-up rounds before a swap is given up: each one reads up to the head as it was
+/// when it started, and the swap needs the live checkpoints not ahead of the shadow's.
+const MAX_CATCH_UPS: u32 = 20;
+
+/// How a rebuild ended.
+pub enum Rebuilt {
+    /// Swapped in: the rebuilt tables are live, the replaced ones kept for a rollback.
+    Swapped {
+        /// Whether it resumed the shadow of a rebuild stopped earlier.
+        resumed: bool,
+        /// What its runs did, the last one's counters.
+        report: RunReport,
+    },
+    /// Stopped by the shutdown signal before the swap: the next rebuild resumes it.
+    Stopped,
+}
+
+/// Rebuilds `projection` (consuming `topics`) beside its live tables and swaps it in (see
+/// the module). Reads in a consumer group of its own, `<group_id>.rebuild.<projection>`;
+/// holds the projection's rebuild lock throughout, so that a second rebuild is refused.
+pub async fn rebuild(
+    pool: &PgPool,
+    config: EngineConfig,
+    projection: SharedProjection,
+    topics: Vec<String>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<Rebuilt> {
+    let name = projection.name().to_owned();
+    let lock = rebuild::lock(pool, &name).await?;
+    let shadow = rebuild::prepare(pool, projection.as_ref()).await?;
+    tracing::info!(projection = %name, schema = %shadow.schema, resumed = shadow.resumed, "Rebuild starting.");
+    let shadow_pool = shadow_pool(pool, &name).await?;
+    let mut config = config;
+    config.group_id = Some(format!("{}.rebuild", config.group_id.as_deref().unwrap_or("projectionist")));
+    config.exit_when_caught_up = true;
+    config.from_beginning = false;
+    let stopped = Arc::new(AtomicBool::new(false));
+    let flag = stopped.clone();
+    let shutdown = async move {
+        shutdown.await;
+        flag.store(true, Ordering::SeqCst);
+    };
+    tokio::pin!(shutdown);
+    for round in 1..=MAX_CATCH_UPS {
+        let engine = Engine::new(shadow_pool.clone(), config.clone()).register(projection.clone(), topics.clone());
+        let report = engine.run(shutdown.as_mut()).await?;
+        if let Some(halt) = report.halts().first() {
+            return Err(Error::Config(format!("the rebuild of {name} halted, the live tables untouched: {halt}")));
+        }
+        if stopped.load(Ordering::SeqCst) {
+            tracing::info!(projection = %name, "Rebuild stopped before its swap; the next `rebuild` resumes it.");
+            return Ok(Rebuilt::Stopped);
+        }
+        let carried = rebuild::carry_discards(pool, &shadow_pool, projection.as_ref()).await?;
+        if carried > 0 {
+            tracing::info!(projection = %name, carried, "Discarded dead letters met again: discarded in the rebuild too.");
+        }
+        match rebuild::swap(pool, projection.as_ref()).await? {
+            Swap::Done => {
+                tracing::info!(projection = %name, "Rebuild swapped in; the replaced tables are kept for a rollback.");
+                lock.release().await?;
+                return Ok(Rebuilt::Swapped { resumed: shadow.resumed, report });
+            }
+            Swap::Behind(partitions) => {
+                tracing::info!(projection = %name, round, behind = ?partitions, "The live run is ahead; catching up.");
+            }
+        }
+    }
+    Err(Error::Config(format!(
+        "the rebuild of {name} did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again"
+    )))
+}
+
+/// A pool like `pool` whose connections resolve names in `projection`'s shadow first.
+async fn shadow_pool(pool: &PgPool, projection: &str) -> Result<PgPool> {
+    let mut conn = pool.acquire().await.map_err(projectionist_postgres::Error::from)?;
+    let path = rebuild::shadow_search_path(&mut conn, projection).await?;
+    drop(conn);
+    let options = (*pool.connect_options()).clone();
+    let pool = PgPoolOptions::new()
+        .max_connections(pool.options().get_max_connections())
+        .after_connect(move |conn, _| {
+            let path = path.clone();
+            Box::pin(async move {
+                sqlx::query("SELECT set_config('search_path', $1, false)").bind(path).execute(conn).await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await
+        .map_err(projectionist_postgres::Error::from)?;
+    Ok(pool)
+}
