@@ -1073,9 +1073,13 @@ async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) 
     let Err(err) = refused.await else { panic!("a second rebuild at once started") };
     assert!(err.to_string().contains("another rebuild of it is running"), "{err}");
     held.release().await.unwrap();
+    // A shadow that has read nothing is behind the live checkpoints: no swap.
+    assert!(!shadow::prepare(&pool, &BankAccounts).await.unwrap().resumed);
+    let behind = shadow::swap(&pool, &BankAccounts).await.unwrap();
+    assert!(matches!(&behind, shadow::Swap::Behind(p) if p.len() == 2), "{behind:?}");
     let rebuilt = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
-    assert!(matches!(rebuilt, Rebuilt::Swapped { resumed: false, .. }));
+    assert!(matches!(rebuilt, Rebuilt::Swapped { resumed: true, .. }), "the shadow made above, resumed");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (polls, least) = reader.await.unwrap();
     let full: (i64, i64) =
@@ -1121,4 +1125,99 @@ async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) 
     let restored = letters().await;
     assert_eq!((restored.len(), restored[0].id, restored[0].attempts), (1, first[0].id, 1));
     assert!(!shadow::drop_old(&pool, "bank_accounts").await.unwrap(), "nothing left to drop");
+}
+
+/// A rebuild while a live `run` projects a stream that keeps growing: a reader polling the
+/// live table never sees its row count or its sum of versions drop, nor an error; after the
+/// swap the live run goes on in the rebuilt tables, which end exact over the whole stream.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_swaps_in_while_a_live_run_projects_a_growing_stream(pool: PgPool) {
+    use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("rebuild-live");
+    let events = bank_accounts::generate::stream(300, 20, 11);
+    let (first, rest) = events.split_at(events.len() * 2 / 5);
+    produce(&topic, first).await;
+    let offsets = || async {
+        sqlx::query_scalar::<_, Option<i64>>("SELECT sum(next_offset)::bigint FROM projectionist_checkpoints")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .unwrap_or(0)
+    };
+    let (stop_live, live_stopped) = tokio::sync::oneshot::channel::<()>();
+    let live = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
+        .register(Arc::new(BankAccounts), [topic.clone()]);
+    let live = tokio::spawn(live.run(async move {
+        let _ = live_stopped.await;
+    }));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while offsets().await < first.len() as i64 {
+        assert!(std::time::Instant::now() < deadline, "the live run applied the first part");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (pool, stop) = (pool.clone(), stop.clone());
+        async move {
+            let (mut polls, mut last, mut drops) = (0, (0_i64, 0_i64), Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                let now: (i64, i64) =
+                    sqlx::query_as("SELECT count(*), coalesce(sum(version), 0)::bigint FROM bank_accounts")
+                        .fetch_one(&pool)
+                        .await
+                        .expect("the reader never gets an error");
+                if now.0 < last.0 || now.1 < last.1 {
+                    drops.push((last, now));
+                }
+                (last, polls) = (now, polls + 1);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (polls, drops)
+        }
+    });
+    // Events keep coming while the rebuild runs, up to its swap, and after it: the last
+    // chunks wait for the swap.
+    let swapped = Arc::new(AtomicBool::new(false));
+    let producer = tokio::spawn({
+        let (topic, rest, swapped) = (topic.clone(), rest.to_vec(), swapped.clone());
+        async move {
+            let chunks: Vec<&[RawEnvelope]> = rest.chunks(40).collect();
+            for (i, chunk) in chunks.iter().enumerate() {
+                while i + 5 >= chunks.len() && !swapped.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                produce(&topic, chunk).await;
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        }
+    });
+    let rebuilt = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
+    let rebuilt = tokio::time::timeout(Duration::from_secs(180), rebuilt).await.expect("rebuilt in time").unwrap();
+    assert!(matches!(rebuilt, Rebuilt::Swapped { .. }));
+    swapped.store(true, Ordering::SeqCst);
+    producer.await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while offsets().await < events.len() as i64 {
+        assert!(std::time::Instant::now() < deadline, "the live run caught up after the swap");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (polls, drops) = reader.await.unwrap();
+    assert!(polls > 0 && drops.is_empty(), "the reader saw the read model shrink: {drops:?} ({polls} polls)");
+    let _ = stop_live.send(());
+    let report = live.await.unwrap().unwrap();
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let rows: Vec<(String, String, i64, String, i64)> =
+        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let want: Vec<(String, String, i64, String, i64)> = bank_accounts::generate::expected(&events)
+        .into_iter()
+        .map(|(id, a)| (id, a.owner, a.balance, a.status, a.version))
+        .collect();
+    assert_eq!(rows, want, "the rebuilt tables, kept current by the live run, are exact");
 }
