@@ -1221,3 +1221,108 @@ async fn a_rebuild_swaps_in_while_a_live_run_projects_a_growing_stream(pool: PgP
         .collect();
     assert_eq!(rows, want, "the rebuilt tables, kept current by the live run, are exact");
 }
+
+/// The next release of `bank_accounts`: one more column, the deposits counted.
+struct BankAccountsV2;
+
+const ACCOUNTS_V2: Table =
+    Table::transition("bank_accounts", "account_id").aggregate_type(bank_accounts::AGGREGATE_TYPE).columns(&[
+        ("owner", "text"),
+        ("balance", "bigint NOT NULL DEFAULT 0"),
+        ("status", "text"),
+        ("updated_at", "timestamptz"),
+        ("deposits", "bigint NOT NULL DEFAULT 0"),
+    ]);
+
+impl Projection<PgConnection> for BankAccountsV2 {
+    type Event = AccountEvent;
+
+    fn name(&self) -> &str {
+        "bank_accounts"
+    }
+
+    fn tables(&self) -> &[Table] {
+        &[ACCOUNTS_V2]
+    }
+
+    fn project(&self, env: &Envelope<AccountEvent>) -> Writes {
+        let row = ACCOUNTS_V2.write(env).set("updated_at", env.occurred_at);
+        match &env.event {
+            AccountEvent::AccountOpened { owner } => row.set("owner", owner).set("balance", 0).set("status", "open"),
+            AccountEvent::MoneyDeposited { amount } => row.add("balance", amount).add("deposits", 1),
+            AccountEvent::MoneyWithdrawn { amount } => row.add("balance", -amount),
+            AccountEvent::AccountClosed {} => row.set("status", "closed"),
+        }
+        .into()
+    }
+}
+
+/// A release that adds a column: its rebuild fills the column for every row; the live run
+/// of the new release, started after the swap, keeps it filled; and an operator's discard
+/// carries over into the rebuild.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_of_a_release_that_adds_a_column_fills_it_and_carries_discards_over(pool: PgPool) {
+    use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    use projectionist::postgres::park::{dead_letters, list, resolve, Resolve};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("rebuild-column");
+    let e = bank_accounts::generate::envelope;
+    let mut events = bank_accounts::generate::stream(40, 10, 5);
+    events.push(e("acc-d", 1, &AccountEvent::AccountOpened { owner: "d".into() }));
+    let mut poison = e("acc-d", 2, &AccountEvent::MoneyDeposited { amount: 1 });
+    poison.data = serde_json::json!({ "amount": "a lot" });
+    events.extend([poison, e("acc-d", 3, &AccountEvent::MoneyDeposited { amount: 7 })]);
+    produce(&topic, &events).await;
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    let letter = dead_letters(&pool, None, false).await.unwrap()[0].id;
+    resolve(&pool, &BankAccounts, letter, Resolve::Discard { reason: "refunded by hand".into() }).await.unwrap();
+
+    let rebuilt = rebuild(&pool, config(), Arc::new(BankAccountsV2), vec![topic.clone()], std::future::pending());
+    let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("in time").unwrap();
+    assert!(matches!(rebuilt, Rebuilt::Swapped { .. }));
+    let deposits = |events: &[RawEnvelope]| {
+        let mut counted: std::collections::BTreeMap<(String, i64), bool> = Default::default();
+        for e in events.iter().filter(|e| e.event_type == "MoneyDeposited" && e.aggregate_id != "acc-d") {
+            counted.insert((e.aggregate_id.clone(), e.version), true);
+        }
+        let mut per: std::collections::BTreeMap<String, i64> = Default::default();
+        for (id, _) in counted.keys() {
+            *per.entry(id.clone()).or_default() += 1;
+        }
+        per
+    };
+    let got = || async {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT account_id, deposits FROM bank_accounts WHERE deposits > 0 AND account_id <> 'acc-d'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        rows.into_iter().collect::<std::collections::BTreeMap<String, i64>>()
+    };
+    assert_eq!(got().await, deposits(&events), "every row's new column filled by the rebuild");
+    let d: (i64, i64, i64) =
+        sqlx::query_as("SELECT balance, version, deposits FROM bank_accounts WHERE account_id = 'acc-d'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(d, (7, 3, 1), "the discarded v2 skipped in the rebuild too, v3 applied");
+    assert!(list(&pool, None).await.unwrap().is_empty(), "nothing parked");
+
+    // The new release's live run keeps the column filled.
+    let more = [e("acc-d", 4, &AccountEvent::MoneyDeposited { amount: 1 })];
+    produce(&topic, &more).await;
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccountsV2), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    let d: (i64, i64, i64) =
+        sqlx::query_as("SELECT balance, version, deposits FROM bank_accounts WHERE account_id = 'acc-d'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(d, (8, 4, 2));
+}
