@@ -1075,7 +1075,7 @@ async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) 
     held.release().await.unwrap();
     // A shadow that has read nothing is behind the live checkpoints: no swap.
     assert!(!shadow::prepare(&pool, &BankAccounts).await.unwrap().resumed);
-    let behind = shadow::swap(&pool, &BankAccounts).await.unwrap();
+    let behind = shadow::swap(&pool, &BankAccounts, std::slice::from_ref(&topic)).await.unwrap();
     assert!(matches!(&behind, shadow::Swap::Behind(p) if p.len() == 2), "{behind:?}");
     let rebuilt = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();

@@ -401,8 +401,12 @@ impl App {
             // Its dead letters were produced to the topic when first met.
             config.dead_letter_topic = None;
             let started = Instant::now();
+            let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone()));
             let rebuilt =
-                projectionist_kafka::rebuild::rebuild(&pool, config, r.projection, r.topics, shutdown_signal()).await?;
+                projectionist_kafka::rebuild::rebuild(&pool, config, r.projection, r.topics, shutdown_signal()).await;
+            reporter.abort();
+            let _ = reporter.await;
+            let rebuilt = rebuilt?;
             match rebuilt {
                 projectionist_kafka::rebuild::Rebuilt::Swapped { resumed, .. } => println!(
                     "{name}: rebuilt{} in {:.1}s and swapped in; the replaced tables are kept for `rebuild --rollback` \
@@ -597,6 +601,30 @@ async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progre
         tokio::time::sleep(Duration::from_millis(200)).await;
         let advanced: u64 = stats.iter().map(|s| s.advanced.load(std::sync::atomic::Ordering::Relaxed)).sum();
         progress.update(advanced);
+    }
+}
+
+/// Shows a rebuild's progress (a bar on a terminal, a log line every 5 s otherwise): its
+/// shadow's checkpoints against the high watermarks at start, counted from where it starts
+/// (a resumed rebuild's rate and ETA are its own).
+async fn report_rebuild(pool: PgPool, client: KafkaClientConfig, registration: Registration) {
+    let name = registration.projection.name().to_owned();
+    let Ok(positions) = status::positions(&pool, &client, std::slice::from_ref(&registration)).await else { return };
+    let read = |shadow: &[(String, i32, i64)]| -> u64 {
+        let at = |p: &status::Position| {
+            shadow.iter().find(|(t, n, _)| *t == p.topic && *n == p.partition).map_or(p.low, |(.., o)| *o)
+        };
+        positions.iter().map(|p| (at(p).min(p.high) - p.low).max(0) as u64).sum()
+    };
+    let shadow = |pool: PgPool, name: String| async move {
+        projectionist_postgres::rebuild::shadow_checkpoints(&pool, &name).await.ok().flatten().unwrap_or_default()
+    };
+    let from = read(&shadow(pool.clone(), name.clone()).await);
+    let total: u64 = positions.iter().map(|p| (p.high - p.low).max(0) as u64).sum();
+    let mut progress = Progress::new("Rebuilding", Some(total.saturating_sub(from)));
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        progress.update(read(&shadow(pool.clone(), name.clone()).await).saturating_sub(from));
     }
 }
 

@@ -65,7 +65,7 @@ pub(crate) async fn print(
         "{:<24} {:<24} {:>9} {:>12} {:>12} {:>10}",
         "projection", "topic", "partition", "checkpoint", "high", "lag"
     );
-    for p in positions {
+    for p in &positions {
         let lag = p.high - p.checkpoint.unwrap_or(p.low);
         let shown = p.checkpoint.map_or("-".to_owned(), |o| o.to_string());
         println!("{:<24} {:<24} {:>9} {shown:>12} {:>12} {lag:>10}", p.projection, p.topic, p.partition, p.high);
@@ -76,6 +76,28 @@ pub(crate) async fn print(
         let name = r.projection.name();
         let (parked, held, dead) = projectionist_postgres::park::count(pool, name).await?;
         println!("{name:<24} {parked:>16} {held:>12} {dead:>12}");
+    }
+    let mut rebuilds = Vec::new();
+    for r in registrations {
+        let name = r.projection.name();
+        if let Some(shadow) = projectionist_postgres::rebuild::shadow_checkpoints(pool, name).await? {
+            let mine = positions.iter().filter(|p| p.projection == name);
+            let (mut read, mut live, mut high) = (0, 0, 0);
+            for p in mine {
+                let at = shadow.iter().find(|(t, n, _)| *t == p.topic && *n == p.partition).map_or(p.low, |(.., o)| *o);
+                read += (at - p.low).max(0);
+                live += (p.checkpoint.unwrap_or(p.low) - at).max(0);
+                high += (p.high - p.low).max(0);
+            }
+            rebuilds.push((name, read, high, live));
+        }
+    }
+    if !rebuilds.is_empty() {
+        println!();
+        println!("{:<24} {:>16} {:>12} {:>12}", "rebuild of", "read", "of", "behind live");
+        for (name, read, high, live) in rebuilds {
+            println!("{name:<24} {read:>16} {high:>12} {live:>12}");
+        }
     }
     Ok(())
 }

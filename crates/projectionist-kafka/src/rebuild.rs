@@ -60,7 +60,7 @@ pub async fn rebuild(
         let engine = Engine::new(shadow_pool.clone(), config.clone()).register(projection.clone(), topics.clone());
         let report = engine.run(shutdown.as_mut()).await?;
         if let Some(halt) = report.halts().first() {
-            return Err(Error::Config(format!("the rebuild of {name} halted, the live tables untouched: {halt}")));
+            return Err(problem(&name, format!("it halted, the live tables untouched: {halt}")));
         }
         if stopped.load(Ordering::SeqCst) {
             tracing::info!(projection = %name, "Rebuild stopped before its swap; the next `rebuild` resumes it.");
@@ -70,7 +70,7 @@ pub async fn rebuild(
         if carried > 0 {
             tracing::info!(projection = %name, carried, "Discarded dead letters met again: discarded in the rebuild too.");
         }
-        match rebuild::swap(pool, projection.as_ref()).await? {
+        match rebuild::swap(pool, projection.as_ref(), &topics).await? {
             Swap::Done => {
                 tracing::info!(projection = %name, "Rebuild swapped in; the replaced tables are kept for a rollback.");
                 lock.release().await?;
@@ -81,9 +81,11 @@ pub async fn rebuild(
             }
         }
     }
-    Err(Error::Config(format!(
-        "the rebuild of {name} did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again"
-    )))
+    Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
+}
+
+fn problem(projection: &str, problem: String) -> Error {
+    Error::Postgres(projectionist_postgres::Error::Rebuild { projection: projection.to_owned(), problem })
 }
 
 /// A pool like `pool` whose connections resolve names in `projection`'s shadow first.

@@ -149,6 +149,29 @@ pub async fn shadow_search_path(conn: &mut PgConnection, projection: &str) -> Re
     Ok(format!("{}, {path}", Ident::new(&shadow_schema(projection))?))
 }
 
+/// Where `projection`'s rebuild has read each partition up to (its shadow's checkpoints:
+/// topic, partition, next offset); `None` when no rebuild of it is under way.
+pub async fn shadow_checkpoints(pool: &PgPool, projection: &str) -> Result<Option<Vec<(String, i32, i64)>>> {
+    let shadow = shadow_schema(projection);
+    let mut conn = pool.acquire().await?;
+    if !schema_exists(&mut conn, &shadow).await? {
+        return Ok(None);
+    }
+    let rows = sqlx::query_as(&format!(
+        "SELECT topic, partition, next_offset FROM {}.projectionist_checkpoints WHERE projection = $1 ORDER BY 1, 2",
+        Ident::new(&shadow)?
+    ))
+    .bind(projection)
+    .fetch_all(&mut *conn)
+    .await;
+    // The shadow may be swapped in (and dropped) between the two statements.
+    match rows {
+        Ok(rows) => Ok(Some(rows)),
+        Err(_) if !schema_exists(&mut conn, &shadow).await? => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// How a swap went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Swap {
@@ -170,7 +193,10 @@ pub enum Swap {
 /// `run` processes of the projection go on by themselves: their next batch writes the new
 /// tables, from their own position, which is not past the shadow's (the events between are
 /// duplicates to the new tables).
-pub async fn swap(pool: &PgPool, projection: &dyn PgProjection) -> Result<Swap> {
+///
+/// Only the checkpoints of `topics`, those the rebuild read, are compared (the projection
+/// may have checkpoints of topics it no longer reads); all of the projection's are replaced.
+pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String]) -> Result<Swap> {
     let name = projection.name();
     let (shadow, old) = (Ident::new(&shadow_schema(name))?, Ident::new(&old_schema(name))?);
     unqualified(projection)?;
@@ -197,9 +223,11 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection) -> Result<Swap> 
     let behind: Vec<(String, i32, Option<i64>, i64)> = sqlx::query_as(&format!(
         "SELECT l.topic, l.partition, s.next_offset, l.next_offset FROM {engine}.projectionist_checkpoints l \
          LEFT JOIN {shadow}.projectionist_checkpoints s USING (projection, topic, partition) \
-         WHERE l.projection = $1 AND (s.next_offset IS NULL OR s.next_offset < l.next_offset) ORDER BY 1, 2"
+         WHERE l.projection = $1 AND l.topic = ANY($2) AND (s.next_offset IS NULL OR s.next_offset < l.next_offset) \
+         ORDER BY 1, 2"
     ))
     .bind(name)
+    .bind(topics)
     .fetch_all(&mut *tx)
     .await?;
     if !behind.is_empty() {

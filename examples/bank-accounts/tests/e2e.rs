@@ -963,3 +963,57 @@ async fn a_runner_the_group_assigns_nothing_says_so_naming_the_group_and_the_las
     assert!(warning.contains("waited_s=30"), "{warning}");
     assert!(warning.contains("last_group_error=") && warning.contains("Unknown topic or partition"), "{warning}");
 }
+
+/// SIGKILL `rebuild` at points spread over its life (joining its group, the load, the
+/// catch-up and the swap) and start it again each time: before its swap the live tables are
+/// never touched; once swapped, they are exact.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_killed_at_any_point_resumes_and_touches_the_live_tables_only_by_its_swap(pool: PgPool) {
+    let env = Env::new(&pool, "rebuild-kill").await;
+    let events = generate::stream(400, 30, 4);
+    env.publish(&generate::with_redeliveries(&events, 0.1, 0.05, 4)).await;
+    let (status, _, stderr) = env.run_until_caught_up(&[]).await;
+    assert!(status.success(), "{stderr}");
+    // A row changed by hand: only the swap repairs it.
+    sqlx::query(
+        "UPDATE bank_accounts SET owner = 'tampered' WHERE account_id = (SELECT min(account_id) FROM bank_accounts)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let tampered = read_model(&pool).await;
+    assert_ne!(tampered, generate::expected(&events));
+    let mut args = env.run_args(&[]);
+    args[0] = "rebuild";
+    let swapped = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'projectionist_old_bank_accounts')",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    // Spread over the phases; the clock adds a little randomness to where each kill lands.
+    let jitter = u64::from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_millis());
+    let mut kills = 0;
+    for delay in [300, 2_500, 3_500, 4_500, 6_000] {
+        let mut child = env.cli(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(delay + jitter % 700)).await;
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        child.start_kill().unwrap(); // SIGKILL
+        child.wait().await.unwrap();
+        kills += 1;
+        if swapped().await {
+            break;
+        }
+        assert_eq!(read_model(&pool).await, tampered, "the live tables untouched before the swap (kill {kills})");
+    }
+    if !swapped().await {
+        let out = tokio::time::timeout(Duration::from_secs(120), env.cli(&args).output()).await.unwrap().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(kills > 0, "no rebuild was killed");
+    assert_eq!(read_model(&pool).await, generate::expected(&events), "exact after the swap");
+}
