@@ -1326,3 +1326,37 @@ async fn a_rebuild_of_a_release_that_adds_a_column_fills_it_and_carries_discards
             .unwrap();
     assert_eq!(d, (8, 4, 2));
 }
+
+/// Through the engine (its partitions read the checked tables once a minute rather than per
+/// batch), a CHECK constraint still sees every state between: an overdraft a later deposit
+/// of the same batch covers is dead-lettered, as one event at a time would have it.
+#[sqlx::test(migrations = false)]
+async fn the_engine_checks_every_state_between_against_a_check_constraint(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE bank_accounts ADD CONSTRAINT no_overdraft CHECK (balance >= 0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let e = bank_accounts::generate::envelope;
+    let topic = rand_test_topic("overdraft");
+    topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+    produce(
+        &topic,
+        &[
+            e("acc-o", 1, &AccountEvent::AccountOpened { owner: "o".into() }),
+            e("acc-o", 2, &AccountEvent::MoneyWithdrawn { amount: 5 }),
+            e("acc-o", 3, &AccountEvent::MoneyDeposited { amount: 10 }),
+        ],
+    )
+    .await;
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let row: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-o'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row, (0, 1), "the overdraft refused, the deposit held behind it");
+    let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].reason == "value" && letters[0].error.contains("no_overdraft"), "{:?}", letters[0].error);
+}

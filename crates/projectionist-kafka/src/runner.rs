@@ -148,6 +148,8 @@ pub(crate) struct Runner {
     unassigned_log: Throttle,
     /// Where dead letters are also produced, if anywhere.
     dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
+    /// The projection's checked tables, shared by its partitions.
+    checked: Arc<crate::partition::Checked>,
 }
 
 /// Where an assigned partition starts reading.
@@ -217,6 +219,7 @@ impl Runner {
             unassigned_since: Some(Instant::now()),
             unassigned_log: Throttle::new(UNASSIGNED_LOG_EVERY),
             dead_letter_topic: None,
+            checked: Arc::default(),
         }
     }
 
@@ -466,6 +469,7 @@ impl Runner {
                 on_gap: self.config.on_gap,
                 on_poison: self.config.on_poison,
                 dead_letter_topic: self.dead_letter_topic.clone(),
+                checked: self.checked.clone(),
                 max_event_bytes: self.config.max_event_bytes,
                 bounds: crate::partition::Bounds {
                     parked_aggregates: self.config.max_parked_aggregates,

@@ -16,7 +16,7 @@ use projectionist_core::{
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use crate::batch::{self, ParkedMap, Parking};
+use crate::batch::{self, ParkedMap, RunContext};
 use crate::park::{self, DeadLetter, HeldRow, Hold, Source, SourceMessage};
 use crate::{Error, Ident, Result};
 
@@ -46,6 +46,9 @@ pub struct Prepared {
     /// Events held for parked aggregates found poison when their aggregate resumed, by id
     /// in `projectionist_held`: dead-lettered when they drain.
     held_poison: HashMap<i64, Error>,
+    /// The projection's tables PostgreSQL checks beyond their types, when the caller knows
+    /// them (see [`Prepared::set_checked`]).
+    checked: Option<Vec<Table>>,
 }
 
 struct PreparedEvent {
@@ -107,7 +110,7 @@ impl Prepared {
             occurred_at: Utc::now(),
             step: Step::Ignored("(discarded)".to_owned()),
         };
-        Prepared { events: vec![event], failure: None, source: None, held_poison: HashMap::new() }
+        Prepared { events: vec![event], failure: None, source: None, held_poison: HashMap::new(), checked: None }
     }
 
     /// Every event that cannot be applied as it stands (or, for a problem of the whole
@@ -205,6 +208,15 @@ impl Prepared {
     /// it, a gap is [`Outcome::Gap`] whatever the policy, and a poison event an error.
     pub fn set_source(&mut self, source: Source) {
         self.source = Some(source);
+    }
+
+    /// Sets which of the projection's tables PostgreSQL checks beyond their columns' types
+    /// (a CHECK constraint, a domain-typed column: [`checked_tables`]), as the caller last
+    /// read them, so that writing the batch does not ask the catalog. A run that writes a
+    /// row of such a table twice is written in rounds, so that every state between is
+    /// checked. Unset, the catalog is asked once per run that writes a row twice.
+    pub fn set_checked(&mut self, tables: Vec<Table>) {
+        self.checked = Some(tables);
     }
 }
 
@@ -319,7 +331,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
             let aggregate_id = batch.into_iter().next().map(|raw| raw.aggregate_id).unwrap_or_default();
             let failure = Some(Failure { aggregate_id, error });
-            return Prepared { events: Vec::new(), failure, source: None, held_poison: HashMap::new() };
+            return Prepared { events: Vec::new(), failure, source: None, held_poison: HashMap::new(), checked: None };
         }
         let decoder = EventDecoder::<P::Event>::new();
         let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
@@ -328,7 +340,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             .enumerate()
             .map(|(index, raw)| prepare_event(self, &decoder, halt_on_unknown, index, raw))
             .collect();
-        Prepared { events, failure: None, source: None, held_poison: HashMap::new() }
+        Prepared { events, failure: None, source: None, held_poison: HashMap::new(), checked: None }
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {
@@ -358,7 +370,16 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         let mut held_dead: Vec<(usize, String, &'static str)> = Vec::new();
         while written.outcomes.len() < events.len() {
             let start = written.outcomes.len();
-            let ran = self.write_events(conn, &events[start..], mode, &mut parked, gaps_halt, &mut changes).await;
+            let ran = self
+                .write_events(
+                    conn,
+                    &events[start..],
+                    mode,
+                    &mut parked,
+                    (gaps_halt, prepared.checked.as_deref()),
+                    &mut changes,
+                )
+                .await;
             let (outcomes, per_event, unparked) = ran.map_err(|e| e.shifted(start))?;
             written.outcomes.extend(outcomes);
             written.per_event |= per_event;
@@ -417,7 +438,14 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 drain.sort_by_key(|(_, e)| e.version);
                 let drain_events: Vec<&PreparedEvent> = drain.iter().map(|(_, e)| *e).collect();
                 let (outcomes, per_event, _) = self
-                    .write_events(conn, &drain_events, mode, &mut parked, gaps_halt, &mut changes)
+                    .write_events(
+                        conn,
+                        &drain_events,
+                        mode,
+                        &mut parked,
+                        (gaps_halt, prepared.checked.as_deref()),
+                        &mut changes,
+                    )
                     .await
                     .map_err(|e| match e.event_index().and_then(|i| drain.get(i)).map(|(origin, _)| *origin) {
                         // A held event: named, so that the next attempt dead-letters it.
@@ -530,7 +558,7 @@ trait WriteEvents: Projection<PgConnection> {
         events: &[&PreparedEvent],
         mode: Mode,
         parked: &mut Option<ParkedMap>,
-        gaps_halt: bool,
+        (gaps_halt, checked): (bool, Option<&[Table]>),
         changes: &mut HashMap<(String, String), Option<Parked>>,
     ) -> Result<(Vec<Outcome>, bool, Option<(String, String)>)> {
         let name = Projection::name(self);
@@ -548,7 +576,7 @@ trait WriteEvents: Projection<PgConnection> {
                 events[start..run_end.min(events.len())].iter().map(|e| (e.event(), e.effect())).collect();
             // A custom event goes alone, gated like any event; `apply` runs if it applies.
             let run_mode = if end > start { mode } else { Mode::PerEvent };
-            let parking = Parking { parked: parked.as_ref(), gaps_halt };
+            let parking = RunContext { parked: parked.as_ref(), gaps_halt, checked };
             let ran = batch::apply(conn, name, tables, &run, run_mode, parking).await.map_err(|e| e.shifted(start))?;
             per_event |= ran.per_event && end > start;
             for (aggregate, state) in ran.parks {
@@ -643,6 +671,13 @@ fn check_declarations(projection: &str, tables: &[Table]) -> Result<()> {
         table.check().map_err(|problem| Error::Declaration { projection: projection.into(), problem })?;
     }
     Ok(())
+}
+
+/// Of `projection`'s tables, those PostgreSQL checks beyond their columns' types: with a
+/// CHECK constraint, or a column of a domain type (see [`Prepared::set_checked`]).
+pub async fn checked_tables(pool: &PgPool, projection: &dyn PgProjection) -> Result<Vec<Table>> {
+    let mut conn = pool.acquire().await?;
+    batch::checked(&mut conn, projection.tables()).await
 }
 
 /// A shared, type-erased projection.

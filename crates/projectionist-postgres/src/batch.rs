@@ -36,12 +36,16 @@ const PER_EVENT_TRIES: usize = 5;
 /// Parked aggregates by (aggregate type, aggregate id).
 pub(crate) type ParkedMap = HashMap<(String, String), Parked>;
 
-/// The parking a run starts from: the parked aggregates (`None`: parking off), and whether a
-/// gap still halts (then only dead letters park).
+/// What a run starts from: the parked aggregates (`None`: parking off), whether a gap still
+/// halts (then only dead letters park), and the checked tables if known.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Parking<'a> {
+pub(crate) struct RunContext<'a> {
     pub parked: Option<&'a ParkedMap>,
     pub gaps_halt: bool,
+    /// The projection's tables PostgreSQL checks beyond their types (CHECK constraints,
+    /// domains), when known (see [`crate::Prepared::set_checked`]); `None`: asked of the
+    /// catalog when a run needs to know.
+    pub checked: Option<&'a [Table]>,
 }
 
 /// What applying a run did.
@@ -75,7 +79,7 @@ pub(crate) async fn apply(
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
     mode: Mode,
-    parking: Parking<'_>,
+    parking: RunContext<'_>,
 ) -> Result<Ran> {
     if mode == Mode::PerEvent {
         return apply_per_event(conn, projection, tables, events, parking).await;
@@ -104,7 +108,7 @@ async fn apply_set_based(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
-    parking: Parking<'_>,
+    parking: RunContext<'_>,
 ) -> Result<Ran> {
     if events.is_empty() {
         return Ok(Ran::default());
@@ -113,8 +117,10 @@ async fn apply_set_based(
     // Where coalescing a row's writes would keep a state from PostgreSQL's checks (a table
     // with CHECK constraints, a value that might be refused written over), rounds.
     let mut in_rounds = plan.superseded.clone();
-    if !plan.rewritten.is_empty() {
-        in_rounds.extend(checked(conn, &plan.rewritten).await?);
+    match parking.checked {
+        Some(known) => in_rounds.extend(plan.rewritten.iter().filter(|t| known.contains(t)).copied()),
+        None if !plan.rewritten.is_empty() => in_rounds.extend(checked(conn, &plan.rewritten).await?),
+        None => {}
     }
     let cuts = if in_rounds.is_empty() { Vec::new() } else { rounds(events, &in_rounds) };
     if !cuts.is_empty() {
@@ -129,7 +135,7 @@ async fn plan_run<'a>(
     projection: &str,
     tables: &[Table],
     events: &'a [(EventRef<'a>, Effect<'a>)],
-    parking: Parking<'_>,
+    parking: RunContext<'_>,
 ) -> Result<Plan<'a>> {
     let mut stored = read_stored(conn, projection, tables, events).await?;
     stored.parked = parking.parked.cloned();
@@ -155,7 +161,7 @@ async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>) -
 
 /// Of `tables`, those PostgreSQL checks beyond their columns' types: with a CHECK
 /// constraint, or a column of a domain type (which may have its own).
-async fn checked(conn: &mut PgConnection, tables: &[Table]) -> Result<Vec<Table>> {
+pub(crate) async fn checked(conn: &mut PgConnection, tables: &[Table]) -> Result<Vec<Table>> {
     let names = tables.iter().map(|t| Ident::new(t.name()).map(|i| i.to_string())).collect::<Result<Vec<_>>>()?;
     let found: Vec<i64> = sqlx::query_scalar(
         "SELECT i FROM unnest($1::text[]) WITH ORDINALITY AS n(name, i) \
@@ -177,7 +183,7 @@ async fn apply_rounds(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
-    parking: Parking<'_>,
+    parking: RunContext<'_>,
     cuts: &[usize],
 ) -> Result<Ran> {
     let mut runs = Runs::new(parking, false);
@@ -201,17 +207,20 @@ struct Runs {
     parked: Option<ParkedMap>,
     parks: HashMap<(String, String), Option<Parked>>,
     gaps_halt: bool,
+    checked: Option<Vec<Table>>,
 }
 
 impl Runs {
-    fn new(parking: Parking<'_>, per_event: bool) -> Self {
+    fn new(parking: RunContext<'_>, per_event: bool) -> Self {
         let ran = Ran { per_event, ..Ran::default() };
-        Self { ran, parked: parking.parked.cloned(), parks: HashMap::new(), gaps_halt: parking.gaps_halt }
+        let (parked, gaps_halt, checked) =
+            (parking.parked.cloned(), parking.gaps_halt, parking.checked.map(<[Table]>::to_vec));
+        Self { ran, parked, parks: HashMap::new(), gaps_halt, checked }
     }
 
     /// The parking state as the next run finds it.
-    fn parking(&self) -> Parking<'_> {
-        Parking { parked: self.parked.as_ref(), gaps_halt: self.gaps_halt }
+    fn parking(&self) -> RunContext<'_> {
+        RunContext { parked: self.parked.as_ref(), gaps_halt: self.gaps_halt, checked: self.checked.as_deref() }
     }
 
     /// Takes a run's outcomes and parks; `true` when the batch ends with it (a gap, or an
@@ -268,7 +277,7 @@ async fn apply_per_event(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
-    parking: Parking<'_>,
+    parking: RunContext<'_>,
 ) -> Result<Ran> {
     let mut runs = Runs::new(parking, true);
     for (index, event) in events.iter().enumerate() {

@@ -11,7 +11,7 @@ pub mod park;
 pub mod rebuild;
 
 pub use apply::{
-    apply_batch, apply_batch_in, create_schema, reset, validate, Mode, PgProjection, Policy, Prepared,
+    apply_batch, apply_batch_in, checked_tables, create_schema, reset, validate, Mode, PgProjection, Policy, Prepared,
     SharedProjection, Written,
 };
 pub use drift::{check_tables, Drift};

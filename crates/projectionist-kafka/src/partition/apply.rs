@@ -56,6 +56,9 @@ impl Partition {
             let mut prepared = this.projection.prepare(envelopes);
             let (topic, partition) = (this.tp.topic.clone(), this.tp.partition);
             prepared.set_source(Source { topic, partition, messages, undecodable });
+            if let Some(tables) = this.checked.get(&this.pool, this.projection.as_ref()).await {
+                prepared.set_checked(tables);
+            }
             // What halts rather than being dead-lettered: a problem of the whole batch, an
             // unknown type the projection halts on, and any poison under `on_poison = halt`.
             let on_poison = this.on_poison;

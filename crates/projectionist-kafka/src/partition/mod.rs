@@ -82,9 +82,38 @@ pub(crate) struct Partition {
     pub on_gap: OnGap,
     pub on_poison: OnPoison,
     pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
+    pub checked: Arc<Checked>,
     pub max_event_bytes: usize,
     pub bounds: Bounds,
     pub progress: Arc<Progress>,
+}
+
+/// The projection's tables PostgreSQL checks beyond their columns' types (CHECK constraints,
+/// domains), read at most once a minute and shared by its partitions, so that a batch does
+/// not ask the catalog (see `Prepared::set_checked`): a constraint added while the engine
+/// runs counts within a minute.
+#[derive(Default)]
+pub(crate) struct Checked(std::sync::Mutex<Option<(Instant, Vec<projectionist_core::Table>)>>);
+
+impl Checked {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    /// The tables, read again when a minute old; `None` when they cannot be read now (the
+    /// batch then asks the catalog itself, and waits PostgreSQL out as it does).
+    pub(crate) async fn get(
+        &self,
+        pool: &PgPool,
+        projection: &dyn projectionist_postgres::PgProjection,
+    ) -> Option<Vec<projectionist_core::Table>> {
+        if let Some((at, tables)) = &*self.0.lock().expect("checked lock") {
+            if at.elapsed() < Self::EVERY {
+                return Some(tables.clone());
+            }
+        }
+        let tables = projectionist_postgres::checked_tables(pool, projection).await.ok()?;
+        *self.0.lock().expect("checked lock") = Some((Instant::now(), tables.clone()));
+        Some(tables)
+    }
 }
 
 /// The batch being applied, in a task of its own.
