@@ -1,8 +1,10 @@
 //! Throughput, side by side on one generated stream, each arm on a fresh database:
 //! the whole pipeline, PostgreSQL alone (the ceiling), Kafka alone, a naive inbox consumer,
-//! and a replay of the already-projected stream; peak RSS of the pipeline at two sizes.
-//! Run with: `./scripts/bench.sh` (sizes: `BENCH_DELIVERIES`, default 500000;
-//! `BENCH_RSS_DELIVERIES`, default 2000000, 0 to skip; `BENCH_INBOX_DELIVERIES`, default 20000).
+//! a replay of the already-projected stream, a `rebuild` of it beside its tables (and its
+//! ceiling: PostgreSQL folding the staged stream in one statement); peak RSS of the pipeline
+//! at two sizes. Run with: `./scripts/bench.sh` (sizes: `BENCH_DELIVERIES`, default 500000;
+//! `BENCH_RSS_DELIVERIES`, default 2000000, 0 to skip; `BENCH_INBOX_DELIVERIES`, default 20000;
+//! `BENCH_POISON=0` and `BENCH_REBUILD=0` skip those arms, for builds from before them).
 //!
 //! Figures depend on the machine; the ratios, measured in one run, are the point.
 
@@ -135,27 +137,36 @@ struct Run {
     rate: f64,
     rss_mib: f64,
     cpu_seconds: f64,
+    /// A rebuild's swap, in milliseconds.
+    swap_ms: Option<u64>,
 }
 
 /// The whole pipeline: the bank-accounts projector binary, from its first partition
 /// assignment to caught up: deliveries/s, the process's peak RSS, and its CPU time (from
 /// start to exit, connections and start-up included).
 fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run {
+    projector("run", db_url, topic, deliveries, args)
+}
+
+/// A `rebuild` of the projected stream beside its tables, swapped in at the end: as
+/// [`pipeline`], and how long the swap took (its log line says).
+fn rebuild(db_url: &str, topic: &str, deliveries: usize) -> Run {
+    projector("rebuild", db_url, topic, deliveries, &[])
+}
+
+/// The projector binary running `command` (`run`, up to caught up; `rebuild`, up to its
+/// swap), from its first partition assignment to its exit.
+fn projector(command: &str, db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run {
     let cpu_before = children_cpu_seconds();
     let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let group = format!("bench-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    // `run` stops once caught up; `rebuild` ends with its swap.
+    let until: &[&str] = if command == "run" { &["--exit-when-caught-up"] } else { &[] };
     let mut child = Command::new(&bin)
-        .args([
-            "run",
-            "--exit-when-caught-up",
-            "--metrics-addr",
-            "off",
-            "--kafka-property",
-            "session.timeout.ms=6000",
-            "--group-id",
-            &group,
-        ])
+        .arg(command)
+        .args(until)
+        .args(["--metrics-addr", "off", "--kafka-property", "session.timeout.ms=6000", "--group-id", &group])
         .args(args)
         .env("DATABASE_URL", db_url)
         .env("BANK_ACCOUNTS_TOPIC", topic)
@@ -181,11 +192,14 @@ fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run 
             std::thread::sleep(Duration::from_millis(20));
         })
     };
-    let mut assigned = None;
+    let (mut assigned, mut swap_ms) = (None, None);
     for line in BufReader::new(child.stderr.take().unwrap()).lines() {
         let line = line.unwrap_or_default();
         if assigned.is_none() && line.contains("Partition assigned") {
             assigned = Some(Instant::now());
+        }
+        if let Some((_, ms)) = line.split_once("swap_ms=") {
+            swap_ms = ms.split_whitespace().next().and_then(|ms| ms.parse::<u64>().ok());
         }
         if line.contains("ERROR") || line.contains("error:") {
             eprintln!("  pipeline: {line}");
@@ -199,6 +213,7 @@ fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run 
         rate: deliveries as f64 / took.as_secs_f64(),
         rss_mib: peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0,
         cpu_seconds: children_cpu_seconds() - cpu_before,
+        swap_ms,
     }
 }
 
@@ -273,6 +288,27 @@ async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
         tx.commit().await.unwrap();
     }
     events.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// PostgreSQL alone building the final state of the stream staged by [`ceiling`] with one
+/// `INSERT … SELECT` of the stream folded per account (duplicates dropped): what a rebuild
+/// from offset zero could at best be. Written for the bench, not the product's code path.
+async fn folded_ceiling(pool: &PgPool, deliveries: usize) -> f64 {
+    sqlx::raw_sql("TRUNCATE bank_accounts").execute(pool).await.unwrap();
+    let started = Instant::now();
+    sqlx::raw_sql(
+        "INSERT INTO bank_accounts (account_id, owner, balance, status, updated_at, version) \
+         SELECT account_id, max(owner) FILTER (WHERE kind = 'AccountOpened'), \
+         coalesce(sum(CASE kind WHEN 'MoneyDeposited' THEN amount WHEN 'MoneyWithdrawn' THEN -amount ELSE 0 END), 0), \
+         CASE WHEN bool_or(kind = 'AccountClosed') THEN 'closed' ELSE 'open' END, \
+         (array_agg(at ORDER BY version DESC))[1], max(version) \
+         FROM (SELECT DISTINCT ON (account_id, version) * FROM staged ORDER BY account_id, version, seq) d \
+         GROUP BY account_id",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    deliveries as f64 / started.elapsed().as_secs_f64()
 }
 
 /// The pattern the gate replaces: per event, a transaction inserting the event id into a
@@ -378,10 +414,28 @@ async fn main() {
         Some(poison)
     };
 
+    // A rebuild of the projected stream beside the pipeline's tables, swapped in at the end.
+    // BENCH_REBUILD=0 skips it (a build from before `rebuild`).
+    let rebuilt = if env_usize("BENCH_REBUILD", 1) == 0 {
+        None
+    } else {
+        let run = rebuild(&url, &topic, events.len());
+        assert_eq!(versions(&pool).await, want, "the rebuild built every event");
+        let swap = run.swap_ms.map_or("?".to_owned(), |ms| ms.to_string());
+        println!(
+            "  rebuild beside the live tables, swapped     {:>10.0} deliveries/s   (swap {swap} ms, peak RSS {:.1} MiB)",
+            run.rate, run.rss_mib
+        );
+        Some(run.rate)
+    };
+
     let (ceiling_pool, _) = fresh_database("projectionist_bench_ceiling").await;
     let ceiling = ceiling(&ceiling_pool, &events).await;
     assert_eq!(versions(&ceiling_pool).await, want, "the ceiling applied every event");
     println!("  PostgreSQL alone (staged, set-based waves)  {ceiling:>10.0} deliveries/s");
+    let folded = folded_ceiling(&ceiling_pool, events.len()).await;
+    assert_eq!(versions(&ceiling_pool).await, want, "the folded ceiling built every account");
+    println!("  PostgreSQL alone, folded (one INSERT…SELECT) {folded:>9.0} deliveries/s");
 
     let inbox_n = env_usize("BENCH_INBOX_DELIVERIES", 20_000).min(events.len());
     let (inbox_pool, _) = fresh_database("projectionist_bench_inbox").await;
@@ -417,6 +471,10 @@ async fn main() {
     println!("  replay / first pass            {:>6.2}   (>= 1.0)", replay / first);
     if let Some(poison) = poison {
         println!("  0.1 % poison / clean pipeline  {:>6.2}   (>= 0.9)", poison / first);
+    }
+    if let Some(rebuilt) = rebuilt {
+        println!("  rebuild / folded ceiling       {:>6.2}   (>= 0.5)", rebuilt / folded);
+        println!("  rebuild / pipeline             {:>6.2}   (>= 2.5)", rebuilt / first);
     }
     println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
 }

@@ -70,9 +70,11 @@ pub async fn rebuild(
         if carried > 0 {
             tracing::info!(projection = %name, carried, "Discarded dead letters met again: discarded in the rebuild too.");
         }
+        let swapping = std::time::Instant::now();
         match rebuild::swap(pool, projection.as_ref(), &topics).await? {
             Swap::Done => {
-                tracing::info!(projection = %name, "Rebuild swapped in; the replaced tables are kept for a rollback.");
+                let swap_ms = swapping.elapsed().as_millis() as u64;
+                tracing::info!(projection = %name, swap_ms, "Rebuild swapped in; the replaced tables are kept for a rollback.");
                 lock.release().await?;
                 return Ok(Rebuilt::Swapped { resumed: shadow.resumed, report });
             }
