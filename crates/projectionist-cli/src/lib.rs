@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use progress::Progress;
-use projectionist_kafka::{Engine, KafkaClientConfig, Registration};
+use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
 use projectionist_postgres::{PgPool, PgProjection};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -350,10 +350,21 @@ impl App {
         Ok(resolved.outcome != projectionist_core::Outcome::DeadLettered)
     }
 
-    /// The registrations named (`--projection`), or an error naming the unknown one.
-    fn select(self, names: &[String]) -> anyhow::Result<Vec<Registration>> {
-        self.check_names(names, "--projection")?;
-        Ok(self.registrations.into_iter().filter(|r| names.iter().any(|n| n == r.projection.name())).collect())
+    /// The registrations named (`--projection`; none: all), or an error naming an unknown
+    /// one, there or in `config`'s `per_projection`; `config` keeps the settings of those
+    /// selected.
+    fn select(self, names: Option<&[String]>, config: &mut EngineConfig) -> anyhow::Result<Vec<Registration>> {
+        let own: Vec<String> = config.per_projection.keys().cloned().collect();
+        self.check_names(&own, "per_projection")?;
+        let selected: Vec<Registration> = match names {
+            None | Some([]) => self.registrations,
+            Some(names) => {
+                self.check_names(names, "--projection")?;
+                self.registrations.into_iter().filter(|r| names.iter().any(|n| n == r.projection.name())).collect()
+            }
+        };
+        config.per_projection.retain(|name, _| selected.iter().any(|r| r.projection.name() == name));
+        Ok(selected)
     }
 
     async fn rebuild(
@@ -366,13 +377,8 @@ impl App {
         if args.run.reset || args.run.from_beginning || args.run.exit_when_caught_up {
             bail!("a rebuild reads from offset zero into tables of its own and ends with its swap: --reset, --from-beginning and --exit-when-caught-up are `run`'s");
         }
-        let config = args.run.engine_config(&client)?;
-        let own: Vec<String> = config.per_projection.keys().cloned().collect();
-        self.check_names(&own, "per_projection")?;
-        let selected: Vec<Registration> = match args.run.projections.as_deref() {
-            None | Some([]) => self.registrations,
-            Some(names) => self.select(names)?,
-        };
+        let mut config = args.run.engine_config(&client)?;
+        let selected = self.select(args.run.projections.as_deref(), &mut config)?;
         let pool = pool(database_url).await?;
         status::engine_tables(&pool).await?;
         for r in selected {
@@ -451,13 +457,7 @@ impl App {
         args: config::RunOptions,
     ) -> anyhow::Result<ExitCode> {
         let mut config = args.engine_config(&client)?;
-        let own: Vec<String> = config.per_projection.keys().cloned().collect();
-        self.check_names(&own, "per_projection")?;
-        let selected: Vec<Registration> = match args.projections.as_deref() {
-            None | Some([]) => self.registrations,
-            Some(names) => self.select(names)?,
-        };
-        config.per_projection.retain(|name, _| selected.iter().any(|r| r.projection.name() == name));
+        let selected = self.select(args.projections.as_deref(), &mut config)?;
         let connections = match args.pg_max_connections {
             Some(n) => n.max(1),
             None => partitions(&client, &selected).await.map_or(DEFAULT_POOL_SIZE, |n| (n + 2).min(64)),
@@ -611,10 +611,7 @@ async fn report_rebuild(pool: PgPool, client: KafkaClientConfig, registration: R
     let name = registration.projection.name().to_owned();
     let Ok(positions) = status::positions(&pool, &client, std::slice::from_ref(&registration)).await else { return };
     let read = |shadow: &[(String, i32, i64)]| -> u64 {
-        let at = |p: &status::Position| {
-            shadow.iter().find(|(t, n, _)| *t == p.topic && *n == p.partition).map_or(p.low, |(.., o)| *o)
-        };
-        positions.iter().map(|p| (at(p).min(p.high) - p.low).max(0) as u64).sum()
+        positions.iter().map(|p| (p.in_shadow(shadow).min(p.high) - p.low).max(0) as u64).sum()
     };
     let shadow = |pool: PgPool, name: String| async move {
         projectionist_postgres::rebuild::shadow_checkpoints(&pool, &name).await.ok().flatten().unwrap_or_default()

@@ -15,6 +15,14 @@ pub(crate) struct Position {
     pub high: i64,
 }
 
+impl Position {
+    /// Where a rebuild has read this partition up to, by its shadow's checkpoints
+    /// (`rebuild::shadow_checkpoints`): the next offset, or the low watermark if none.
+    pub(crate) fn in_shadow(&self, shadow: &[(String, i32, i64)]) -> i64 {
+        shadow.iter().find(|(t, n, _)| *t == self.topic && *n == self.partition).map_or(self.low, |(.., o)| *o)
+    }
+}
+
 /// Every partition of every registered topic, with checkpoints read once.
 pub(crate) async fn positions(
     pool: &PgPool,
@@ -84,7 +92,7 @@ pub(crate) async fn print(
             let mine = positions.iter().filter(|p| p.projection == name);
             let (mut read, mut live, mut high) = (0, 0, 0);
             for p in mine {
-                let at = shadow.iter().find(|(t, n, _)| *t == p.topic && *n == p.partition).map_or(p.low, |(.., o)| *o);
+                let at = p.in_shadow(&shadow);
                 read += (at - p.low).max(0);
                 live += (p.checkpoint.unwrap_or(p.low) - at).max(0);
                 high += (p.high - p.low).max(0);

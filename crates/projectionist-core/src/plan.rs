@@ -526,18 +526,48 @@ fn coalesce<'a>(
 /// PostgreSQL's input of the type takes for certain. Anything else might be refused.
 fn surely_fits(declared: Option<&str>, value: &Value) -> bool {
     let Some(declared) = declared else { return false };
-    let lower = declared.to_ascii_lowercase();
+    // Called for each value written over, so nothing here allocates.
+    let has =
+        |needle: &str| declared.as_bytes().windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle.as_bytes()));
     if value.is_null() {
-        return !lower.contains("not null") && !lower.contains("primary key");
+        return !has("not null") && !has("primary key");
     }
-    if lower.contains("check") || lower.contains("references") {
+    if has("check") || has("references") {
         return false;
     }
     // The type: the words before the first of the column's constraints.
     const CONSTRAINTS: [&str; 6] = ["not", "null", "default", "unique", "collate", "generated"];
-    let words: Vec<&str> = lower.split_whitespace().take_while(|w| !CONSTRAINTS.contains(w)).collect();
+    const KNOWN: [&str; 22] = [
+        "text",
+        "varchar",
+        "character varying",
+        "citext",
+        "jsonb",
+        "json",
+        "bigint",
+        "int8",
+        "integer",
+        "int",
+        "int4",
+        "smallint",
+        "int2",
+        "boolean",
+        "bool",
+        "double precision",
+        "float8",
+        "numeric",
+        "decimal",
+        "timestamptz",
+        "timestamp with time zone",
+        "uuid",
+    ];
+    let words = declared.split_whitespace().take_while(|w| !CONSTRAINTS.iter().any(|c| w.eq_ignore_ascii_case(c)));
+    let is = |name: &&str| {
+        let mut words = words.clone();
+        name.split(' ').all(|n| words.next().is_some_and(|w| w.eq_ignore_ascii_case(n))) && words.next().is_none()
+    };
     let no_nul = |s: &str| !s.contains('\0');
-    match (words.join(" ").as_str(), value) {
+    match (KNOWN.into_iter().find(is).unwrap_or_default(), value) {
         ("text" | "varchar" | "character varying" | "citext", Value::String(s)) => no_nul(s),
         ("text" | "varchar" | "character varying" | "citext", Value::Number(_) | Value::Bool(_)) => true,
         ("jsonb" | "json", v) => !v.to_string().contains("\\u0000"),

@@ -210,14 +210,7 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
             format!("schema {} is kept from a previous swap: `rebuild --drop-old`", old_schema(name)),
         ));
     }
-    let engine = Ident::new(&live_schema(&mut conn, "projectionist_checkpoints").await?.unwrap_or_default())?;
-    let mut live = Vec::new();
-    for table in projection.tables() {
-        let schema = live_schema(&mut conn, table.name())
-            .await?
-            .ok_or_else(|| problem(name, format!("its table {} does not exist: run `migrate`", table.name())))?;
-        live.push((Ident::new(&schema)?, Ident::new(table.name())?));
-    }
+    let (engine, live) = live_tables(&mut conn, projection).await?;
     let mut tx = conn.begin().await?;
     lock_as_batches_do(&mut tx, &engine, &live).await?;
     let behind: Vec<(String, i32, Option<i64>, i64)> = sqlx::query_as(&format!(
@@ -265,12 +258,7 @@ pub async fn rollback(pool: &PgPool, projection: &dyn PgProjection) -> Result<()
     if !schema_exists(&mut conn, &old_schema(name)).await? {
         return Err(problem(name, "no tables of an earlier rebuild are kept to roll back to"));
     }
-    let engine = Ident::new(&live_schema(&mut conn, "projectionist_checkpoints").await?.unwrap_or_default())?;
-    let mut live = Vec::new();
-    for table in projection.tables() {
-        let schema = live_schema(&mut conn, table.name()).await?.unwrap_or_else(|| "public".to_owned());
-        live.push((Ident::new(&schema)?, Ident::new(table.name())?));
-    }
+    let (engine, live) = live_tables(&mut conn, projection).await?;
     let mut tx = conn.begin().await?;
     lock_as_batches_do(&mut tx, &engine, &live).await?;
     for (schema, table) in &live {
@@ -328,6 +316,20 @@ pub async fn carry_discards(pool: &PgPool, shadow_pool: &PgPool, projection: &dy
         carried += 1;
     }
     Ok(carried)
+}
+
+/// The schema of the engine's tables, and each of `projection`'s live tables with its schema
+/// (as `conn`'s `search_path` finds them).
+async fn live_tables(conn: &mut PgConnection, projection: &dyn PgProjection) -> Result<(Ident, Vec<(Ident, Ident)>)> {
+    let missing = |table: &str| problem(projection.name(), format!("table {table} does not exist: run `migrate`"));
+    let engine =
+        live_schema(conn, "projectionist_checkpoints").await?.ok_or_else(|| missing("projectionist_checkpoints"))?;
+    let mut live = Vec::new();
+    for table in projection.tables() {
+        let schema = live_schema(conn, table.name()).await?.ok_or_else(|| missing(table.name()))?;
+        live.push((Ident::new(&schema)?, Ident::new(table.name())?));
+    }
+    Ok((Ident::new(&engine)?, live))
 }
 
 /// Removes the tables the last swap of `projection` replaced (no rollback after this).
