@@ -2,9 +2,14 @@
 //! the whole pipeline, PostgreSQL alone (the ceiling), Kafka alone, a naive inbox consumer,
 //! a replay of the already-projected stream, a `rebuild` of it beside its tables (and its
 //! ceiling: PostgreSQL folding the staged stream in one statement); peak RSS of the pipeline
-//! at two sizes. Run with: `./scripts/bench.sh` (sizes: `BENCH_DELIVERIES`, default 500000;
-//! `BENCH_RSS_DELIVERIES`, default 2000000, 0 to skip; `BENCH_INBOX_DELIVERIES`, default 20000;
-//! `BENCH_POISON=0` and `BENCH_REBUILD=0` skip those arms, for builds from before them).
+//! and of a rebuild at a second, larger size (generated and published as a stream, in bounded
+//! memory). Run with: `./scripts/bench.sh` (sizes: `BENCH_DELIVERIES`, default 500000;
+//! `BENCH_RSS_DELIVERIES`, default 10000000, 0 to skip; `BENCH_INBOX_DELIVERIES`, default 20000;
+//! `BENCH_POISON=0`, `BENCH_REBUILD=0` and `BENCH_FRESHNESS=0` skip those arms, for builds
+//! from before them; `BENCH_FRESHNESS_SECONDS`, default 5, is how long each freshness rate
+//! runs). The freshness arm: a transactional producer at 1k/s, 10k/s and half the pipeline's
+//! rate while the projector runs at the head; per event, commit -> applied (through the
+//! library's waiter) beside commit -> a `read_committed` consumer's receipt.
 //!
 //! Figures depend on the machine; the ratios, measured in one run, are the point.
 
@@ -66,14 +71,23 @@ fn brokers() -> String {
 }
 
 async fn publish(events: &[RawEnvelope]) -> (String, f64) {
+    let (topic, _, rate) = publish_all(events.iter().cloned()).await;
+    (topic, rate)
+}
+
+/// Publishes `events` as they come (a stream generated on the fly stays out of memory):
+/// the topic, how many, and the rate.
+async fn publish_all(events: impl Iterator<Item = RawEnvelope>) -> (String, usize, f64) {
     static TOPICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = TOPICS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let topic = format!("bench.accounts.{}.{}.{n}", std::process::id(), events.len());
+    let topic = format!("bench.accounts.{}.{n}", std::process::id());
     topics::create_topics(&brokers(), &[&topic], PARTITIONS, 1).await.expect("topic");
     let producer: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).set("linger.ms", "5").create().expect("producer");
     let started = Instant::now();
+    let mut count = 0;
     for e in events {
+        count += 1;
         let payload = e.to_json();
         while let Err((err, _)) = producer.send(BaseRecord::to(&topic).key(&e.aggregate_id).payload(&payload)) {
             assert!(
@@ -87,7 +101,7 @@ async fn publish(events: &[RawEnvelope]) -> (String, f64) {
         }
     }
     producer.flush(Duration::from_secs(120)).expect("flush");
-    (topic, events.len() as f64 / started.elapsed().as_secs_f64())
+    (topic, count, count as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Kafka alone: a `read_committed` consumer draining every partition, no writes.
@@ -348,6 +362,181 @@ async fn inbox(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
     events.len() as f64 / started.elapsed().as_secs_f64()
 }
 
+/// Latencies of one freshness run, in milliseconds, sorted.
+struct Latencies(Vec<f64>);
+
+impl Latencies {
+    fn at(&self, q: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        self.0[((self.0.len() - 1) as f64 * q).round() as usize]
+    }
+
+    fn show(&self) -> String {
+        format!("p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms", self.at(0.5), self.at(0.99), self.at(1.0))
+    }
+}
+
+/// Freshness at `rate` events/s for `seconds` (after a second of warm-up, not counted: the
+/// projector's first connections and batches): a transactional producer publishes new
+/// accounts (a transaction per loop, of what is due by then) while the projector runs at the
+/// head;
+/// for each event, the time from its transaction's commit to the moment a [`Waiter`] reports
+/// it applied (its row visible), and, beside it on the same events, to the moment a
+/// `read_committed` consumer receives it (the broker alone). Returns the achieved rate and
+/// both latencies.
+///
+/// [`Waiter`]: projectionist::postgres::wait::Waiter
+async fn freshness(rate: f64, seconds: f64) -> (f64, Latencies, Latencies) {
+    use projectionist::postgres::wait::Waiter;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::Message;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let topic = format!("bench.fresh.{}.{n}", std::process::id());
+    topics::create_topics(&brokers(), &[&topic], PARTITIONS, 1).await.expect("topic");
+    let (pool, url) = fresh_database(&format!("projectionist_bench_fresh_{n}")).await;
+
+    // The projector, at the head of an empty topic.
+    let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
+    let mut child = Command::new(&bin)
+        .args(["run", "--metrics-addr", "off", "--kafka-property", "session.timeout.ms=6000"])
+        .args(["--group-id", &format!("bench-fresh-{}-{n}", std::process::id())])
+        .env("DATABASE_URL", &url)
+        .env("BANK_ACCOUNTS_TOPIC", &topic)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the projector starts");
+    let (assigned_tx, assigned_rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut told = false;
+        for line in BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            if !told && line.contains("Partition assigned") {
+                told = assigned_tx.send(()).is_ok();
+            }
+        }
+    });
+    assigned_rx.recv_timeout(Duration::from_secs(60)).expect("the projector was assigned partitions");
+
+    // The broker alone: a read_committed consumer of the same topic.
+    let received: Arc<Mutex<HashMap<(i32, i64), Instant>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (received, stop, topic) = (received.clone(), stop.clone(), topic.clone());
+        std::thread::spawn(move || {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", brokers())
+                .set("group.id", format!("bench-fresh-reader-{}", std::process::id()))
+                .set("isolation.level", "read_committed")
+                .set("enable.auto.commit", "false")
+                .set("fetch.wait.max.ms", "10")
+                .create()
+                .expect("consumer");
+            let mut tpl = TopicPartitionList::new();
+            for p in 0..PARTITIONS {
+                tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+            }
+            consumer.assign(&tpl).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
+                    received.lock().unwrap().insert((m.partition(), m.offset()), Instant::now());
+                }
+            }
+        })
+    };
+    // Let the reader join before the first commit.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let waiter = Waiter::new(pool.clone()).await.expect("waiter");
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .set("transactional.id", format!("bench-fresh-{}-{n}", std::process::id()))
+        .set("linger.ms", "0")
+        .create()
+        .expect("producer");
+    let init = producer.clone();
+    tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30))).await.unwrap().unwrap();
+    let mut commits: Vec<((i32, i64), Instant)> = Vec::new();
+    let mut waits = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    let counted_from = started + Duration::from_secs(1);
+    let mut sent = 0_usize;
+    while started.elapsed().as_secs_f64() < seconds + 1.0 {
+        let due = (started.elapsed().as_secs_f64() * rate) as usize;
+        if due <= sent {
+            tokio::time::sleep(Duration::from_micros(500)).await;
+            continue;
+        }
+        producer.begin_transaction().unwrap();
+        let events: Vec<RawEnvelope> = (sent..due)
+            .map(|i| {
+                let opened = bank_accounts::AccountEvent::AccountOpened { owner: "fresh".into() };
+                bank_accounts::generate::envelope(&format!("fresh-{n}-{i}"), 1, &opened)
+            })
+            .collect();
+        let payloads: Vec<Vec<u8>> = events.iter().map(RawEnvelope::to_json).collect();
+        let sends = events.iter().zip(&payloads).map(|(e, p)| {
+            producer.send(FutureRecord::to(&topic).key(&e.aggregate_id).payload(p.as_slice()), Duration::from_secs(30))
+        });
+        let delivered: Vec<(i32, i64)> = futures_util::future::join_all(sends)
+            .await
+            .into_iter()
+            .map(|d| d.map(|d| (d.partition, d.offset)).map_err(|(e, _)| e).expect("delivered"))
+            .collect();
+        let p = producer.clone();
+        tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await.unwrap().unwrap();
+        let committed = Instant::now();
+        for at in delivered {
+            commits.push((at, committed));
+            let (waiter, topic) = (waiter.clone(), topic.clone());
+            waits.spawn(async move {
+                waiter
+                    .wait_for_offset("bank_accounts", &topic, at.0, at.1, Duration::from_secs(30))
+                    .await
+                    .expect("applied");
+                (committed >= counted_from).then(|| committed.elapsed())
+            });
+        }
+        sent = due;
+    }
+    let achieved = sent as f64 / started.elapsed().as_secs_f64();
+    let mut projector = Vec::with_capacity(sent);
+    while let Some(took) = waits.join_next().await {
+        if let Some(took) = took.unwrap() {
+            projector.push(took.as_secs_f64() * 1000.0);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.lock().unwrap().len() < sent && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = reader.join();
+    let received = std::mem::take(&mut *received.lock().unwrap());
+    assert!(commits.iter().all(|(at, _)| received.contains_key(at)), "the read_committed reader received every event");
+    let mut broker: Vec<f64> = commits
+        .iter()
+        .filter(|(_, committed)| *committed >= counted_from)
+        .map(|(at, committed)| received[at].saturating_duration_since(*committed).as_secs_f64() * 1000.0)
+        .collect();
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    let versions: i64 = versions(&pool).await;
+    assert_eq!(versions, sent as i64, "the projector applied every event");
+    projector.sort_by(f64::total_cmp);
+    broker.sort_by(f64::total_cmp);
+    (achieved, Latencies(projector), Latencies(broker))
+}
+
 async fn versions(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT coalesce(sum(version), 0)::bigint FROM bank_accounts").fetch_one(pool).await.unwrap()
 }
@@ -355,7 +544,7 @@ async fn versions(pool: &PgPool) -> i64 {
 #[tokio::main]
 async fn main() {
     let deliveries = env_usize("BENCH_DELIVERIES", 500_000);
-    let rss_deliveries = env_usize("BENCH_RSS_DELIVERIES", 2_000_000);
+    let rss_deliveries = env_usize("BENCH_RSS_DELIVERIES", 10_000_000);
     let events = stream(deliveries);
     let distinct: std::collections::HashMap<&str, i64> =
         events.iter().fold(std::collections::HashMap::new(), |mut m, e| {
@@ -419,11 +608,41 @@ async fn main() {
     let rebuilt = if env_usize("BENCH_REBUILD", 1) == 0 {
         None
     } else {
-        let run = rebuild(&url, &topic, events.len());
+        // Readers on the live table all along, as an application's (a query every 10 ms each):
+        // the swap is measured with them running, and none may see the read model shrink.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (pool, stop) = (pool.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let (mut last, mut reads) = ((0_i64, 0_i64), 0_u64);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let now: (i64, i64) =
+                            sqlx::query_as("SELECT count(*), coalesce(sum(version), 0)::bigint FROM bank_accounts")
+                                .fetch_one(&pool)
+                                .await
+                                .expect("a reader never gets an error");
+                        assert!(now.0 >= last.0 && now.1 >= last.1, "a reader saw the read model shrink");
+                        (last, reads) = (now, reads + 1);
+                        // An application's pace, not a load test: the pipeline ran without them.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let (rebuild_url, rebuild_topic, n) = (url.clone(), topic.clone(), events.len());
+        let run = tokio::task::spawn_blocking(move || rebuild(&rebuild_url, &rebuild_topic, n)).await.unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut reads = 0;
+        for reader in readers {
+            reads += reader.await.unwrap();
+        }
         assert_eq!(versions(&pool).await, want, "the rebuild built every event");
         let swap = run.swap_ms.map_or("?".to_owned(), |ms| ms.to_string());
         println!(
-            "  rebuild beside the live tables, swapped     {:>10.0} deliveries/s   (swap {swap} ms, peak RSS {:.1} MiB)",
+            "  rebuild beside the live tables, swapped     {:>10.0} deliveries/s   (swap {swap} ms with 2 readers \
+             running, {reads} reads, none saw it shrink; peak RSS {:.1} MiB)",
             run.rate, run.rss_mib
         );
         Some(run.rate)
@@ -442,20 +661,52 @@ async fn main() {
     let inbox = inbox(&inbox_pool, &events[..inbox_n]).await;
     println!("  naive inbox (tx + processed_messages/event) {inbox:>10.0} deliveries/s   (first {inbox_n} deliveries)");
 
+    // Freshness: commit -> row visible through the waiter, beside commit -> read_committed
+    // receipt, at fixed rates. BENCH_FRESHNESS=0 skips it (a build from before the waits).
+    let mut fresh = Vec::new();
+    if env_usize("BENCH_FRESHNESS", 1) != 0 {
+        let seconds = env_usize("BENCH_FRESHNESS_SECONDS", 5) as f64;
+        for (label, rate, target) in
+            [("1k/s", 1_000.0, 20.0), ("10k/s", 10_000.0, 20.0), ("half max", first / 2.0, 100.0)]
+        {
+            let (achieved, projector, broker) = freshness(rate, seconds).await;
+            println!(
+                "  freshness at {label:<8} ({achieved:>6.0}/s): projector {}; broker alone {}",
+                projector.show(),
+                broker.show()
+            );
+            fresh.push((label, projector.at(0.99) - broker.at(0.99), target));
+        }
+    }
+
     println!("  peak RSS of the pipeline                    {rss_small:>10.1} MiB   at {} deliveries", events.len());
     if rss_deliveries > 0 {
-        let big = stream(rss_deliveries);
-        let (big_topic, _) = publish(&big).await;
+        // Generated and published as it goes: the stream never in memory as a whole.
+        let accounts = (rss_deliveries / 26).max(10);
+        let big = bank_accounts::generate::deliveries(accounts, 45, 0.10, 0.05, 7);
+        let (big_topic, big_len, _) = publish_all(big).await;
+        let big_want = bank_accounts::generate::expectation(accounts, 45, 7).version_sum;
         let (big_pool, big_url) = fresh_database("projectionist_bench_rss").await;
-        let big_run = pipeline(&big_url, &big_topic, big.len(), &["--reset"]);
+        let big_run = pipeline(&big_url, &big_topic, big_len, &["--reset"]);
+        assert_eq!(versions(&big_pool).await, big_want, "the pipeline applied every event of the large stream");
         let (big_rate, rss_big) = (big_run.rate, big_run.rss_mib);
-        drop(big_pool);
-        let cpu_us = big_run.cpu_seconds / big.len() as f64 * 1e6;
+        let cpu_us = big_run.cpu_seconds / big_len as f64 * 1e6;
         println!(
-            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {} deliveries ({big_rate:.0} \
-            deliveries/s, {cpu_us:.2} us CPU per delivery)",
-            big.len()
+            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {big_len} deliveries ({big_rate:.0} \
+            deliveries/s, {cpu_us:.2} us CPU per delivery)"
         );
+        if env_usize("BENCH_REBUILD", 1) != 0 {
+            let big_rebuild = rebuild(&big_url, &big_topic, big_len);
+            assert_eq!(versions(&big_pool).await, big_want, "the rebuild built every event of the large stream");
+            let cpu_us = big_rebuild.cpu_seconds / big_len as f64 * 1e6;
+            println!(
+                "  peak RSS of a rebuild                       {:>10.1} MiB   at {big_len} deliveries ({:.0} \
+                deliveries/s, {cpu_us:.2} us CPU per delivery, {:.2} x the pipeline)",
+                big_rebuild.rss_mib,
+                big_rebuild.rate,
+                big_rebuild.rate / big_rate
+            );
+        }
     }
     let per_delivery = |run: &Run| run.cpu_seconds / events.len() as f64 * 1e6;
     println!(
@@ -475,6 +726,9 @@ async fn main() {
     if let Some(rebuilt) = rebuilt {
         println!("  rebuild / folded ceiling       {:>6.2}   (>= 0.5)", rebuilt / folded);
         println!("  rebuild / pipeline             {:>6.2}   (>= 2.5)", rebuilt / first);
+    }
+    for (label, over, target) in fresh {
+        println!("  freshness p99 over the broker's, {label:<8} {over:>6.1} ms   (<= {target} ms)");
     }
     println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
 }

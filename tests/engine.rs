@@ -1245,6 +1245,10 @@ impl Projection<PgConnection> for BankAccountsV2 {
         &[ACCOUNTS_V2]
     }
 
+    fn schema(&self) -> &[&str] {
+        &["CREATE INDEX IF NOT EXISTS bank_accounts_by_owner ON bank_accounts (owner)"]
+    }
+
     fn project(&self, env: &Envelope<AccountEvent>) -> Writes {
         let row = ACCOUNTS_V2.write(env).set("updated_at", env.occurred_at);
         match &env.event {
@@ -1304,6 +1308,14 @@ async fn a_rebuild_of_a_release_that_adds_a_column_fills_it_and_carries_discards
         rows.into_iter().collect::<std::collections::BTreeMap<String, i64>>()
     };
     assert_eq!(got().await, deposits(&events), "every row's new column filled by the rebuild");
+    let indexed: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND tablename = \
+         'bank_accounts' AND indexname = 'bank_accounts_by_owner')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(indexed, "the release's new index, created after the bulk load, is on the live table");
     let d: (i64, i64, i64) =
         sqlx::query_as("SELECT balance, version, deposits FROM bank_accounts WHERE account_id = 'acc-d'")
             .fetch_one(&pool)
@@ -1359,4 +1371,158 @@ async fn the_engine_checks_every_state_between_against_a_check_constraint(pool: 
     let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
     assert_eq!(letters.len(), 1);
     assert!(letters[0].reason == "value" && letters[0].error.contains("no_overdraft"), "{:?}", letters[0].error);
+}
+
+/// Produces `event` and returns the partition and offset its delivery report gives.
+async fn produce_one(topic: &str, event: &RawEnvelope) -> (i32, i64) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    topics::create_topics(&brokers(), &[topic], 2, 1).await.unwrap();
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let payload = event.to_json();
+    let record = FutureRecord::to(topic).key(&event.aggregate_id).payload(&payload);
+    let delivered = producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+    (delivered.partition, delivered.offset)
+}
+
+/// Reading your own writes: a wait for the offset of a produced event is pending until the
+/// projection has applied it, and returns once the batch holding it commits, with the row
+/// visible to another connection; a wait for the aggregate's version the same.
+#[sqlx::test(migrations = false)]
+async fn a_wait_for_an_event_returns_once_its_batch_commits_with_the_row_visible(pool: PgPool) {
+    use projectionist::postgres::wait::{Position, Waiter};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("wait");
+    let e = bank_accounts::generate::envelope;
+    let (partition, offset) =
+        produce_one(&topic, &e("acc-w", 1, &AccountEvent::AccountOpened { owner: "w".into() })).await;
+    // No polling to speak of: only the batch's notification can wake these waits.
+    let waiter = Waiter::with_poll(pool.clone(), Duration::from_secs(3600)).await.unwrap();
+    let wait = {
+        let (waiter, topic) = (waiter.clone(), topic.clone());
+        tokio::spawn(async move {
+            waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(60)).await
+        })
+    };
+    let version = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter.wait_for_version(&BankAccounts, "account", "acc-w", 2, Duration::from_secs(60)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!wait.is_finished() && !version.is_finished(), "nothing applied yet: both wait");
+    assert_eq!(waiter.waiting(), 2);
+
+    let engine =
+        tokio::spawn(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])));
+    let reached = wait.await.unwrap().unwrap();
+    let other = pool.acquire().await.unwrap();
+    let mut other = other.detach();
+    let row: Option<i64> = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-w'")
+        .fetch_optional(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(row, Some(1), "the row is visible to another connection once the wait returns");
+    assert!(matches!(reached, Position::Offset { next_offset: Some(n) } if n > offset), "{reached:?}");
+    assert!(engine.await.unwrap().halts().is_empty());
+    assert!(!version.is_finished(), "v2 not produced yet");
+
+    let (_, offset2) = produce_one(&topic, &e("acc-w", 2, &AccountEvent::MoneyDeposited { amount: 5 })).await;
+    assert!(offset2 > offset);
+    let engine =
+        tokio::spawn(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])));
+    let reached = version.await.unwrap().unwrap();
+    assert_eq!(reached, Position::Version { version: Some(2) });
+    let balance: i64 = sqlx::query_scalar("SELECT balance FROM bank_accounts WHERE account_id = 'acc-w'")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(balance, 5);
+    assert!(engine.await.unwrap().halts().is_empty());
+    // Already there: at once.
+    let at_once = waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_millis(1)).await;
+    assert!(at_once.is_ok(), "{at_once:?}");
+}
+
+/// A wait past where the projection stands returns when its timeout passes, with an error
+/// saying where the projection stands.
+#[sqlx::test(migrations = false)]
+async fn a_wait_times_out_on_time_saying_where_the_projection_stands(pool: PgPool) {
+    use projectionist::postgres::wait::{Position, Waiter};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("wait-timeout");
+    let e = bank_accounts::generate::envelope;
+    let (partition, offset) =
+        produce_one(&topic, &e("acc-t", 1, &AccountEvent::AccountOpened { owner: "t".into() })).await;
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    let waiter = Waiter::new(pool.clone()).await.unwrap();
+    let started = std::time::Instant::now();
+    let timeout = Duration::from_millis(700);
+    let waited = waiter.wait_for_offset("bank_accounts", &topic, partition, offset + 10, timeout).await;
+    let took = started.elapsed();
+    match waited {
+        Err(projectionist::postgres::Error::WaitTimeout { position, .. }) => {
+            assert_eq!(position, Position::Offset { next_offset: Some(offset + 1) });
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(took >= timeout && took < timeout + Duration::from_secs(5), "returned after {took:?}");
+    let message = waiter
+        .wait_for_version(&BankAccounts, "account", "acc-t", 3, Duration::from_millis(200))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("acc-t v3") && message.contains("version 1"), "{message}");
+}
+
+/// A thousand waits at once, over one listening connection and a pool of four, all return
+/// once their events are applied.
+#[sqlx::test(migrations = false)]
+async fn a_thousand_waits_share_one_listening_connection_and_all_return(pool: PgPool) {
+    use projectionist::postgres::wait::Waiter;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("wait-many");
+    let e = bank_accounts::generate::envelope;
+    let mut offsets = Vec::new();
+    for n in 0..20 {
+        let event = e(&format!("acc-{n}"), 1, &AccountEvent::AccountOpened { owner: "m".into() });
+        offsets.push(produce_one(&topic, &event).await);
+    }
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let waiter = Waiter::new(small.clone()).await.unwrap();
+    let mut waits = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let (waiter, topic) = (waiter.clone(), topic.clone());
+        let (partition, offset) = offsets[i % offsets.len()];
+        waits.spawn(async move {
+            waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(90)).await
+        });
+    }
+    while waiter.waiting() < 1000 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listening: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(listening, 1, "one listening connection for every wait");
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    let mut returned = 0;
+    while let Some(waited) = waits.join_next().await {
+        waited.unwrap().unwrap();
+        returned += 1;
+    }
+    assert_eq!(returned, 1000);
 }

@@ -381,6 +381,11 @@ impl App {
         let selected = self.select(args.run.projections.as_deref(), &mut config)?;
         let pool = pool(database_url).await?;
         status::engine_tables(&pool).await?;
+        if !(args.rollback || args.drop_old || args.abandon) {
+            // The rebuild's own metrics, and its shadow run's (ready: PostgreSQL answers).
+            let readiness = Engine::new(pool.clone(), config.clone()).readiness();
+            serve_metrics(args.run.metrics_addr.as_deref(), readiness, None).await?;
+        }
         for r in selected {
             let name = r.projection.name().to_owned();
             if args.rollback || args.drop_old || args.abandon {
@@ -474,19 +479,12 @@ impl App {
             }
         }
         let target = progress_target(&pool, &client, &selected, args.from_beginning || args.reset).await;
+        let waits = http::Waits::new(pool.clone(), selected.iter().map(|r| r.projection.clone()).collect());
         let mut engine = Engine::new(pool, config);
         for r in selected {
             engine = engine.register(r.projection, r.topics);
         }
-        let metrics_addr = args.metrics_addr.as_deref().unwrap_or(config::DEFAULT_METRICS_ADDR);
-        if metrics_addr != "off" {
-            let addr = metrics_addr
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--metrics-addr {metrics_addr:?} is not host:port or off"))?;
-            let handle = http::install_recorder()?;
-            let bound = http::serve(addr, handle, engine.readiness()).await?;
-            tracing::info!(address = %bound, "Serving /metrics, /health and /ready.");
-        }
+        serve_metrics(args.metrics_addr.as_deref(), engine.readiness(), Some(waits)).await?;
         let started = Instant::now();
         let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
         let mut progress = Progress::new(what, target);
@@ -604,6 +602,25 @@ async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progre
     }
 }
 
+/// Serves /metrics, /health, /ready and (with `waits`) /wait on `addr` (default
+/// [`config::DEFAULT_METRICS_ADDR`]; `off`: nothing), ready as `readiness` says.
+async fn serve_metrics(
+    addr: Option<&str>,
+    readiness: projectionist_kafka::Readiness,
+    waits: Option<http::Waits>,
+) -> anyhow::Result<()> {
+    let addr = addr.unwrap_or(config::DEFAULT_METRICS_ADDR);
+    if addr == "off" {
+        return Ok(());
+    }
+    let parsed = addr.parse().map_err(|_| anyhow::anyhow!("--metrics-addr {addr:?} is not host:port or off"))?;
+    let handle = http::install_recorder()?;
+    let served = if waits.is_some() { "/metrics, /health, /ready and /wait" } else { "/metrics, /health and /ready" };
+    let bound = http::serve(parsed, handle, readiness, waits).await?;
+    tracing::info!(address = %bound, "Serving {served}.");
+    Ok(())
+}
+
 /// Shows a rebuild's progress (a bar on a terminal, a log line every 5 s otherwise): its
 /// shadow's checkpoints against the high watermarks at start, counted from where it starts
 /// (a resumed rebuild's rate and ETA are its own).
@@ -621,7 +638,9 @@ async fn report_rebuild(pool: PgPool, client: KafkaClientConfig, registration: R
     let mut progress = Progress::new("Rebuilding", Some(total.saturating_sub(from)));
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        progress.update(read(&shadow(pool.clone(), name.clone()).await).saturating_sub(from));
+        let done = read(&shadow(pool.clone(), name.clone()).await);
+        projectionist_kafka::metrics::rebuild_progress(&name, done, total.saturating_sub(done));
+        progress.update(done.saturating_sub(from));
     }
 }
 

@@ -1,5 +1,6 @@
 //! `publish`: NDJSON envelopes onto a topic through an idempotent, transactional producer.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -27,6 +28,12 @@ pub(crate) struct PublishArgs {
     /// Transactional id (default: projectionist-publish-<topic>).
     #[arg(long)]
     transactional_id: Option<String>,
+    /// Write where each event went, once its transaction commits, to this file (- for
+    /// stdout), one JSON line per event: {"id", "aggregate_type", "aggregate_id", "version",
+    /// "topic", "partition", "offset"}, e.g. to wait for it (`/wait` on a `run`, or the
+    /// library's `Waiter`).
+    #[arg(long, value_name = "FILE")]
+    report_offsets: Option<String>,
 }
 
 pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> anyhow::Result<ExitCode> {
@@ -48,6 +55,13 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         Box::new(tokio::fs::File::open(&args.file).await.with_context(|| format!("cannot open {}", args.file))?)
     };
     let total = if args.file == "-" { None } else { count_lines(&args.file).await };
+    let mut report: Option<Box<dyn std::io::Write + Send>> = match args.report_offsets.as_deref() {
+        None => None,
+        Some("-") => Some(Box::new(std::io::stdout())),
+        Some(path) => Some(Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("cannot create {path}"))?,
+        ))),
+    };
     let mut progress = crate::progress::Progress::new("Publishing", total);
     let mut lines = BufReader::new(reader).lines();
     let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) =
@@ -83,12 +97,24 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         if chunk.is_empty() {
             continue;
         }
-        send_chunk(&producer, &args.topic, &chunk).await?;
+        let delivered = send_chunk(&producer, &args.topic, &chunk).await?;
+        if let Some(report) = report.as_mut() {
+            for (e, (partition, offset)) in chunk.iter().zip(delivered) {
+                let line = serde_json::json!({
+                    "id": e.id, "aggregate_type": e.aggregate_type, "aggregate_id": e.aggregate_id,
+                    "version": e.version, "topic": args.topic, "partition": partition, "offset": offset,
+                });
+                writeln!(report, "{line}").context("writing the offsets report")?;
+            }
+        }
         published += chunk.len();
         transactions += 1;
         progress.update((published + bad_lines) as u64);
     }
     progress.finish((published + bad_lines) as u64);
+    if let Some(mut report) = report {
+        report.flush().context("writing the offsets report")?;
+    }
     println!(
         "Published {published} events to {} in {transactions} transaction(s); {bad_lines} malformed line(s), \
         {skipped_chunks} chunk(s) not published.",
@@ -97,7 +123,8 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
     Ok(if bad_lines > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope]) -> anyhow::Result<()> {
+/// Publishes `chunk` in one transaction; where each event went (partition, offset).
+async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope]) -> anyhow::Result<Vec<(i32, i64)>> {
     producer.begin_transaction()?;
     let payloads: Vec<Vec<u8>> = chunk.iter().map(RawEnvelope::to_json).collect();
     let sends = chunk.iter().zip(&payloads).map(|(e, p)| {
@@ -105,14 +132,20 @@ async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope
             .send(FutureRecord::to(topic).key(e.aggregate_id.as_str()).payload(p.as_slice()), Duration::from_secs(30))
     });
     let results = futures_util::future::join_all(sends).await;
-    if let Some(Err((e, _))) = results.into_iter().find(|r| r.is_err()) {
-        let p = producer.clone();
-        let _ = tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30))).await;
-        anyhow::bail!("publishing a chunk failed, transaction aborted: {e}");
+    let mut delivered = Vec::with_capacity(results.len());
+    for result in results {
+        match result {
+            Ok(d) => delivered.push((d.partition, d.offset)),
+            Err((e, _)) => {
+                let p = producer.clone();
+                let _ = tokio::task::spawn_blocking(move || p.abort_transaction(Duration::from_secs(30))).await;
+                anyhow::bail!("publishing a chunk failed, transaction aborted: {e}");
+            }
+        }
     }
     let p = producer.clone();
     tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await??;
-    Ok(())
+    Ok(delivered)
 }
 
 /// Lines of `path` holding more than white space (the progress bar's total), read in

@@ -108,8 +108,8 @@ impl<'a> ColumnWrite<'a> {
     /// Whether PostgreSQL might refuse what this write holds, were it written (in a column
     /// of `table`): adds (an overflow, a type without `+`), or a base its declared type may
     /// not take. False only where the value surely fits.
-    fn might_be_refused(&self, table: &Table) -> bool {
-        !self.deltas.is_empty() || self.base.is_some_and(|v| !surely_fits(table.column_type(self.column), v))
+    fn might_be_refused(&self, declared: &Declared) -> bool {
+        !self.deltas.is_empty() || self.base.is_some_and(|v| !declared.column(self.column).surely_fits(v))
     }
 
     fn apply(&mut self, change: &'a Change) {
@@ -258,7 +258,7 @@ impl<'a> RowState<'a> {
 
     /// Takes `changes` of a row of `table` into the first part (with `absolute`, a column's
     /// first value is its base, as on a row the event creates) or into the part that follows.
-    fn take(&mut self, table: &Table, changes: &'a [Change], first: bool, absolute: bool) {
+    fn take(&mut self, declared: &Declared, changes: &'a [Change], first: bool, absolute: bool) {
         let part = if first { &mut self.first } else { &mut self.rest };
         for change in changes {
             let column = Self::column(part, change.column);
@@ -266,7 +266,7 @@ impl<'a> RowState<'a> {
                 column.base = Some(&change.value);
             } else {
                 if change.op == Op::Set && !self.superseded {
-                    self.superseded = column.might_be_refused(table);
+                    self.superseded = column.might_be_refused(declared);
                 }
                 column.apply(change);
             }
@@ -277,6 +277,9 @@ impl<'a> RowState<'a> {
 /// A gate's version where the batch starts and where it stands now.
 type Moves = (Option<i64>, Option<i64>);
 
+/// The planner's per-batch maps, keyed by what the batch's events hold.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Plans `events` (in offset order) against `stored` for a projection owning `tables`.
 pub fn plan<'a>(
     tables: &[Table],
@@ -284,18 +287,19 @@ pub fn plan<'a>(
     events: &'a [(EventRef<'a>, Effect<'a>)],
 ) -> Result<Plan<'a>, PlanError> {
     // Keyed by what the events hold (no key copied per event); ordered at the end.
-    let mut rows: HashMap<(usize, &'a str), RowState<'a>> = HashMap::new();
+    let mut rows: Map<(usize, &'a str), RowState<'a>> = Map::default();
     // Per aggregate (type, id): the version stored, and the version it moves to.
-    let mut marks: HashMap<(&'a str, &'a str), Moves> = HashMap::new();
+    let mut marks: Map<(&'a str, &'a str), Moves> = Map::default();
     let mut outcomes = Vec::with_capacity(events.len());
     // Per aggregate type: the gated tables it owns, and whether its aggregate version gates it.
-    let mut owned: HashMap<&str, (Vec<usize>, bool)> = HashMap::new();
+    let mut owned: Map<&str, (Vec<usize>, bool)> = Map::default();
     // Aggregates parked or resumed in this plan (`None`: resumed).
-    let mut parks: HashMap<(&'a str, &'a str), Option<Parked>> = HashMap::new();
+    let mut parks: Map<(&'a str, &'a str), Option<Parked>> = Map::default();
     // The aggregates parked where the plan starts, looked up by what the events hold.
-    let parked_before: HashMap<(&str, &str), Parked> =
+    let parked_before: Map<(&str, &str), Parked> =
         stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
     let mut unparked = None;
+    let declared: Vec<Declared> = tables.iter().map(Declared::of).collect();
 
     for (index, (event, effect)) in events.iter().enumerate() {
         let fail = |problem: String| PlanError { index, problem, disagreement: false };
@@ -401,12 +405,12 @@ pub fn plan<'a>(
             state.writers += 1;
             if tables[t].is_gated() {
                 let creating = state.created == Some(Some(event.version));
-                state.take(&tables[t], &write.changes, creating, creating);
+                state.take(&declared[t], &write.changes, creating, creating);
             } else {
                 // A fan-in row's first write in the batch merges into whatever row is there.
                 let first = state.created.is_none();
                 state.created = Some(None);
-                state.take(&tables[t], &write.changes, first, false);
+                state.take(&declared[t], &write.changes, first, false);
             }
         }
         if resumes {
@@ -438,7 +442,7 @@ pub fn plan<'a>(
             match state.created {
                 None => push(RowKind::Update, state.stored, state.current, state.rest),
                 Some(created) => {
-                    let (first, rest) = coalesce(&table, state.first, state.rest, &mut superseded);
+                    let (first, rest) = coalesce(&declared[t], state.first, state.rest, &mut superseded);
                     if rest.is_empty() {
                         push(RowKind::Insert, None, state.current, first);
                     } else {
@@ -501,7 +505,7 @@ pub fn aggregate_gated(tables: &[Table], aggregate_type: &str) -> bool {
 /// left (adds to a column the insert did not write: its default, or NULL) stays an update.
 /// `superseded` is set when an insert's value PostgreSQL might refuse is folded away.
 fn coalesce<'a>(
-    table: &Table,
+    declared: &Declared,
     mut first: Vec<ColumnWrite<'a>>,
     rest: Vec<ColumnWrite<'a>>,
     superseded: &mut bool,
@@ -513,7 +517,7 @@ fn coalesce<'a>(
         match first.iter_mut().find(|f| f.column == c.column) {
             Some(f) if c.base.is_none() => f.deltas.extend(c.deltas),
             Some(f) => {
-                *superseded |= f.might_be_refused(table);
+                *superseded |= f.might_be_refused(declared);
                 *f = c;
             }
             None => first.push(c),
@@ -522,65 +526,126 @@ fn coalesce<'a>(
     (first, Vec::new())
 }
 
-/// Whether `value` surely fits a column declared `declared` (`None`: not declared): what
-/// PostgreSQL's input of the type takes for certain. Anything else might be refused.
-fn surely_fits(declared: Option<&str>, value: &Value) -> bool {
-    let Some(declared) = declared else { return false };
-    // Called for each value written over, so nothing here allocates.
-    let has =
-        |needle: &str| declared.as_bytes().windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle.as_bytes()));
-    if value.is_null() {
-        return !has("not null") && !has("primary key");
+/// A table's columns as PostgreSQL takes their values, read from the declarations once per
+/// plan (a value written over is checked against its column for each event).
+struct Declared(Vec<(&'static str, ColumnType)>);
+
+impl Declared {
+    fn of(table: &Table) -> Self {
+        Self(
+            table
+                .column_declarations()
+                .iter()
+                .map(|(name, declared)| (*name, ColumnType::of(Some(declared))))
+                .collect(),
+        )
     }
-    if has("check") || has("references") {
-        return false;
+
+    fn column(&self, column: &str) -> ColumnType {
+        self.0.iter().find(|(name, _)| *name == column).map_or(ColumnType::of(None), |(_, ty)| *ty)
     }
-    // The type: the words before the first of the column's constraints.
-    const CONSTRAINTS: [&str; 6] = ["not", "null", "default", "unique", "collate", "generated"];
-    const KNOWN: [&str; 22] = [
-        "text",
-        "varchar",
-        "character varying",
-        "citext",
-        "jsonb",
-        "json",
-        "bigint",
-        "int8",
-        "integer",
-        "int",
-        "int4",
-        "smallint",
-        "int2",
-        "boolean",
-        "bool",
-        "double precision",
-        "float8",
-        "numeric",
-        "decimal",
-        "timestamptz",
-        "timestamp with time zone",
-        "uuid",
-    ];
-    let words = declared.split_whitespace().take_while(|w| !CONSTRAINTS.iter().any(|c| w.eq_ignore_ascii_case(c)));
-    let is = |name: &&str| {
-        let mut words = words.clone();
-        name.split(' ').all(|n| words.next().is_some_and(|w| w.eq_ignore_ascii_case(n))) && words.next().is_none()
-    };
-    let no_nul = |s: &str| !s.contains('\0');
-    match (KNOWN.into_iter().find(is).unwrap_or_default(), value) {
-        ("text" | "varchar" | "character varying" | "citext", Value::String(s)) => no_nul(s),
-        ("text" | "varchar" | "character varying" | "citext", Value::Number(_) | Value::Bool(_)) => true,
-        ("jsonb" | "json", v) => !v.to_string().contains("\\u0000"),
-        ("bigint" | "int8", Value::Number(n)) => n.is_i64(),
-        ("integer" | "int" | "int4", Value::Number(n)) => n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
-        ("smallint" | "int2", Value::Number(n)) => n.as_i64().is_some_and(|n| i16::try_from(n).is_ok()),
-        ("boolean" | "bool", Value::Bool(_)) => true,
-        ("double precision" | "float8" | "numeric" | "decimal", Value::Number(_)) => true,
-        ("timestamptz" | "timestamp with time zone", Value::String(s)) => {
-            chrono::DateTime::parse_from_rfc3339(s).is_ok()
+}
+
+/// What a column's declaration says of the values it surely takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ColumnType {
+    /// Declared at all (an undeclared column: nothing surely fits).
+    declared: bool,
+    /// The type, when one of those whose input is known here.
+    known: Option<Known>,
+    /// `NOT NULL` or `PRIMARY KEY`.
+    not_null: bool,
+    /// A `CHECK` or `REFERENCES` of its own: no value but `NULL` surely fits.
+    constrained: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    Text,
+    Json,
+    BigInt,
+    Int,
+    SmallInt,
+    Bool,
+    Float,
+    Timestamptz,
+    Uuid,
+}
+
+impl ColumnType {
+    /// The declaration `declared` (`None`: not declared) classified.
+    fn of(declared: Option<&str>) -> Self {
+        let Some(declared) = declared else {
+            return Self { declared: false, known: None, not_null: false, constrained: false };
+        };
+        let has =
+            |needle: &str| declared.as_bytes().windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle.as_bytes()));
+        // The type: the words before the first of the column's constraints.
+        const CONSTRAINTS: [&str; 6] = ["not", "null", "default", "unique", "collate", "generated"];
+        const KNOWN: [(&str, Known); 22] = [
+            ("text", Known::Text),
+            ("varchar", Known::Text),
+            ("character varying", Known::Text),
+            ("citext", Known::Text),
+            ("jsonb", Known::Json),
+            ("json", Known::Json),
+            ("bigint", Known::BigInt),
+            ("int8", Known::BigInt),
+            ("integer", Known::Int),
+            ("int", Known::Int),
+            ("int4", Known::Int),
+            ("smallint", Known::SmallInt),
+            ("int2", Known::SmallInt),
+            ("boolean", Known::Bool),
+            ("bool", Known::Bool),
+            ("double precision", Known::Float),
+            ("float8", Known::Float),
+            ("numeric", Known::Float),
+            ("decimal", Known::Float),
+            ("timestamptz", Known::Timestamptz),
+            ("timestamp with time zone", Known::Timestamptz),
+            ("uuid", Known::Uuid),
+        ];
+        let words = declared.split_whitespace().take_while(|w| !CONSTRAINTS.iter().any(|c| w.eq_ignore_ascii_case(c)));
+        let is = |name: &str| {
+            let mut words = words.clone();
+            name.split(' ').all(|n| words.next().is_some_and(|w| w.eq_ignore_ascii_case(n))) && words.next().is_none()
+        };
+        Self {
+            declared: true,
+            known: KNOWN.iter().find(|(name, _)| is(name)).map(|(_, known)| *known),
+            not_null: has("not null") || has("primary key"),
+            constrained: has("check") || has("references"),
         }
-        ("uuid", Value::String(s)) => uuid::Uuid::parse_str(s).is_ok(),
-        _ => false,
+    }
+
+    /// Whether `value` surely fits the column: what PostgreSQL's input of the type takes
+    /// for certain. Anything else might be refused. Called for each value written over, so
+    /// nothing here allocates but the JSON check.
+    fn surely_fits(self, value: &Value) -> bool {
+        if !self.declared {
+            return false;
+        }
+        if value.is_null() {
+            return !self.not_null;
+        }
+        if self.constrained {
+            return false;
+        }
+        let no_nul = |s: &str| !s.contains('\0');
+        match (self.known, value) {
+            (Some(Known::Text), Value::String(s)) => no_nul(s),
+            (Some(Known::Text), Value::Number(_) | Value::Bool(_)) => true,
+            (Some(Known::Json), v) => !v.to_string().contains("\\u0000"),
+            (Some(Known::BigInt), Value::Number(n)) => n.is_i64(),
+            (Some(Known::Int), Value::Number(n)) => n.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+            (Some(Known::SmallInt), Value::Number(n)) => n.as_i64().is_some_and(|n| i16::try_from(n).is_ok()),
+            (Some(Known::Bool), Value::Bool(_)) => true,
+            (Some(Known::Float), Value::Number(_)) => true,
+            (Some(Known::Timestamptz), Value::String(s)) => chrono::DateTime::parse_from_rfc3339(s).is_ok(),
+            (Some(Known::Uuid), Value::String(s)) => uuid::Uuid::parse_str(s).is_ok(),
+            _ => false,
+        }
     }
 }
 
@@ -691,7 +756,7 @@ mod tests {
     #[test]
     fn only_values_that_surely_fit_their_column_may_be_written_over_unseen() {
         use serde_json::json;
-        let fits = |declared: &str, value: Value| surely_fits(Some(declared), &value);
+        let fits = |declared: &str, value: Value| ColumnType::of(Some(declared)).surely_fits(&value);
         assert!(fits("text", json!("ann")) && !fits("text", json!("nul\u{0}")));
         assert!(fits("text", Value::Null) && !fits("text NOT NULL", Value::Null));
         assert!(fits("bigint NOT NULL DEFAULT 0", json!(i64::MIN)) && !fits("bigint", json!(1.5)));
@@ -706,7 +771,8 @@ mod tests {
         assert!(!fits("varchar(3)", json!("four")) && fits("character varying", json!("four")));
         assert!(fits("jsonb", json!({"a": [1, "b"]})) && !fits("jsonb", json!({"a": "\u{0}"})));
         assert!(!fits("text CHECK (last <> 'x')", json!("y")), "a constraint of its own");
-        assert!(!surely_fits(None, &json!(1)), "an undeclared column");
+        assert!(!ColumnType::of(None).surely_fits(&json!(1)), "an undeclared column");
+        assert!(!ColumnType::of(None).surely_fits(&Value::Null), "an undeclared column");
         assert!(fits("uuid", json!("67e55044-10b1-426f-9247-bb680e5fe0c8")) && !fits("uuid", json!("x")));
     }
 

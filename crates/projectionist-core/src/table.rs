@@ -228,6 +228,11 @@ impl Table {
         self.columns.iter().any(|(c, _)| *c == column)
     }
 
+    /// The declared columns: name and SQL type (with its constraints).
+    pub(crate) fn column_declarations(&self) -> &'static [(&'static str, &'static str)] {
+        self.columns
+    }
+
     /// The declared SQL type of `column` (with its constraints), if declared.
     pub fn column_type(&self, column: &str) -> Option<&'static str> {
         self.columns.iter().find(|(c, _)| *c == column).map(|(_, ty)| *ty)

@@ -59,6 +59,15 @@ pub struct EngineConfig {
     /// events keep arriving; a partition with nothing more to read applies at once.
     #[serde(default = "default_batch_max_wait_ms")]
     pub batch_max_wait_ms: u64,
+    /// A `rebuild`'s bounds of one batch in place of `batch_max_events`: far larger, since
+    /// the rebuild reads from offset zero and each row's events within a batch are folded
+    /// into one write (the larger the batch, the fewer rows PostgreSQL writes). Memory grows
+    /// with it: about two batches of events per partition are held at once.
+    #[serde(default = "default_rebuild_batch_max_events")]
+    pub rebuild_batch_max_events: usize,
+    /// A `rebuild`'s `batch_max_bytes`.
+    #[serde(default = "default_rebuild_batch_max_bytes")]
+    pub rebuild_batch_max_bytes: usize,
     /// Tries of a batch that fails with a transient database error (serialization failure,
     /// deadlock, concurrent writer), after the first; then the partition halts. Failures of
     /// the environment (PostgreSQL unreachable, restarting, read-only) are waited out for as
@@ -106,6 +115,12 @@ pub struct EngineConfig {
     /// PostgreSQL's table stays the record. Unset: none.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
+    /// Whether the engine is the only writer of its projections' tables, as `rebuild` is of
+    /// its shadow (it sets this): the rows a batch builds on are then read without row
+    /// locks; every write still checks the version it builds on. Not in the settings file:
+    /// `run` processes of one projection may overlap during a rebalance.
+    #[serde(skip)]
+    pub sole_writer: bool,
     /// Settings of single projections that differ from the ones above, by projection name,
     /// e.g. `{"order_status": {"on_gap": "halt"}}`; see [`ProjectionSettings`]. A name that
     /// is not registered makes [`crate::Engine::run`] refuse to start.
@@ -148,6 +163,12 @@ fn default_batch_max_bytes() -> usize {
 fn default_batch_max_wait_ms() -> u64 {
     EngineConfig::DEFAULT_BATCH_MAX_WAIT_MS
 }
+fn default_rebuild_batch_max_events() -> usize {
+    EngineConfig::DEFAULT_REBUILD_BATCH_MAX_EVENTS
+}
+fn default_rebuild_batch_max_bytes() -> usize {
+    EngineConfig::DEFAULT_REBUILD_BATCH_MAX_BYTES
+}
 fn default_max_retries() -> u32 {
     EngineConfig::DEFAULT_MAX_RETRIES
 }
@@ -171,6 +192,10 @@ impl EngineConfig {
     pub const DEFAULT_BATCH_MAX_BYTES: usize = 4 << 20;
     /// Default of [`EngineConfig::batch_max_wait_ms`].
     pub const DEFAULT_BATCH_MAX_WAIT_MS: u64 = 100;
+    /// Default of [`EngineConfig::rebuild_batch_max_events`].
+    pub const DEFAULT_REBUILD_BATCH_MAX_EVENTS: usize = 20_000;
+    /// Default of [`EngineConfig::rebuild_batch_max_bytes`] (32 MiB).
+    pub const DEFAULT_REBUILD_BATCH_MAX_BYTES: usize = 32 << 20;
     /// Default of [`EngineConfig::max_retries`].
     pub const DEFAULT_MAX_RETRIES: u32 = 5;
     /// Default of [`EngineConfig::retry_backoff_ms`].
@@ -192,6 +217,9 @@ impl EngineConfig {
             batch_max_events: default_batch_max_events(),
             batch_max_bytes: default_batch_max_bytes(),
             batch_max_wait_ms: default_batch_max_wait_ms(),
+            rebuild_batch_max_events: default_rebuild_batch_max_events(),
+            rebuild_batch_max_bytes: default_rebuild_batch_max_bytes(),
+            sole_writer: false,
             max_retries: default_max_retries(),
             retry_backoff_ms: default_retry_backoff_ms(),
             from_beginning: false,
@@ -319,6 +347,9 @@ impl fmt::Debug for EngineConfig {
             .field("max_parked_aggregates", &self.max_parked_aggregates)
             .field("max_held_per_aggregate", &self.max_held_per_aggregate)
             .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("rebuild_batch_max_events", &self.rebuild_batch_max_events)
+            .field("rebuild_batch_max_bytes", &self.rebuild_batch_max_bytes)
+            .field("sole_writer", &self.sole_writer)
             .field("per_projection", &self.per_projection)
             .finish()
     }

@@ -282,6 +282,11 @@ impl Engine {
             ("statistics.interval.ms", "5000"),
             ("queued.max.messages.kbytes", "2048"),
             ("fetch.queue.backoff.ms", "10"),
+            // At the head, a fetch returns within this of new data even on a broker that
+            // holds an empty fetch for its whole wait (tansu does; Apache Kafka answers as
+            // soon as data arrives, so there it only means more empty fetches while idle):
+            // what a read-your-writes wait adds to the broker's own latency.
+            ("fetch.wait.max.ms", "10"),
         ]);
         // What the engine's guarantees rest on: not overridable.
         cfg.set("group.id", group)

@@ -74,6 +74,23 @@ pub const PARTITIONS_HALTED: &str = "projectionist_partitions_halted";
 pub const POSTGRES_WAITING: &str = "projectionist_postgres_waiting";
 /// PostgreSQL pool connections. Labels: `state` (`in_use`, `idle`).
 pub const PG_POOL_CONNECTIONS: &str = "projectionist_pg_pool_connections";
+/// `/wait` requests waiting now for a projection to apply an event (read your writes).
+pub const WAIT_REQUESTS: &str = "projectionist_wait_requests";
+/// A `rebuild` process (the engine metrics above describe its shadow's run): messages its
+/// shadow has applied so far of what the topics held when it started. Labels: `projection`.
+pub const REBUILD_MESSAGES_DONE: &str = "projectionist_rebuild_messages_done";
+/// A `rebuild` process: messages left between its shadow's checkpoints and the heads as they
+/// were when it started (ETA: this over the rate of [`REBUILD_MESSAGES_DONE`]). Labels:
+/// `projection`.
+pub const REBUILD_MESSAGES_LEFT: &str = "projectionist_rebuild_messages_left";
+/// A `rebuild` process's phase: 1 loading and catching up, 2 swapping, 0 over (swapped,
+/// stopped or failed). Labels: `projection`.
+pub const REBUILD_PHASE: &str = "projectionist_rebuild_phase";
+/// How long a rebuild's swap transaction took (the live tables locked meanwhile). Labels:
+/// `projection`.
+pub const REBUILD_SWAP_SECONDS: &str = "projectionist_rebuild_swap_seconds";
+/// Rebuilds ended. Labels: `projection`, `outcome` (`swapped`, `stopped`, `failed`).
+pub const REBUILDS: &str = "projectionist_rebuilds_total";
 
 /// Registers descriptions and units with the installed recorder.
 pub fn describe() {
@@ -112,6 +129,32 @@ pub fn describe() {
     describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");
     describe_gauge!(POSTGRES_WAITING, "1 while a partition waits for PostgreSQL to come back, else 0.");
     describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
+    describe_gauge!(WAIT_REQUESTS, Unit::Count, "/wait requests waiting for a projection to apply an event.");
+    describe_gauge!(REBUILD_MESSAGES_DONE, Unit::Count, "Messages a rebuild's shadow has applied so far.");
+    describe_gauge!(REBUILD_MESSAGES_LEFT, Unit::Count, "Messages left for a rebuild to the heads at its start.");
+    describe_gauge!(REBUILD_PHASE, "A rebuild's phase: 1 loading and catching up, 2 swapping, 0 over.");
+    describe_gauge!(REBUILD_SWAP_SECONDS, Unit::Seconds, "How long a rebuild's swap transaction took.");
+    describe_counter!(REBUILDS, Unit::Count, "Rebuilds ended, by outcome.");
+}
+
+/// A rebuild of `projection` has applied `done` messages, `left` to go.
+pub fn rebuild_progress(projection: &str, done: u64, left: u64) {
+    metrics::gauge!(REBUILD_MESSAGES_DONE, "projection" => projection.to_owned()).set(done as f64);
+    metrics::gauge!(REBUILD_MESSAGES_LEFT, "projection" => projection.to_owned()).set(left as f64);
+}
+
+/// A rebuild of `projection` entered `phase` (see [`REBUILD_PHASE`]).
+pub(crate) fn rebuild_phase(projection: &str, phase: u8) {
+    metrics::gauge!(REBUILD_PHASE, "projection" => projection.to_owned()).set(f64::from(phase));
+}
+
+/// A rebuild of `projection` ended with `outcome`, its swap (if any) taking `swap`.
+pub(crate) fn rebuild_ended(projection: &str, outcome: &'static str, swap: Option<std::time::Duration>) {
+    rebuild_phase(projection, 0);
+    if let Some(swap) = swap {
+        metrics::gauge!(REBUILD_SWAP_SECONDS, "projection" => projection.to_owned()).set(swap.as_secs_f64());
+    }
+    metrics::counter!(REBUILDS, "projection" => projection.to_owned(), "outcome" => outcome).increment(1);
 }
 
 /// Sets [`AGGREGATES_PARKED_NOW`] and [`EVENTS_HELD_NOW`] of `projection` from the tables,

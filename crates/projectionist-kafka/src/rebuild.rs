@@ -11,6 +11,7 @@ use projectionist_postgres::rebuild::{self, Swap};
 use projectionist_postgres::{PgPool, SharedProjection};
 use sqlx::postgres::PgPoolOptions;
 
+use crate::metrics as m;
 use crate::{Engine, EngineConfig, Error, Result, RunReport};
 
 /// Most catch-up rounds before a swap is given up: each one reads up to the head as it was
@@ -31,8 +32,12 @@ pub enum Rebuilt {
 }
 
 /// Rebuilds `projection` (consuming `topics`) beside its live tables and swaps it in (see
-/// the module). Reads in a consumer group of its own, `<group_id>.rebuild.<projection>`;
-/// holds the projection's rebuild lock throughout, so that a second rebuild is refused.
+/// the module). Reads in a consumer group of its own, new for each rebuild process,
+/// `<group_id>.rebuild-<start, ms since the epoch>.<projection>`: a rebuild killed and started
+/// again would otherwise wait for the killed member to leave its group (its session to
+/// expire, and on some brokers longer) before it is given the killed one's partitions. The
+/// shadow's checkpoints in PostgreSQL say where it resumes, not the group's offsets. Holds
+/// the projection's rebuild lock throughout, so that a second rebuild is refused.
 pub async fn rebuild(
     pool: &PgPool,
     config: EngineConfig,
@@ -41,13 +46,22 @@ pub async fn rebuild(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Rebuilt> {
     let name = projection.name().to_owned();
+    let rebuilt: Result<Rebuilt> = async {
     let lock = rebuild::lock(pool, &name).await?;
+    m::rebuild_phase(&name, 1);
     let shadow = rebuild::prepare(pool, projection.as_ref()).await?;
     tracing::info!(projection = %name, schema = %shadow.schema, resumed = shadow.resumed, "Rebuild starting.");
     let shadow_pool = shadow_pool(pool, &name).await?;
     let mut config = config;
-    config.group_id = Some(format!("{}.rebuild", config.group_id.as_deref().unwrap_or("projectionist")));
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    let prefix = config.group_id.as_deref().unwrap_or("projectionist");
+    config.group_id = Some(format!("{prefix}.rebuild-{started}"));
     config.exit_when_caught_up = true;
+    // Large batches: each row's events in one fold into one write.
+    config.batch_max_events = config.rebuild_batch_max_events;
+    config.batch_max_bytes = config.rebuild_batch_max_bytes;
+    // Behind the rebuild lock, no one else writes the shadow.
+    config.sole_writer = true;
     config.from_beginning = false;
     let stopped = Arc::new(AtomicBool::new(false));
     let flag = stopped.clone();
@@ -66,24 +80,42 @@ pub async fn rebuild(
             tracing::info!(projection = %name, "Rebuild stopped before its swap; the next `rebuild` resumes it.");
             return Ok(Rebuilt::Stopped);
         }
+        if round == 1 {
+            let indexes = rebuild::create_indexes(pool, projection.as_ref()).await?;
+            if indexes > 0 {
+                tracing::info!(projection = %name, indexes, "Bulk load done; secondary indexes created.");
+            }
+        }
         let carried = rebuild::carry_discards(pool, &shadow_pool, projection.as_ref()).await?;
         if carried > 0 {
             tracing::info!(projection = %name, carried, "Discarded dead letters met again: discarded in the rebuild too.");
         }
         let swapping = std::time::Instant::now();
+        m::rebuild_phase(&name, 2);
         match rebuild::swap(pool, projection.as_ref(), &topics).await? {
             Swap::Done => {
-                let swap_ms = swapping.elapsed().as_millis() as u64;
+                let swap = swapping.elapsed();
+                m::rebuild_ended(&name, "swapped", Some(swap));
+                let swap_ms = swap.as_millis() as u64;
                 tracing::info!(projection = %name, swap_ms, "Rebuild swapped in; the replaced tables are kept for a rollback.");
                 lock.release().await?;
                 return Ok(Rebuilt::Swapped { resumed: shadow.resumed, report });
             }
             Swap::Behind(partitions) => {
+                m::rebuild_phase(&name, 1);
                 tracing::info!(projection = %name, round, behind = ?partitions, "The live run is ahead; catching up.");
             }
         }
     }
     Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
+    }
+    .await;
+    match &rebuilt {
+        Ok(Rebuilt::Swapped { .. }) => {}
+        Ok(Rebuilt::Stopped) => m::rebuild_ended(&name, "stopped", None),
+        Err(_) => m::rebuild_ended(&name, "failed", None),
+    }
+    rebuilt
 }
 
 fn problem(projection: &str, problem: String) -> Error {

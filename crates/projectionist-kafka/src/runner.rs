@@ -470,6 +470,7 @@ impl Runner {
                 on_poison: self.config.on_poison,
                 dead_letter_topic: self.dead_letter_topic.clone(),
                 checked: self.checked.clone(),
+                sole_writer: self.config.sole_writer,
                 max_event_bytes: self.config.max_event_bytes,
                 bounds: crate::partition::Bounds {
                     parked_aggregates: self.config.max_parked_aggregates,

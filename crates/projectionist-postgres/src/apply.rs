@@ -36,6 +36,7 @@ pub enum Mode {
 /// (a retry, a prefix after a failure) decodes and projects nothing again. Made by
 /// [`PgProjection::prepare`]: every event, those that cannot be applied as they stand
 /// (poison: data that does not decode, a failing upcaster, …) marked with their error.
+#[derive(Default)]
 pub struct Prepared {
     events: Vec<PreparedEvent>,
     /// A problem of the whole batch (the projection's declarations): no event is prepared.
@@ -49,6 +50,8 @@ pub struct Prepared {
     /// The projection's tables PostgreSQL checks beyond their types, when the caller knows
     /// them (see [`Prepared::set_checked`]).
     checked: Option<Vec<Table>>,
+    /// Whether the caller is the only writer of the tables (see [`Prepared::set_sole_writer`]).
+    sole_writer: bool,
 }
 
 struct PreparedEvent {
@@ -110,7 +113,7 @@ impl Prepared {
             occurred_at: Utc::now(),
             step: Step::Ignored("(discarded)".to_owned()),
         };
-        Prepared { events: vec![event], failure: None, source: None, held_poison: HashMap::new(), checked: None }
+        Prepared { events: vec![event], ..Prepared::default() }
     }
 
     /// Every event that cannot be applied as it stands (or, for a problem of the whole
@@ -217,6 +220,14 @@ impl Prepared {
     /// checked. Unset, the catalog is asked once per run that writes a row twice.
     pub fn set_checked(&mut self, tables: Vec<Table>) {
         self.checked = Some(tables);
+    }
+
+    /// Says that no one else writes the projection's tables while this batch is written (as
+    /// a rebuild's shadow, behind its rebuild lock): the rows the batch builds on are read
+    /// without row locks. Every write still checks the version it builds on, so a writer
+    /// there after all is met as a conflict, never lost; only the waiting for one is gone.
+    pub fn set_sole_writer(&mut self) {
+        self.sole_writer = true;
     }
 }
 
@@ -331,7 +342,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
             let aggregate_id = batch.into_iter().next().map(|raw| raw.aggregate_id).unwrap_or_default();
             let failure = Some(Failure { aggregate_id, error });
-            return Prepared { events: Vec::new(), failure, source: None, held_poison: HashMap::new(), checked: None };
+            return Prepared { failure, ..Prepared::default() };
         }
         let decoder = EventDecoder::<P::Event>::new();
         let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
@@ -340,7 +351,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             .enumerate()
             .map(|(index, raw)| prepare_event(self, &decoder, halt_on_unknown, index, raw))
             .collect();
-        Prepared { events, failure: None, source: None, held_poison: HashMap::new(), checked: None }
+        Prepared { events, ..Prepared::default() }
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {
@@ -356,6 +367,8 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             return Err(prepared.events[index].poison().expect("poison").clone_of_batch().at(index));
         }
         let gaps_halt = on_gap == OnGap::Halt;
+        // What every run of the batch starts from, besides the parked aggregates.
+        let context = (gaps_halt, prepared.checked.as_deref(), prepared.sole_writer);
         let mut parked = match source {
             Some(source) => Some(park::read(conn, name, &source.topic, source.partition).await?),
             None => None,
@@ -370,16 +383,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         let mut held_dead: Vec<(usize, String, &'static str)> = Vec::new();
         while written.outcomes.len() < events.len() {
             let start = written.outcomes.len();
-            let ran = self
-                .write_events(
-                    conn,
-                    &events[start..],
-                    mode,
-                    &mut parked,
-                    (gaps_halt, prepared.checked.as_deref()),
-                    &mut changes,
-                )
-                .await;
+            let ran = self.write_events(conn, &events[start..], mode, &mut parked, context, &mut changes).await;
             let (outcomes, per_event, unparked) = ran.map_err(|e| e.shifted(start))?;
             written.outcomes.extend(outcomes);
             written.per_event |= per_event;
@@ -438,14 +442,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 drain.sort_by_key(|(_, e)| e.version);
                 let drain_events: Vec<&PreparedEvent> = drain.iter().map(|(_, e)| *e).collect();
                 let (outcomes, per_event, _) = self
-                    .write_events(
-                        conn,
-                        &drain_events,
-                        mode,
-                        &mut parked,
-                        (gaps_halt, prepared.checked.as_deref()),
-                        &mut changes,
-                    )
+                    .write_events(conn, &drain_events, mode, &mut parked, context, &mut changes)
                     .await
                     .map_err(|e| match e.event_index().and_then(|i| drain.get(i)).map(|(origin, _)| *origin) {
                         // A held event: named, so that the next attempt dead-letters it.
@@ -558,7 +555,7 @@ trait WriteEvents: Projection<PgConnection> {
         events: &[&PreparedEvent],
         mode: Mode,
         parked: &mut Option<ParkedMap>,
-        (gaps_halt, checked): (bool, Option<&[Table]>),
+        (gaps_halt, checked, sole_writer): (bool, Option<&[Table]>, bool),
         changes: &mut HashMap<(String, String), Option<Parked>>,
     ) -> Result<(Vec<Outcome>, bool, Option<(String, String)>)> {
         let name = Projection::name(self);
@@ -576,7 +573,7 @@ trait WriteEvents: Projection<PgConnection> {
                 events[start..run_end.min(events.len())].iter().map(|e| (e.event(), e.effect())).collect();
             // A custom event goes alone, gated like any event; `apply` runs if it applies.
             let run_mode = if end > start { mode } else { Mode::PerEvent };
-            let parking = RunContext { parked: parked.as_ref(), gaps_halt, checked };
+            let parking = RunContext { parked: parked.as_ref(), gaps_halt, checked, sole_writer };
             let ran = batch::apply(conn, name, tables, &run, run_mode, parking).await.map_err(|e| e.shifted(start))?;
             per_event |= ran.per_event && end > start;
             for (aggregate, state) in ran.parks {

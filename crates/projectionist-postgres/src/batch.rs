@@ -46,6 +46,9 @@ pub(crate) struct RunContext<'a> {
     /// domains), when known (see [`crate::Prepared::set_checked`]); `None`: asked of the
     /// catalog when a run needs to know.
     pub checked: Option<&'a [Table]>,
+    /// No one else writes the tables (see [`crate::Prepared::set_sole_writer`]): rows are
+    /// read without row locks.
+    pub sole_writer: bool,
 }
 
 /// What applying a run did.
@@ -137,7 +140,7 @@ async fn plan_run<'a>(
     events: &'a [(EventRef<'a>, Effect<'a>)],
     parking: RunContext<'_>,
 ) -> Result<Plan<'a>> {
-    let mut stored = read_stored(conn, projection, tables, events).await?;
+    let mut stored = read_stored(conn, projection, tables, events, parking.sole_writer).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
     let planned = |events| planned(tables, &stored, events);
@@ -208,6 +211,7 @@ struct Runs {
     parks: HashMap<(String, String), Option<Parked>>,
     gaps_halt: bool,
     checked: Option<Vec<Table>>,
+    sole_writer: bool,
 }
 
 impl Runs {
@@ -215,12 +219,17 @@ impl Runs {
         let ran = Ran { per_event, ..Ran::default() };
         let (parked, gaps_halt, checked) =
             (parking.parked.cloned(), parking.gaps_halt, parking.checked.map(<[Table]>::to_vec));
-        Self { ran, parked, parks: HashMap::new(), gaps_halt, checked }
+        Self { ran, parked, parks: HashMap::new(), gaps_halt, checked, sole_writer: parking.sole_writer }
     }
 
     /// The parking state as the next run finds it.
     fn parking(&self) -> RunContext<'_> {
-        RunContext { parked: self.parked.as_ref(), gaps_halt: self.gaps_halt, checked: self.checked.as_deref() }
+        RunContext {
+            parked: self.parked.as_ref(),
+            gaps_halt: self.gaps_halt,
+            checked: self.checked.as_deref(),
+            sole_writer: self.sole_writer,
+        }
     }
 
     /// Takes a run's outcomes and parks; `true` when the batch ends with it (a gap, or an
@@ -325,8 +334,12 @@ async fn read_stored(
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
+    sole_writer: bool,
 ) -> Result<Stored> {
     let mut stored = Stored::default();
+    // Locked, so that a concurrent writer of the same rows waits (or is waited for) rather
+    // than making the batch fall back; a sole writer has none to wait for.
+    let lock = if sole_writer { "" } else { " FOR UPDATE" };
     for table in tables.iter().filter(|t| t.is_gated()) {
         let mut ids: Vec<&str> =
             events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
@@ -337,7 +350,7 @@ async fn read_stored(
         ids.dedup();
         let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
         // Sorted, so two writers lock overlapping rows in the same order.
-        let sql = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1) ORDER BY {key} FOR UPDATE");
+        let sql = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1) ORDER BY {key}{lock}");
         let found: Vec<(String, i64)> = sqlx::query_as(&sql).bind(&ids).fetch_all(&mut *conn).await?;
         stored.rows.insert(table.name(), found.into_iter().collect());
     }
@@ -350,17 +363,14 @@ async fn read_stored(
         aggregates.sort_unstable();
         aggregates.dedup();
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.into_iter().unzip();
-        let found: Vec<(String, String, i64)> = sqlx::query_as(
+        let sql = format!(
             "SELECT aggregate_type, aggregate_id, version FROM projectionist_watermarks \
              WHERE projection = $1 AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($2::text[], \
              $3::text[])) \
-             ORDER BY aggregate_type, aggregate_id FOR UPDATE",
-        )
-        .bind(projection)
-        .bind(&types)
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await?;
+             ORDER BY aggregate_type, aggregate_id{lock}"
+        );
+        let found: Vec<(String, String, i64)> =
+            sqlx::query_as(&sql).bind(projection).bind(&types).bind(&ids).fetch_all(&mut *conn).await?;
         stored.aggregates = found.into_iter().map(|(t, i, v)| ((t, i), v)).collect::<HashMap<_, _>>();
     }
     Ok(stored)

@@ -18,7 +18,9 @@ pub struct Checkpoint {
     pub next_offset: i64,
 }
 
-/// Records the next offset in the caller's transaction.
+/// Records the next offset in the caller's transaction, and notifies
+/// [`crate::wait::CHANNEL`] of it (delivered when the transaction commits: to waits for the
+/// read model, see [`crate::wait::Waiter`]).
 pub async fn store(
     conn: &mut PgConnection,
     projection: &str,
@@ -27,10 +29,12 @@ pub async fn store(
     next_offset: i64,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
-         VALUES ($1, $2, $3, $4, now()) \
+        "WITH stored AS (INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, \
+         updated_at) VALUES ($1, $2, $3, $4, now()) \
          ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = \
-         now()",
+         now() RETURNING next_offset) \
+         SELECT pg_notify('projectionist_checkpoint', json_build_object('schema', current_schema(), 'projection', \
+         $1::text, 'topic', $2::text, 'partition', $3::int, 'next_offset', next_offset)::text) FROM stored",
     )
     .bind(projection)
     .bind(topic)

@@ -12,6 +12,16 @@ pub enum Error {
     /// A database error (connection, SQL, constraint…).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A wait for the read model to reach an event timed out (see [`crate::wait::Waiter`]).
+    #[error("timed out after {waited_ms} ms waiting for {wanted}: {position}")]
+    WaitTimeout {
+        /// How long it waited.
+        waited_ms: u64,
+        /// What it waited for.
+        wanted: String,
+        /// Where the projection stood when it gave up.
+        position: crate::wait::Position,
+    },
     /// The engine's migrations cannot run on this database (its history names a migration
     /// this build does not know, or one of them failed).
     #[error("migration refused: {0}")]

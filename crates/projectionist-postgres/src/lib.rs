@@ -9,6 +9,7 @@ mod ident;
 mod migrate;
 pub mod park;
 pub mod rebuild;
+pub mod wait;
 
 pub use apply::{
     apply_batch, apply_batch_in, checked_tables, create_schema, reset, validate, Mode, PgProjection, Policy, Prepared,

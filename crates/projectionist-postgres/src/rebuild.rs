@@ -96,7 +96,9 @@ pub struct Shadow {
 
 /// Creates `projection`'s shadow, unless it is there (a rebuild stopped earlier: resumed):
 /// the schema, the engine's tables as the live ones are, and the projection's tables and
-/// extra statements from its declarations. Refuses while an earlier rebuild's old tables
+/// extra statements from its declarations — but its secondary indexes, which
+/// [`create_indexes`] adds after the bulk load (an index built once over the loaded rows
+/// costs far less than one kept up to date through every write of the load). Refuses while an earlier rebuild's old tables
 /// are kept (`rebuild --drop-old` first).
 pub async fn prepare(pool: &PgPool, projection: &dyn PgProjection) -> Result<Shadow> {
     validate(projection)?;
@@ -134,11 +136,38 @@ pub async fn prepare(pool: &PgPool, projection: &dyn PgProjection) -> Result<Sha
     for table in projection.tables() {
         sqlx::raw_sql(&table.ddl()).execute(&mut *tx).await?;
     }
-    for statement in projection.schema() {
+    for statement in projection.schema().iter().filter(|s| !is_secondary_index(s)) {
         sqlx::raw_sql(statement).execute(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok(Shadow { schema: shadow, resumed })
+}
+
+/// Creates the secondary indexes of `projection`'s extra statements (its non-unique
+/// `CREATE INDEX`es, left out of [`prepare`]) in its shadow: after the bulk load, before the
+/// catch-up and the swap. The statements are idempotent (see `Projection::schema`), so a
+/// resumed rebuild runs them again harmlessly.
+pub async fn create_indexes(pool: &PgPool, projection: &dyn PgProjection) -> Result<usize> {
+    let statements: Vec<&str> = projection.schema().iter().copied().filter(|s| is_secondary_index(s)).collect();
+    if statements.is_empty() {
+        return Ok(0);
+    }
+    let mut conn = pool.acquire().await?;
+    let path = shadow_search_path(&mut conn, projection.name()).await?;
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT set_config('search_path', $1, true)").bind(&path).execute(&mut *tx).await?;
+    for statement in &statements {
+        sqlx::raw_sql(statement).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(statements.len())
+}
+
+/// Whether `statement` creates a non-unique index: one a bulk load may go without (a unique
+/// index is kept from the start, so that what it refuses is refused event by event).
+fn is_secondary_index(statement: &str) -> bool {
+    let mut words = statement.split_whitespace().map(str::to_ascii_lowercase);
+    words.next().as_deref() == Some("create") && words.next().as_deref() == Some("index")
 }
 
 /// The `search_path` of connections that write `projection`'s shadow: the shadow schema,
@@ -479,4 +508,17 @@ async fn live_schema(conn: &mut PgConnection, table: &str) -> Result<Option<Stri
     .bind(Ident::new(table)?.to_string())
     .fetch_optional(&mut *conn)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_non_unique_indexes_wait_for_the_bulk_load() {
+        use super::is_secondary_index as deferred;
+        assert!(deferred("CREATE INDEX IF NOT EXISTS by_owner ON accounts (owner)"));
+        assert!(deferred("  create\n index by_owner ON accounts (owner)"));
+        assert!(!deferred("CREATE UNIQUE INDEX IF NOT EXISTS one_owner ON accounts (owner)"));
+        assert!(!deferred("CREATE VIEW open_accounts AS SELECT * FROM accounts"));
+        assert!(!deferred("CREATE INDEXED_THING"));
+    }
 }

@@ -1011,9 +1011,86 @@ async fn a_rebuild_killed_at_any_point_resumes_and_touches_the_live_tables_only_
         assert_eq!(read_model(&pool).await, tampered, "the live tables untouched before the swap (kill {kills})");
     }
     if !swapped().await {
-        let out = tokio::time::timeout(Duration::from_secs(120), env.cli(&args).output()).await.unwrap().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut child = env.cli(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let collect = log.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                collect.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let status = tokio::time::timeout(Duration::from_secs(120), child.wait()).await;
+        let log = log.lock().unwrap().clone();
+        let status = status.unwrap_or_else(|_| panic!("the last rebuild did not end in 120 s:\n{log}")).unwrap();
+        assert!(status.success(), "{log}");
     }
     assert!(kills > 0, "no rebuild was killed");
     assert_eq!(read_model(&pool).await, generate::expected(&events), "exact after the swap");
+}
+
+/// Reading your own writes through the binaries: `publish --report-offsets` says where each
+/// event went; `/wait` on a running `run` answers 200 for each once it is applied, and the
+/// row is there when it does; a wait past the head answers 504 with where it stands.
+#[sqlx::test(migrations = false)]
+async fn publish_reports_offsets_and_wait_answers_once_each_is_applied(pool: PgPool) {
+    let env = Env::new(&pool, "wait").await;
+    env.publish(&[]).await;
+    let (mut child, log) = env.spawn(&["--metrics-addr", "127.0.0.1:0"]);
+    let addr = metrics_listener(&log).await;
+    let events: Vec<RawEnvelope> = (1..=3)
+        .map(|v| {
+            let event = if v == 1 {
+                AccountEvent::AccountOpened { owner: "w".into() }
+            } else {
+                AccountEvent::MoneyDeposited { amount: 10 }
+            };
+            generate::envelope("acc-wait", v, &event)
+        })
+        .collect();
+    let file = env.dir.join("wait.ndjson");
+    let report = env.dir.join("offsets.ndjson");
+    let text: String = events.iter().map(|e| String::from_utf8(e.to_json()).unwrap() + "\n").collect();
+    std::fs::write(&file, text).unwrap();
+    let out = env
+        .cli(&["publish", "--topic", &env.topic, "--report-offsets", report.to_str().unwrap(), file.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "publish: {}", String::from_utf8_lossy(&out.stderr));
+    let reported: Vec<serde_json::Value> =
+        std::fs::read_to_string(&report).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reported.len(), 3, "one line per event");
+    for (line, event) in reported.iter().zip(&events) {
+        assert_eq!(line["id"], event.id.to_string());
+        assert_eq!((line["aggregate_id"].as_str(), line["version"].as_i64()), (Some("acc-wait"), Some(event.version)));
+        assert_eq!(line["topic"], env.topic.as_str());
+        let (partition, offset) = (line["partition"].as_i64().unwrap(), line["offset"].as_i64().unwrap());
+        let path = format!(
+            "/wait?projection=bank_accounts&topic={}&partition={partition}&offset={offset}&timeout_ms=30000",
+            env.topic
+        );
+        let (status, body) = http_get(&addr, &path).await;
+        assert_eq!(status, 200, "{body}\n{}", log.lock().unwrap());
+        let version: i64 = sqlx::query_scalar("SELECT version FROM bank_accounts WHERE account_id = 'acc-wait'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(version >= event.version, "the row holds v{} once its wait returns", event.version);
+    }
+    let (partition, offset) = (reported[2]["partition"].as_i64().unwrap(), reported[2]["offset"].as_i64().unwrap());
+    let past = format!(
+        "/wait?projection=bank_accounts&topic={}&partition={partition}&offset={}&timeout_ms=300",
+        env.topic,
+        offset + 100
+    );
+    let (status, body) = http_get(&addr, &past).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("\"applied\":false") && body.contains("next_offset"), "{body}");
+    let (status, body) =
+        http_get(&addr, "/wait?projection=bank_accounts&aggregate_type=account&aggregate_id=acc-wait&version=3").await;
+    assert_eq!((status, body.as_str()), (200, "{\"applied\":true,\"stands\":{\"version\":3}}\n"));
+    std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();
+    assert!(child.wait().await.unwrap().success());
 }

@@ -309,3 +309,50 @@ async fn ready_answers_503_while_the_runner_waits_for_postgres(pool: PgPool) {
     assert!(!log.contains("Partition halted"), "{log}");
     assert!(!log.contains(&server), "no connection string in the log");
 }
+
+/// A wait whose listening connection is lost (PostgreSQL unreachable through the proxy)
+/// while its event is applied, its notification lost with it, returns once the connection
+/// is back: the waiter reads the checkpoints again on reconnecting (its periodic poll is set
+/// to an hour here, so that nothing else can wake it).
+#[sqlx::test(migrations = false)]
+async fn a_wait_survives_losing_its_connection_while_its_event_is_applied(pool: PgPool) {
+    use projectionist::postgres::wait::Waiter;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let proxy = start_proxy(&pool).await;
+    let through_proxy = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_with(through(&pool, &proxy))
+        .await
+        .unwrap();
+    let waiter = Waiter::with_poll(through_proxy, Duration::from_secs(3600)).await.unwrap();
+    let topic = rand_test_topic("wait-outage");
+    topics::create_topics(&brokers(), &[topic.as_str()], 1, 1).await.unwrap();
+    let opened = bank_accounts::AccountEvent::AccountOpened { owner: "o".into() };
+    produce(&topic, &[generate::envelope("acc-o", 1, &opened)]).await;
+    let wait = {
+        let (waiter, topic) = (waiter.clone(), topic.clone());
+        tokio::spawn(
+            async move { waiter.wait_for_offset("bank_accounts", &topic, 0, 0, Duration::from_secs(90)).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!wait.is_finished(), "nothing applied yet");
+
+    proxy.set_down(true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Applied through PostgreSQL directly while the waiter cannot hear it.
+    let config = EngineConfig::new(brokers())
+        .with_group_id(format!("wait-outage-{}", uuid::Uuid::new_v4().simple()))
+        .with_exit_when_caught_up(true)
+        .with_kafka_property("session.timeout.ms", "6000");
+    let engine = Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()]);
+    let report = tokio::time::timeout(Duration::from_secs(60), engine.run(std::future::pending())).await;
+    assert!(report.expect("caught up in time").unwrap().halts().is_empty());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!wait.is_finished(), "its notification was lost with the connection");
+
+    proxy.set_down(false);
+    let reached = tokio::time::timeout(Duration::from_secs(30), wait).await.expect("returned once reconnected");
+    assert!(reached.unwrap().is_ok());
+}

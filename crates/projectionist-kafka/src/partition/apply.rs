@@ -59,6 +59,9 @@ impl Partition {
             if let Some(tables) = this.checked.get(&this.pool, this.projection.as_ref()).await {
                 prepared.set_checked(tables);
             }
+            if this.sole_writer {
+                prepared.set_sole_writer();
+            }
             // What halts rather than being dead-lettered: a problem of the whole batch, an
             // unknown type the projection halts on, and any poison under `on_poison = halt`.
             let on_poison = this.on_poison;

@@ -83,6 +83,7 @@ pub(crate) struct Partition {
     pub on_poison: OnPoison,
     pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
     pub checked: Arc<Checked>,
+    pub sole_writer: bool,
     pub max_event_bytes: usize,
     pub bounds: Bounds,
     pub progress: Arc<Progress>,
@@ -236,7 +237,7 @@ impl Task {
             Some(Ok(message)) => {
                 let (msg, bytes) = Msg::from_kafka(&message, self.partition.max_event_bytes);
                 self.partition.stats.read.fetch_add(1, Ordering::Relaxed);
-                self.batcher.push(msg, bytes, Instant::now());
+                self.batcher.push_read_now(msg, bytes, Instant::now);
                 true
             }
             Some(Err(e)) => {

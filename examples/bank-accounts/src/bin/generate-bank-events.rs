@@ -2,10 +2,12 @@
 //! `cargo run -p bank-accounts --features generate --bin generate-bank-events -- --accounts 300 > events.ndjson`
 //!
 //! Writes a reproducible NDJSON stream of account events to stdout, with duplicates and
-//! re-sent events (fresh ids) mixed in, as at-least-once delivery produces.
+//! re-sent events (fresh ids) mixed in, as at-least-once delivery produces. The stream is
+//! written as it is generated, in memory that grows with the accounts, not the events.
 
 use std::io::Write;
 
+use bank_accounts::generate;
 use clap::Parser;
 
 #[derive(Parser)]
@@ -30,26 +32,22 @@ struct Args {
 
 fn main() -> std::io::Result<()> {
     let args = Args::parse();
-    let events = bank_accounts::generate::stream(args.accounts, args.max_events, args.seed);
-    let delivered = bank_accounts::generate::with_redeliveries(&events, args.duplicates, args.resent, args.seed);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for e in &delivered {
-        out.write_all(&e.to_json())?;
+    let mut delivered = 0_u64;
+    for e in generate::deliveries(args.accounts, args.max_events, args.duplicates, args.resent, args.seed) {
+        serde_json::to_writer(&mut out, &e)?;
         out.write_all(b"\n")?;
+        delivered += 1;
     }
     out.flush()?;
+    let expected = generate::expectation(args.accounts, args.max_events, args.seed);
     eprintln!(
-        "Generated {} distinct events for {} accounts, {} deliveries in all.",
-        events.len(),
-        args.accounts,
-        delivered.len()
+        "Generated {} distinct events for {} accounts, {delivered} deliveries in all.",
+        expected.events, args.accounts
     );
-    let expected = bank_accounts::generate::expected(&events);
-    let balance: i64 = expected.values().map(|a| a.balance).sum();
     eprintln!(
-        "Expected read model: {} accounts, total balance {balance} cents, {} events applied.",
-        expected.len(),
-        events.len()
+        "Expected read model: {} accounts, total balance {} cents, {} events applied.",
+        expected.accounts, expected.balance, expected.events
     );
     Ok(())
 }

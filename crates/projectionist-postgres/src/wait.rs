@@ -1,0 +1,363 @@
+//! Reading your own writes: wait until a projection has applied an event.
+//!
+//! A batch commits its checkpoint (the next offset to read) in the same transaction as its
+//! rows, so "partition P of topic T is applied up to offset O" is a fact PostgreSQL tells,
+//! visible exactly when the rows are. [`Waiter`] waits for that fact, or for an aggregate's
+//! row to reach a version, without a Kafka client: each batch's transaction sends one small
+//! notification per partition on [`CHANNEL`] (never one per event), delivered at its commit;
+//! one listening connection per [`Waiter`] wakes every waiter it concerns. A notification
+//! missed (the listening connection lost, PostgreSQL restarting) is made up by reading the
+//! checkpoints again, at once after a reconnect and every [`POLL`] while anyone waits; a wait
+//! never outlasts its timeout.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+use crate::apply::PgProjection;
+use crate::error::{Error, Result};
+use crate::Ident;
+
+/// The channel batches notify on: a JSON object per batch and partition, `{"schema",
+/// "projection", "topic", "partition", "next_offset"}` (the schema the checkpoint was written
+/// in: a rebuild's shadow is not the live read model).
+pub const CHANNEL: &str = "projectionist_checkpoint";
+
+/// How often the checkpoints are read again while anyone waits, in case a notification was
+/// missed.
+pub const POLL: Duration = Duration::from_secs(1);
+
+/// How often connecting to listen is tried again while PostgreSQL cannot be reached.
+pub const RECONNECT: Duration = Duration::from_secs(1);
+
+/// A partition of a projection's topic.
+type Partition = (String, String, i32);
+
+/// Where a projection stands, as the waits report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Position {
+    /// On a partition: the next offset it reads (`None`: nothing checkpointed yet).
+    Offset {
+        /// The partition's next offset to read; every offset below it is applied.
+        next_offset: Option<i64>,
+    },
+    /// An aggregate: the version its rows stand at (`None`: no row of it yet).
+    Version {
+        /// The highest version of the aggregate's rows in the projection's gated tables.
+        version: Option<i64>,
+    },
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Position::Offset { next_offset: Some(next) } => {
+                write!(f, "applied up to offset {} (next {next})", next - 1)
+            }
+            Position::Offset { next_offset: None } => write!(f, "nothing applied on that partition yet"),
+            Position::Version { version: Some(v) } => write!(f, "the aggregate stands at version {v}"),
+            Position::Version { version: None } => write!(f, "no row of the aggregate yet"),
+        }
+    }
+}
+
+/// Waits for projections to apply events; cheap to clone (clones share one listening
+/// connection, taken from the pool given to [`Waiter::new`], and its task).
+#[derive(Clone)]
+pub struct Waiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    /// The schema the pool's connections find `projectionist_checkpoints` in: notifications
+    /// from elsewhere (a rebuild's shadow) are not the live read model's.
+    schema: String,
+    /// Per partition someone waits on: the highest next offset seen.
+    offsets: Mutex<HashMap<Partition, watch::Sender<Option<i64>>>>,
+    /// Per projection someone waits on a version of: bumped whenever it may have moved.
+    versions: Mutex<HashMap<String, watch::Sender<u64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Deserialize)]
+struct Notified {
+    schema: String,
+    projection: String,
+    topic: String,
+    partition: i32,
+    next_offset: i64,
+}
+
+impl Waiter {
+    /// A waiter reading `pool`'s database; it listens on one connection of the pool for as
+    /// long as a clone of it lives, and reads the checkpoints again every [`POLL`] while
+    /// anyone waits.
+    pub async fn new(pool: PgPool) -> Result<Self> {
+        Self::with_poll(pool, POLL).await
+    }
+
+    /// [`Waiter::new`] reading the checkpoints again every `poll` (rather than [`POLL`])
+    /// while anyone waits, in case a notification was missed.
+    pub async fn with_poll(pool: PgPool, poll: Duration) -> Result<Self> {
+        let schema: Option<String> = sqlx::query_scalar(
+            "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.oid = to_regclass('projectionist_checkpoints')",
+        )
+        .fetch_one(&pool)
+        .await?;
+        let schema = schema.ok_or_else(|| {
+            Error::Migration("the engine's tables are not in this database: run `migrate` first".to_owned())
+        })?;
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let weak = weak.clone();
+            let listening = pool.clone();
+            Inner {
+                pool,
+                schema,
+                offsets: Mutex::new(HashMap::new()),
+                versions: Mutex::new(HashMap::new()),
+                task: tokio::spawn(listen(listening, weak, poll)),
+            }
+        });
+        Ok(Self { inner })
+    }
+
+    /// Waits until `projection` has applied and committed the message at `offset` of
+    /// `topic`'s `partition` (the offset a producer's delivery report gives for the event):
+    /// its checkpoint, the next offset to read, is past it. Returns at once when it is
+    /// already; [`Error::WaitTimeout`], saying where the projection stands, when `timeout`
+    /// passes first.
+    pub async fn wait_for_offset(
+        &self,
+        projection: &str,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        timeout: Duration,
+    ) -> Result<Position> {
+        let key = (projection.to_owned(), topic.to_owned(), partition);
+        // Subscribed before reading, so that a commit between the read and the wait wakes it.
+        let mut seen = {
+            let mut offsets = self.inner.offsets.lock().expect("offsets lock");
+            offsets.entry(key.clone()).or_insert_with(|| watch::channel(None).0).subscribe()
+        };
+        // A partition someone already waits on is followed by the notifications (and the
+        // polls): what it holds is current but for the commits they are about to tell.
+        if seen.borrow().is_none() {
+            let stored = read_offset(&self.inner.pool, &key).await?;
+            self.inner.seen_offset(&key, stored);
+        }
+        let reached = |next: &Option<i64>| next.is_some_and(|next| next > offset);
+        let waited = tokio::time::timeout(timeout, seen.wait_for(reached)).await.map(|waited| {
+            waited.expect("a partition's sender is kept while it is waited on");
+        });
+        let next_offset = *seen.borrow();
+        match waited {
+            Ok(()) => Ok(Position::Offset { next_offset }),
+            Err(_) => Err(Error::WaitTimeout {
+                waited_ms: timeout.as_millis() as u64,
+                wanted: format!("{projection} to apply offset {offset} of {topic}/{partition}"),
+                position: Position::Offset { next_offset },
+            }),
+        }
+    }
+
+    /// Waits until `projection`'s rows of the aggregate `aggregate_type`/`aggregate_id`
+    /// stand at `version` or beyond (in any gated table of the projection that owns the
+    /// type, or its aggregate versions: the gates of an event move together, in its
+    /// batch's transaction). Returns at once when they do; [`Error::WaitTimeout`], saying
+    /// the version they stand at, when `timeout` passes first.
+    pub async fn wait_for_version(
+        &self,
+        projection: &dyn PgProjection,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        version: i64,
+        timeout: Duration,
+    ) -> Result<Position> {
+        let name = projection.name().to_owned();
+        let mut moved = {
+            let mut versions = self.inner.versions.lock().expect("versions lock");
+            versions.entry(name.clone()).or_insert_with(|| watch::channel(0).0).subscribe()
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let stands = read_version(&self.inner.pool, projection, aggregate_type, aggregate_id).await?;
+            if stands.is_some_and(|v| v >= version) {
+                return Ok(Position::Version { version: stands });
+            }
+            match tokio::time::timeout_at(deadline, moved.changed()).await {
+                Ok(changed) => changed.expect("a projection's sender is kept while it is waited on"),
+                Err(_) => {
+                    return Err(Error::WaitTimeout {
+                        waited_ms: timeout.as_millis() as u64,
+                        wanted: format!("{name} to apply {aggregate_type}/{aggregate_id} v{version}"),
+                        position: Position::Version { version: stands },
+                    })
+                }
+            }
+        }
+    }
+
+    /// Waits under way, for the metrics.
+    pub fn waiting(&self) -> usize {
+        let offsets: usize =
+            self.inner.offsets.lock().expect("offsets lock").values().map(watch::Sender::receiver_count).sum();
+        let versions: usize =
+            self.inner.versions.lock().expect("versions lock").values().map(watch::Sender::receiver_count).sum();
+        offsets + versions
+    }
+}
+
+impl Inner {
+    /// Records that `key` has been applied up to `next` (never moving back).
+    fn seen_offset(&self, key: &Partition, next: Option<i64>) {
+        let Some(next) = next else { return };
+        if let Some(seen) = self.offsets.lock().expect("offsets lock").get(key) {
+            seen.send_if_modified(|known| {
+                let moved = known.is_none_or(|known| known < next);
+                if moved {
+                    *known = Some(next);
+                }
+                moved
+            });
+        }
+    }
+
+    /// Wakes the version waits of `projection`, to read their rows again.
+    fn moved(&self, projection: &str) {
+        if let Some(moved) = self.versions.lock().expect("versions lock").get(projection) {
+            moved.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Reads again the checkpoints of every partition waited on, and wakes every version
+    /// wait; forgets what no one waits on any more.
+    async fn poll(&self) {
+        let keys: Vec<Partition> = {
+            let mut offsets = self.offsets.lock().expect("offsets lock");
+            offsets.retain(|_, seen| seen.receiver_count() > 0);
+            offsets.keys().cloned().collect()
+        };
+        for key in keys {
+            match read_offset(&self.pool, &key).await {
+                Ok(next) => self.seen_offset(&key, next),
+                Err(e) => {
+                    tracing::debug!(error = %e, "Cannot read the checkpoints for the waits; trying again.");
+                    break;
+                }
+            }
+        }
+        let projections: Vec<String> = {
+            let mut versions = self.versions.lock().expect("versions lock");
+            versions.retain(|_, moved| moved.receiver_count() > 0);
+            versions.keys().cloned().collect()
+        };
+        for projection in projections {
+            self.moved(&projection);
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.offsets.lock().expect("offsets lock").is_empty()
+            || !self.versions.lock().expect("versions lock").is_empty()
+    }
+}
+
+/// The listening task: wakes waits on each notification; when the listening connection is
+/// lost, connects again (every [`RECONNECT`] until it can) and then reads the checkpoints
+/// again, for what was committed meanwhile; and reads them every `poll` while anyone waits.
+async fn listen(pool: PgPool, inner: std::sync::Weak<Inner>, poll: Duration) {
+    let mut listener: Option<PgListener> = None;
+    let mut tick = tokio::time::interval(poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let Some(l) = listener.as_mut() else {
+            let connected = match PgListener::connect_with(&pool).await {
+                Ok(mut l) => l.listen(CHANNEL).await.map(|()| l),
+                Err(e) => Err(e),
+            };
+            let Some(inner) = inner.upgrade() else { return };
+            match connected {
+                Ok(l) => {
+                    listener = Some(l);
+                    // Anything committed while not listening.
+                    inner.poll().await;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "Cannot listen for checkpoints; trying again.");
+                    drop(inner);
+                    tokio::time::sleep(RECONNECT).await;
+                }
+            }
+            continue;
+        };
+        let received = tokio::select! {
+            received = l.try_recv() => Some(received),
+            _ = tick.tick() => None,
+        };
+        let Some(inner) = inner.upgrade() else { return };
+        match received {
+            Some(Ok(Some(notification))) => match serde_json::from_str::<Notified>(notification.payload()) {
+                Ok(n) if n.schema == inner.schema => {
+                    inner.seen_offset(&(n.projection.clone(), n.topic, n.partition), Some(n.next_offset));
+                    inner.moved(&n.projection);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "A checkpoint notification that does not parse; ignored."),
+            },
+            // The connection was lost (what was sent meanwhile is lost with it), or failed:
+            // connected again above, then the checkpoints read.
+            Some(Ok(None)) => listener = None,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "Listening for checkpoints failed; reconnecting.");
+                listener = None;
+            }
+            None if inner.busy() => inner.poll().await,
+            None => {}
+        }
+    }
+}
+
+async fn read_offset(pool: &PgPool, (projection, topic, partition): &Partition) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT next_offset FROM projectionist_checkpoints WHERE projection = $1 AND topic = $2 AND partition = $3",
+    )
+    .bind(projection)
+    .bind(topic)
+    .bind(partition)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// The highest version of the aggregate's rows in `projection`'s gated tables owning its
+/// type, and its aggregate version.
+async fn read_version(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Option<i64>> {
+    let mut parts =
+        vec!["SELECT max(version) FROM projectionist_watermarks WHERE projection = $1 AND aggregate_type = $2 AND \
+         aggregate_id = $3"
+            .to_owned()];
+    for table in projection.tables().iter().filter(|t| t.is_gated() && t.owns(aggregate_type)) {
+        let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
+        parts.push(format!("SELECT max({version}) FROM {name} WHERE {key} = $3"));
+    }
+    let sql = format!("SELECT max(v) FROM ({}) AS gates(v)", parts.join(" UNION ALL "));
+    Ok(sqlx::query_scalar(&sql).bind(projection.name()).bind(aggregate_type).bind(aggregate_id).fetch_one(pool).await?)
+}
