@@ -4,7 +4,7 @@
 //! two aggregate types sharing ids, column defaults, nullable columns, fractions in
 //! `numeric` and `double precision` columns, and custom `apply` in the mix;
 //! two writers applying overlapping batches at once apply each event once; a projection
-//! mixing writes and custom SQL works.
+//! mixing writes and custom SQL works; a swap waits for a batch in flight without a deadlock.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -509,4 +509,53 @@ async fn writes_and_custom_sql_mix_in_one_batch(pool: PgPool) {
         .then_rows("SELECT body FROM wm_notes", json!([{"body": "half"}]))
         .run()
         .await;
+}
+
+/// Writes `events` as one batch of `projection` read from partition 0 of `topic`, in the
+/// caller's transaction, as the engine does (parked aggregates read first).
+async fn write_in(conn: &mut PgConnection, projection: &Shaped, events: Vec<RawEnvelope>) {
+    use projectionist::postgres::park::{Source, SourceMessage};
+    let messages: Vec<SourceMessage> =
+        events.iter().map(|e| SourceMessage { payload: e.to_json(), ..SourceMessage::default() }).collect();
+    let mut prepared = projection.prepare(events);
+    prepared.set_source(Source { topic: "t".into(), messages, ..Source::default() });
+    projection.write(conn, &prepared, Mode::Batch, projectionist::OnGap::Park).await.unwrap();
+}
+
+/// The deadlock CI once met: a batch had read its parked aggregates, the swap took the live
+/// table, wanted the parked ones, and the batch then wanted the live table.
+#[sqlx::test(migrations = false)]
+async fn a_swap_waits_for_a_batch_in_flight_whatever_the_batch_locks_next(pool: PgPool) {
+    use projectionist::postgres::rebuild::{self, Swap};
+    static COUNTED: Shaped = Shaped { name: "swap_counts", tables: &[COUNTS] };
+    migrate(&pool, &[&COUNTED]).await.unwrap();
+    rebuild::prepare(&pool, &COUNTED).await.unwrap();
+    // A batch in flight: it has read its parked aggregates, met an event it writes nothing
+    // for, and goes on.
+    let mut tx = pool.begin().await.unwrap();
+    write_in(&mut tx, &COUNTED, vec![envelope(OTHER, "o1", 1, &Wire::Add { n: 3 })]).await;
+    let swapped = std::sync::atomic::AtomicBool::new(false);
+    let swap = async {
+        let done = rebuild::swap(&pool, &COUNTED, &[]).await;
+        swapped.store(true, std::sync::atomic::Ordering::SeqCst);
+        done
+    };
+    let batch = async {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(!swapped.load(std::sync::atomic::Ordering::SeqCst), "the swap waits for the batch in flight");
+        // The batch now writes the live table: a lock it had not taken when the swap came.
+        write_in(&mut tx, &COUNTED, vec![envelope(THING, "a1", 1, &Wire::Add { n: 3 })]).await;
+        tx.commit().await.unwrap();
+    };
+    let (done, ()) = tokio::time::timeout(std::time::Duration::from_secs(20), async { tokio::join!(swap, batch) })
+        .await
+        .expect("swapped in time");
+    assert!(matches!(done, Ok(Swap::Done)), "the swap goes through once the batch has committed: {done:?}");
+    // The batch wrote the table that was live while it ran; the shadow's (empty) is live now.
+    let count = |table: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {table}")).fetch_one(&pool).await.unwrap() }
+    };
+    assert_eq!(count("wm_counts").await, 0);
+    assert_eq!(count("projectionist_old_swap_counts.wm_counts").await, 1);
 }

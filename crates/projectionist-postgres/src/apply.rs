@@ -366,6 +366,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             let (index, _) = prepared.failure().expect("a poison event");
             return Err(prepared.events[index].poison().expect("poison").clone_of_batch().at(index));
         }
+        crate::rebuild::share_swap_lock(conn, name).await?;
         let gaps_halt = on_gap == OnGap::Halt;
         // What every run of the batch starts from, besides the parked aggregates.
         let context = (gaps_halt, prepared.checked.as_deref(), prepared.sole_writer);

@@ -485,6 +485,7 @@ pub struct Resolved {
 pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, action: Resolve) -> Result<Resolved> {
     let name = projection.name();
     let mut tx = pool.begin().await?;
+    crate::rebuild::share_swap_lock(&mut tx, name).await?;
     let letter: Option<StoredDeadLetter> = sqlx::query_as(&format!(
         "SELECT {DEAD_LETTER_COLUMNS} FROM projectionist_dead_letters WHERE id = $1 AND projection = $2 FOR UPDATE"
     ))

@@ -19,7 +19,7 @@ use crate::apply::{validate, PgProjection};
 use crate::error::{Error, Result};
 use crate::Ident;
 
-/// The engine tables a projection's rows are kept in, in the order batches lock them.
+/// The engine tables a projection's rows are kept in.
 const ENGINE_TABLES: [&str; 5] = [
     "projectionist_watermarks",
     "projectionist_parked",
@@ -98,8 +98,8 @@ pub struct Shadow {
 /// the schema, the engine's tables as the live ones are, and the projection's tables and
 /// extra statements from its declarations — but its secondary indexes, which
 /// [`create_indexes`] adds after the bulk load (an index built once over the loaded rows
-/// costs far less than one kept up to date through every write of the load). Refuses while an earlier rebuild's old tables
-/// are kept (`rebuild --drop-old` first).
+/// costs far less than one kept up to date through every write of the load). Refuses while
+/// an earlier rebuild's old tables are kept (`rebuild --drop-old` first).
 pub async fn prepare(pool: &PgPool, projection: &dyn PgProjection) -> Result<Shadow> {
     validate(projection)?;
     let name = projection.name();
@@ -213,7 +213,7 @@ pub enum Swap {
 
 /// Swaps `projection`'s shadow in, in one transaction, once the shadow has read every
 /// partition as far as the live checkpoints: it waits for the live batches in flight,
-/// holds new ones back meanwhile (by its locks, in the order batches take them), moves the
+/// holds new ones back meanwhile (see [`hold_writers_back`]), moves the
 /// live tables to the old schema and the shadow's in their place, and puts the shadow's
 /// engine rows in place of the projection's (keeping those it replaces in the old schema, for
 /// [`rollback`]). The projection's open dead letters are marked resolved as `rebuilt`: the
@@ -241,7 +241,7 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
     }
     let (engine, live) = live_tables(&mut conn, projection).await?;
     let mut tx = conn.begin().await?;
-    lock_as_batches_do(&mut tx, &engine, &live).await?;
+    hold_writers_back(&mut tx, name, &live).await?;
     let behind: Vec<(String, i32, Option<i64>, i64)> = sqlx::query_as(&format!(
         "SELECT l.topic, l.partition, s.next_offset, l.next_offset FROM {engine}.projectionist_checkpoints l \
          LEFT JOIN {shadow}.projectionist_checkpoints s USING (projection, topic, partition) \
@@ -289,7 +289,7 @@ pub async fn rollback(pool: &PgPool, projection: &dyn PgProjection) -> Result<()
     }
     let (engine, live) = live_tables(&mut conn, projection).await?;
     let mut tx = conn.begin().await?;
-    lock_as_batches_do(&mut tx, &engine, &live).await?;
+    hold_writers_back(&mut tx, name, &live).await?;
     for (schema, table) in &live {
         sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {schema}.{table}; ALTER TABLE {old}.{table} SET SCHEMA {schema}"))
             .execute(&mut *tx)
@@ -380,20 +380,34 @@ async fn drop_schema(pool: &PgPool, schema: &str) -> Result<bool> {
     Ok(true)
 }
 
-/// Locks what a batch of the projection writes, in the order batches take their locks
-/// (aggregate versions, the projection's tables, parking, checkpoints), so that the swap
-/// waits for the batches in flight and holds the next ones back, without a deadlock.
-/// Readers of the live tables wait only while the swap's own short transaction runs.
-async fn lock_as_batches_do(conn: &mut PgConnection, engine: &Ident, live: &[(Ident, Ident)]) -> Result<()> {
-    sqlx::raw_sql("SET LOCAL lock_timeout = '30s'").execute(&mut *conn).await?;
-    sqlx::raw_sql(&format!("LOCK TABLE {engine}.projectionist_watermarks IN EXCLUSIVE MODE"))
+/// The key of `$1`'s swap lock, a transaction-level advisory lock: shared by every transaction
+/// that writes the projection's rows ([`share_swap_lock`]), exclusive to a swap or rollback
+/// ([`hold_writers_back`]).
+const SWAP_LOCK: &str = "hashtext('projectionist.swap.' || $1)";
+
+/// Takes the shared side of `projection`'s swap lock for the caller's transaction, before it
+/// locks anything else: a swap then waits for this transaction and holds the next ones back,
+/// whatever this one locks later and in whichever order (a batch's tables, aggregate
+/// versions, parked aggregates and checkpoints come in the order its events need them).
+pub(crate) async fn share_swap_lock(conn: &mut PgConnection, projection: &str) -> Result<()> {
+    sqlx::query(&format!("SELECT pg_advisory_xact_lock_shared({SWAP_LOCK})"))
+        .bind(projection)
         .execute(&mut *conn)
         .await?;
+    Ok(())
+}
+
+/// Holds back every writer of `projection` for the rest of the caller's transaction: takes
+/// its swap lock exclusively (so the batches in flight finish first, and the next wait), then
+/// the live tables (so their readers finish first; the next wait only while the swap's own
+/// short transaction runs). Taken first by every writer, the swap lock leaves no lock order
+/// in which a batch could deadlock with the swap. The projection's rows in the engine tables
+/// (shared by every projection) are reached by row, so the other projections go on.
+async fn hold_writers_back(conn: &mut PgConnection, projection: &str, live: &[(Ident, Ident)]) -> Result<()> {
+    sqlx::raw_sql("SET LOCAL lock_timeout = '30s'").execute(&mut *conn).await?;
+    sqlx::query(&format!("SELECT pg_advisory_xact_lock({SWAP_LOCK})")).bind(projection).execute(&mut *conn).await?;
     for (schema, table) in live {
         sqlx::raw_sql(&format!("LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")).execute(&mut *conn).await?;
-    }
-    for table in &ENGINE_TABLES[1..] {
-        sqlx::raw_sql(&format!("LOCK TABLE {engine}.{table} IN EXCLUSIVE MODE")).execute(&mut *conn).await?;
     }
     Ok(())
 }
