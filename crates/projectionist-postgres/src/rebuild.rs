@@ -213,9 +213,10 @@ pub enum Swap {
 
 /// Swaps `projection`'s shadow in, in one transaction, once the shadow has read every
 /// partition as far as the live checkpoints: it waits for the live batches in flight,
-/// holds new ones back meanwhile (see [`hold_writers_back`]), moves the
-/// live tables to the old schema and the shadow's in their place, and puts the shadow's
-/// engine rows in place of the projection's (keeping those it replaces in the old schema, for
+/// holds new ones back meanwhile (every writer takes its swap lock first, shared; the swap
+/// takes it exclusively), moves the live tables to the old schema and the shadow's in their
+/// place, and puts the shadow's engine rows in place of the projection's (keeping those it
+/// replaces in the old schema, for
 /// [`rollback`]). The projection's open dead letters are marked resolved as `rebuilt`: the
 /// rebuild met their events again, and dead-lettered anew those still poison.
 ///
