@@ -10,14 +10,14 @@
 //! checkpoints again, at once after a reconnect and every [`POLL`] while anyone waits; a wait
 //! never outlasts its timeout.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::apply::PgProjection;
 use crate::error::{Error, Result};
@@ -78,8 +78,8 @@ struct Inner {
     /// The schema the pool's connections find `projectionist_checkpoints` in: notifications
     /// from elsewhere (a rebuild's shadow) are not the live read model's.
     schema: String,
-    /// Per partition someone waits on: the highest next offset seen.
-    offsets: Mutex<HashMap<Partition, watch::Sender<Option<i64>>>>,
+    /// Per partition someone waits on: the highest next offset seen, and the waits.
+    offsets: Mutex<HashMap<Partition, Followed>>,
     /// Per projection someone waits on a version of: bumped whenever it may have moved.
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
     task: tokio::task::JoinHandle<()>,
@@ -88,6 +88,39 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// A partition followed for its waits.
+#[derive(Default)]
+struct Followed {
+    /// The highest next offset seen (`None`: not read yet, or nothing checkpointed).
+    next: Option<i64>,
+    /// The waits, by the offset each waits for: a commit wakes only those it reaches (so
+    /// that thousands of waits on one partition cost nothing per commit that passes them by).
+    waits: BTreeMap<i64, Vec<oneshot::Sender<i64>>>,
+}
+
+impl Followed {
+    /// Records `next` (never moving back) and wakes the waits it reaches.
+    fn seen(&mut self, next: i64) {
+        if self.next.is_some_and(|known| known >= next) {
+            return;
+        }
+        self.next = Some(next);
+        let later = self.waits.split_off(&next);
+        for wait in std::mem::replace(&mut self.waits, later).into_values().flatten() {
+            let _ = wait.send(next);
+        }
+    }
+
+    /// Forgets the waits that gave up (timed out, or dropped); whether any are left.
+    fn prune(&mut self) -> bool {
+        self.waits.retain(|_, waits| {
+            waits.retain(|w| !w.is_closed());
+            !waits.is_empty()
+        });
+        !self.waits.is_empty()
     }
 }
 
@@ -148,28 +181,32 @@ impl Waiter {
         timeout: Duration,
     ) -> Result<Position> {
         let key = (projection.to_owned(), topic.to_owned(), partition);
-        // Subscribed before reading, so that a commit between the read and the wait wakes it.
-        let mut seen = {
+        // Registered before reading, so that a commit between the read and the wait wakes it.
+        let (woken, unknown) = {
             let mut offsets = self.inner.offsets.lock().expect("offsets lock");
-            offsets.entry(key.clone()).or_insert_with(|| watch::channel(None).0).subscribe()
+            let followed = offsets.entry(key.clone()).or_default();
+            if let Some(next) = followed.next.filter(|next| *next > offset) {
+                return Ok(Position::Offset { next_offset: Some(next) });
+            }
+            let (wake, woken) = oneshot::channel();
+            followed.waits.entry(offset).or_default().push(wake);
+            (woken, followed.next.is_none())
         };
         // A partition someone already waits on is followed by the notifications (and the
         // polls): what it holds is current but for the commits they are about to tell.
-        if seen.borrow().is_none() {
+        if unknown {
             let stored = read_offset(&self.inner.pool, &key).await?;
             self.inner.seen_offset(&key, stored);
         }
-        let reached = |next: &Option<i64>| next.is_some_and(|next| next > offset);
-        let waited = tokio::time::timeout(timeout, seen.wait_for(reached)).await.map(|waited| {
-            waited.expect("a partition's sender is kept while it is waited on");
-        });
-        let next_offset = *seen.borrow();
-        match waited {
-            Ok(()) => Ok(Position::Offset { next_offset }),
+        match tokio::time::timeout(timeout, woken).await {
+            Ok(woken) => {
+                let next = woken.expect("a wait's sender is kept until it is woken or gives up");
+                Ok(Position::Offset { next_offset: Some(next) })
+            }
             Err(_) => Err(Error::WaitTimeout {
                 waited_ms: timeout.as_millis() as u64,
                 wanted: format!("{projection} to apply offset {offset} of {topic}/{partition}"),
-                position: Position::Offset { next_offset },
+                position: Position::Offset { next_offset: self.inner.next_offset(&key) },
             }),
         }
     }
@@ -213,8 +250,14 @@ impl Waiter {
 
     /// Waits under way, for the metrics.
     pub fn waiting(&self) -> usize {
-        let offsets: usize =
-            self.inner.offsets.lock().expect("offsets lock").values().map(watch::Sender::receiver_count).sum();
+        let offsets: usize = self
+            .inner
+            .offsets
+            .lock()
+            .expect("offsets lock")
+            .values()
+            .map(|f| f.waits.values().flatten().filter(|w| !w.is_closed()).count())
+            .sum();
         let versions: usize =
             self.inner.versions.lock().expect("versions lock").values().map(watch::Sender::receiver_count).sum();
         offsets + versions
@@ -222,18 +265,18 @@ impl Waiter {
 }
 
 impl Inner {
-    /// Records that `key` has been applied up to `next` (never moving back).
+    /// Records that `key` has been applied up to `next` (never moving back), waking the
+    /// waits that reaches.
     fn seen_offset(&self, key: &Partition, next: Option<i64>) {
         let Some(next) = next else { return };
-        if let Some(seen) = self.offsets.lock().expect("offsets lock").get(key) {
-            seen.send_if_modified(|known| {
-                let moved = known.is_none_or(|known| known < next);
-                if moved {
-                    *known = Some(next);
-                }
-                moved
-            });
+        if let Some(followed) = self.offsets.lock().expect("offsets lock").get_mut(key) {
+            followed.seen(next);
         }
+    }
+
+    /// The highest next offset seen on `key`.
+    fn next_offset(&self, key: &Partition) -> Option<i64> {
+        self.offsets.lock().expect("offsets lock").get(key).and_then(|f| f.next)
     }
 
     /// Wakes the version waits of `projection`, to read their rows again.
@@ -248,7 +291,7 @@ impl Inner {
     async fn poll(&self) {
         let keys: Vec<Partition> = {
             let mut offsets = self.offsets.lock().expect("offsets lock");
-            offsets.retain(|_, seen| seen.receiver_count() > 0);
+            offsets.retain(|_, followed| followed.prune());
             offsets.keys().cloned().collect()
         };
         for key in keys {
@@ -360,4 +403,31 @@ async fn read_version(
     }
     let sql = format!("SELECT max(v) FROM ({}) AS gates(v)", parts.join(" UNION ALL "));
     Ok(sqlx::query_scalar(&sql).bind(projection.name()).bind(aggregate_type).bind(aggregate_id).fetch_one(pool).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_wakes_the_waits_it_reaches_and_no_other() {
+        let mut followed = Followed::default();
+        let mut woken: Vec<(i64, oneshot::Receiver<i64>)> = Vec::new();
+        for offset in [5, 9, 9, 12] {
+            let (wake, rx) = oneshot::channel();
+            followed.waits.entry(offset).or_default().push(wake);
+            woken.push((offset, rx));
+        }
+        followed.seen(10);
+        let answers: Vec<(i64, Option<i64>)> =
+            woken.iter_mut().map(|(offset, rx)| (*offset, rx.try_recv().ok())).collect();
+        assert_eq!(answers, [(5, Some(10)), (9, Some(10)), (9, Some(10)), (12, None)], "offsets below 10 are applied");
+        followed.seen(8);
+        assert_eq!(followed.next, Some(10), "never moves back");
+        assert!(followed.prune(), "the wait for 12 is still there");
+        drop(woken);
+        assert!(!followed.prune(), "a wait that gave up is forgotten");
+        followed.seen(13);
+        assert_eq!(followed.next, Some(13));
+    }
 }
