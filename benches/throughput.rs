@@ -692,8 +692,8 @@ async fn main() {
         let (big_rate, rss_big) = (big_run.rate, big_run.rss_mib);
         let cpu_us = big_run.cpu_seconds / big_len as f64 * 1e6;
         println!(
-            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {big_len} deliveries ({big_rate:.0} \
-            deliveries/s, {cpu_us:.2} us CPU per delivery)"
+            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {big_len} deliveries \
+            ({big_rate:.0} deliveries/s, {cpu_us:.2} us CPU per delivery)"
         );
         if env_usize("BENCH_REBUILD", 1) != 0 {
             let big_rebuild = rebuild(&big_url, &big_topic, big_len);

@@ -167,7 +167,8 @@ async fn a_changed_type_nullability_default_or_key_is_refused_and_never_changed_
     }
     assert!(!text.contains("(can be added in place"), "NOT NULL and defaulted columns are never added:\n{text}");
     let columns: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'shops' AND column_name IN ('sku', 'colour')",
+        "SELECT count(*) FROM information_schema.columns \
+         WHERE table_name = 'shops' AND column_name IN ('sku', 'colour')",
     )
     .fetch_one(&pool)
     .await

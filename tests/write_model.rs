@@ -162,8 +162,8 @@ const SHAPES: [Shaped; 5] = [
 
 /// A random delivered stream: per-aggregate histories with every event type, some events
 /// lost (gaps) and some of those re-sent at the end, with `poison` a few whose data does not
-/// decode and a few snaps of values the tables refuse, interleaved across aggregates, duplicated, re-sent with fresh ids, and sometimes
-/// replayed from the start.
+/// decode and a few snaps of values the tables refuse, interleaved across aggregates,
+/// duplicated, re-sent with fresh ids, and sometimes replayed from the start.
 fn random_stream(seed: u64, poison: bool) -> Vec<RawEnvelope> {
     let mut rng = StdRng::seed_from_u64(seed);
     let aggregates: Vec<(&str, String)> = (0..rng.gen_range(3..15))
@@ -554,7 +554,10 @@ async fn a_swap_waits_for_a_batch_in_flight_whatever_the_batch_locks_next(pool: 
     // The batch wrote the table that was live while it ran; the shadow's (empty) is live now.
     let count = |table: &'static str| {
         let pool = pool.clone();
-        async move { sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {table}")).fetch_one(&pool).await.unwrap() }
+        async move {
+            let sql = format!("SELECT count(*) FROM {table}");
+            sqlx::query_scalar::<_, i64>(&sql).fetch_one(&pool).await.unwrap()
+        }
     };
     assert_eq!(count("wm_counts").await, 0);
     assert_eq!(count("projectionist_old_swap_counts.wm_counts").await, 1);

@@ -375,7 +375,10 @@ impl App {
     ) -> anyhow::Result<ExitCode> {
         use projectionist_postgres::rebuild;
         if args.run.reset || args.run.from_beginning || args.run.exit_when_caught_up {
-            bail!("a rebuild reads from offset zero into tables of its own and ends with its swap: --reset, --from-beginning and --exit-when-caught-up are `run`'s");
+            bail!(
+                "a rebuild reads from offset zero into tables of its own and ends with its swap: --reset, \
+                 --from-beginning and --exit-when-caught-up are `run`'s"
+            );
         }
         let mut config = args.run.engine_config(&client)?;
         let selected = self.select(args.run.projections.as_deref(), &mut config)?;

@@ -113,7 +113,8 @@ pub(crate) async fn print(
 /// An error saying what to do when the engine's tables are not in the database.
 pub(crate) async fn engine_tables(pool: &PgPool) -> anyhow::Result<()> {
     let present: bool = sqlx::query_scalar(
-        "SELECT to_regclass('projectionist_checkpoints') IS NOT NULL AND to_regclass('projectionist_dead_letters') IS NOT NULL",
+        "SELECT to_regclass('projectionist_checkpoints') IS NOT NULL \
+         AND to_regclass('projectionist_dead_letters') IS NOT NULL",
     )
     .fetch_one(pool)
     .await?;

@@ -88,7 +88,8 @@ pub async fn rebuild(
         }
         let carried = rebuild::carry_discards(pool, &shadow_pool, projection.as_ref()).await?;
         if carried > 0 {
-            tracing::info!(projection = %name, carried, "Discarded dead letters met again: discarded in the rebuild too.");
+            let carried_over = "Discarded dead letters met again: discarded in the rebuild too.";
+            tracing::info!(projection = %name, carried, "{carried_over}");
         }
         let swapping = std::time::Instant::now();
         m::rebuild_phase(&name, 2);
@@ -97,7 +98,8 @@ pub async fn rebuild(
                 let swap = swapping.elapsed();
                 m::rebuild_ended(&name, "swapped", Some(swap));
                 let swap_ms = swap.as_millis() as u64;
-                tracing::info!(projection = %name, swap_ms, "Rebuild swapped in; the replaced tables are kept for a rollback.");
+                let swapped = "Rebuild swapped in; the replaced tables are kept for a rollback.";
+                tracing::info!(projection = %name, swap_ms, "{swapped}");
                 lock.release().await?;
                 return Ok(Rebuilt::Swapped { resumed: shadow.resumed, report });
             }

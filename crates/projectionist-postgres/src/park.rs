@@ -572,7 +572,8 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
 /// Records what was done with dead letter `id`.
 async fn mark(conn: &mut PgConnection, id: i64, resolution: &str, note: Option<&str>) -> Result<()> {
     sqlx::query(
-        "UPDATE projectionist_dead_letters SET resolution = $2, resolved_at = now(), resolution_note = $3 WHERE id = $1",
+        "UPDATE projectionist_dead_letters SET resolution = $2, resolved_at = now(), resolution_note = $3 \
+         WHERE id = $1",
     )
     .bind(id)
     .bind(resolution)

@@ -438,7 +438,8 @@ async fn move_rows(conn: &mut PgConnection, projection: &str, shadow: &Ident, en
          SELECT d.id AS shadow_id, l.id IS NOT NULL AS kept, CASE WHEN l.id IS NOT NULL THEN l.id \
          ELSE nextval(pg_get_serial_sequence('{engine}.projectionist_dead_letters', 'id')) END AS id \
          FROM {shadow}.projectionist_dead_letters d LEFT JOIN {engine}.projectionist_dead_letters l \
-         ON l.projection = d.projection AND l.topic = d.topic AND l.partition = d.partition AND l.\"offset\" = d.\"offset\" \
+         ON l.projection = d.projection AND l.topic = d.topic AND l.partition = d.partition \
+         AND l.\"offset\" = d.\"offset\" \
          WHERE d.projection = $1"
     ))
     .bind(projection)
@@ -447,7 +448,8 @@ async fn move_rows(conn: &mut PgConnection, projection: &str, shadow: &Ident, en
     sqlx::query(&format!(
         "UPDATE {engine}.projectionist_dead_letters SET resolution = 'rebuilt', resolved_at = now(), \
          resolution_note = 'not poison to the rebuild swapped in' \
-         WHERE projection = $1 AND resolution IS NULL AND id NOT IN (SELECT id FROM projectionist_letter_ids WHERE kept)"
+         WHERE projection = $1 AND resolution IS NULL \
+         AND id NOT IN (SELECT id FROM projectionist_letter_ids WHERE kept)"
     ))
     .bind(projection)
     .execute(&mut *conn)
