@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::de::value::BorrowedStrDeserializer;
 use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -81,20 +82,7 @@ impl RawEnvelope {
     /// Errors name the offending field and the problem, e.g.
     /// `field `version`: must be >= 1, got 0`.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
-        // serde would also read an array into the struct: only an object is an envelope.
-        let object = bytes.trim_ascii_start().first() == Some(&b'{');
-        match serde_json::from_slice::<Wire<'_>>(bytes) {
-            Ok(wire) if object => wire.validate(),
-            // Not an object, or not JSON: say which.
-            Err(e) => match serde_json::from_slice::<Value>(bytes) {
-                Ok(value) if !value.is_object() => Err(DecodeError::NotAnObject(json_kind(&value))),
-                _ => Err(DecodeError::Json(e.to_string())),
-            },
-            Ok(_) => match serde_json::from_slice::<Value>(bytes) {
-                Ok(value) => Err(DecodeError::NotAnObject(json_kind(&value))),
-                Err(e) => Err(DecodeError::Json(e.to_string())),
-            },
-        }
+        from_slice(bytes).map(Checked::into_raw)
     }
 
     /// Validates an envelope given as a JSON value.
@@ -102,7 +90,8 @@ impl RawEnvelope {
         if !value.is_object() {
             return Err(DecodeError::NotAnObject(json_kind(&value)));
         }
-        Wire::deserialize(value).map_err(|e| DecodeError::Json(e.to_string()))?.validate()
+        let wire: Wire<'_, Value> = Wire::deserialize(value).map_err(|e| DecodeError::Json(e.to_string()))?;
+        wire.validate().map(Checked::into_raw)
     }
 
     /// Builds an envelope with a fresh id for `event`, a serde enum tagged by `type` with
@@ -231,6 +220,17 @@ impl<E: DeserializeOwned + 'static> EventDecoder<E> {
         self.data(event_type, data)
     }
 
+    /// The event of a handled `event_type` carrying `data` as JSON text (a
+    /// [`LazyEnvelope`]'s), read straight into `E`. Data it cannot read is read again as a
+    /// `Value` tree, so that what is refused, and why, is exactly what [`EventDecoder::event`]
+    /// says (a key given twice, which the tree keeps the last of, included).
+    pub fn event_from_json(&self, event_type: &str, data: &RawValue) -> Result<E, DecodeError> {
+        match E::deserialize(Tagged { event_type, data: Some(data) }) {
+            Ok(event) => Ok(event),
+            Err(_) => self.event(event_type, serde_json::from_str(data.get()).expect("a RawValue holds valid JSON")),
+        }
+    }
+
     /// The event of type `event_type` carrying `data` (a `Value` or a `&Value`).
     fn data<'a, D>(&self, event_type: &'a str, data: D) -> Result<E, DecodeError>
     where
@@ -241,11 +241,114 @@ impl<E: DeserializeOwned + 'static> EventDecoder<E> {
     }
 }
 
+/// A [`RawEnvelope`] whose `data` is still the JSON text it arrived in, every other field
+/// validated as [`RawEnvelope::from_slice`] does: what the engine reads off Kafka. A
+/// projection's event is decoded straight from that text ([`EventDecoder::event_from_json`]),
+/// with no `Value` tree built, walked and dropped in between, and a buffered event holds its
+/// data's bytes rather than a tree. [`LazyEnvelope::into_raw`] gives the tree when something
+/// needs it (an upcaster).
+#[derive(Debug, Clone)]
+pub struct LazyEnvelope {
+    /// As [`RawEnvelope::id`].
+    pub id: Uuid,
+    /// As [`RawEnvelope::aggregate_type`].
+    pub aggregate_type: String,
+    /// As [`RawEnvelope::aggregate_id`].
+    pub aggregate_id: String,
+    /// As [`RawEnvelope::version`].
+    pub version: i64,
+    /// As [`RawEnvelope::event_type`].
+    pub event_type: String,
+    /// As [`RawEnvelope::occurred_at`].
+    pub occurred_at: DateTime<Utc>,
+    /// The event payload, as the JSON text it arrived in.
+    pub data: Box<RawValue>,
+    /// As [`RawEnvelope::metadata`].
+    pub metadata: Option<Value>,
+}
+
+impl PartialEq for LazyEnvelope {
+    fn eq(&self, other: &Self) -> bool {
+        (self.id, &self.aggregate_type, &self.aggregate_id, self.version, &self.event_type, self.occurred_at)
+            == (
+                other.id,
+                &other.aggregate_type,
+                &other.aggregate_id,
+                other.version,
+                &other.event_type,
+                other.occurred_at,
+            )
+            && self.data.get() == other.data.get()
+            && self.metadata == other.metadata
+    }
+}
+
+impl LazyEnvelope {
+    /// Decodes and validates an envelope from JSON bytes, as [`RawEnvelope::from_slice`]
+    /// does (same errors), keeping `data` as text.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let c: Checked<Box<RawValue>> = from_slice(bytes)?;
+        let (id, aggregate_type, aggregate_id, version) = (c.id, c.aggregate_type, c.aggregate_id, c.version);
+        let (event_type, occurred_at, data, metadata) = (c.event_type, c.occurred_at, c.data, c.metadata);
+        Ok(Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
+    }
+
+    /// The envelope with its data read into a `Value` tree.
+    pub fn into_raw(self) -> RawEnvelope {
+        let data = serde_json::from_str(self.data.get()).expect("a RawValue holds valid JSON");
+        let (id, aggregate_type, aggregate_id, version) =
+            (self.id, self.aggregate_type, self.aggregate_id, self.version);
+        let (event_type, occurred_at, metadata) = (self.event_type, self.occurred_at, self.metadata);
+        RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata }
+    }
+}
+
+/// Decodes and validates an envelope from JSON bytes, its data read as `D`.
+fn from_slice<'a, D: Deserialize<'a>>(bytes: &'a [u8]) -> Result<Checked<D>, DecodeError> {
+    // serde would also read an array into the struct: only an object is an envelope.
+    let object = bytes.trim_ascii_start().first() == Some(&b'{');
+    match serde_json::from_slice::<Wire<'_, D>>(bytes) {
+        Ok(wire) if object => wire.validate(),
+        // Not an object, or not JSON: say which.
+        Err(e) => match serde_json::from_slice::<Value>(bytes) {
+            Ok(value) if !value.is_object() => Err(DecodeError::NotAnObject(json_kind(&value))),
+            _ => Err(DecodeError::Json(e.to_string())),
+        },
+        Ok(_) => match serde_json::from_slice::<Value>(bytes) {
+            Ok(value) => Err(DecodeError::NotAnObject(json_kind(&value))),
+            Err(e) => Err(DecodeError::Json(e.to_string())),
+        },
+    }
+}
+
+/// An envelope's fields, validated, its data read as `D`.
+struct Checked<D> {
+    id: Uuid,
+    aggregate_type: String,
+    aggregate_id: String,
+    version: i64,
+    event_type: String,
+    occurred_at: DateTime<Utc>,
+    data: D,
+    metadata: Option<Value>,
+}
+
+impl Checked<Value> {
+    fn into_raw(self) -> RawEnvelope {
+        let (id, aggregate_type, aggregate_id, version) =
+            (self.id, self.aggregate_type, self.aggregate_id, self.version);
+        let (event_type, occurred_at, data, metadata) = (self.event_type, self.occurred_at, self.data, self.metadata);
+        RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata }
+    }
+}
+
 /// The envelope as it arrives: every field kept as whatever JSON it is, so that checking it
 /// names the field and the problem (serde's own errors would name a position instead).
-/// Strings are borrowed from the bytes where they hold no escapes.
+/// Strings are borrowed from the bytes where they hold no escapes; `data` is read as `D`
+/// (a `Value` tree, or its JSON text).
 #[derive(serde::Deserialize)]
-struct Wire<'a> {
+#[serde(bound(deserialize = "D: Deserialize<'de>"))]
+struct Wire<'a, D = Value> {
     #[serde(borrow, default)]
     id: Scalar<'a>,
     #[serde(borrow, default)]
@@ -259,18 +362,18 @@ struct Wire<'a> {
     #[serde(borrow, default)]
     occurred_at: Scalar<'a>,
     #[serde(default, deserialize_with = "present")]
-    data: Option<Value>,
+    data: Option<D>,
     #[serde(default)]
     metadata: Option<Value>,
 }
 
 /// A field that is there, even as `null` (`Option<Value>` alone reads `null` as absent).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+fn present<'de, De: serde::Deserializer<'de>, T: Deserialize<'de>>(d: De) -> Result<Option<T>, De::Error> {
+    T::deserialize(d).map(Some)
 }
 
-impl Wire<'_> {
-    fn validate(self) -> Result<RawEnvelope, DecodeError> {
+impl<D> Wire<'_, D> {
+    fn validate(self) -> Result<Checked<D>, DecodeError> {
         let id = self.id.string("id")?;
         let id = Uuid::parse_str(&id).map_err(|e| DecodeError::field("id", format!("not a UUID ({e}): {id:?}")))?;
         let aggregate_type = self.aggregate_type.key("aggregate_type")?;
@@ -302,7 +405,7 @@ impl Wire<'_> {
                 return Err(DecodeError::field("metadata", format!("must be an object, got {}", json_kind(&other))))
             }
         };
-        Ok(RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
+        Ok(Checked { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
     }
 }
 
@@ -516,6 +619,48 @@ mod tests {
             "aggregate_id": "acc-1", "version": 3, "type": "Deposited",
             "occurred_at": "2026-11-21T10:00:00Z", "data": {"amount": 500}
         })
+    }
+
+    /// An envelope read lazily is the envelope read whole, its data still text; it fails
+    /// where and as the whole one does; and its event decodes from the text as from the
+    /// tree, with the same errors.
+    #[test]
+    fn a_lazy_envelope_reads_as_a_raw_one_and_its_event_decodes_the_same() {
+        let bytes = serde_json::to_vec(&good()).unwrap();
+        let lazy = LazyEnvelope::from_slice(&bytes).unwrap();
+        assert_eq!(lazy.data.get(), r#"{"amount":500}"#);
+        assert_eq!(lazy.clone().into_raw(), RawEnvelope::from_slice(&bytes).unwrap());
+        for bad in [&b"[1]"[..], b"{\"id\":", b"", br#"{"version": 0}"#] {
+            let (lazy, raw) = (LazyEnvelope::from_slice(bad).unwrap_err(), RawEnvelope::from_slice(bad).unwrap_err());
+            assert_eq!(lazy.to_string(), raw.to_string());
+        }
+        let mut no_data = good();
+        no_data.as_object_mut().unwrap().remove("data");
+        let no_data = serde_json::to_vec(&no_data).unwrap();
+        assert_eq!(
+            LazyEnvelope::from_slice(&no_data).unwrap_err().to_string(),
+            RawEnvelope::from_slice(&no_data).unwrap_err().to_string()
+        );
+        let decoder = EventDecoder::<Ev>::new();
+        let cases = [
+            ("Deposited", r#"{"amount": 500}"#),
+            ("Deposited", r#"{"amount": "a lot"}"#),
+            ("Deposited", r#"{"amount": 1.5}"#),
+            ("Deposited", r#"{}"#),
+            ("Deposited", r#"null"#),
+            ("Deposited", r#"{"amount": 5, "extra": [1, {"a": null}]}"#),
+            ("Opened", r#"{"owner": "caf\u00e9 \"x\""}"#),
+            ("Opened", r#"[1, 2]"#),
+            ("Closed", r#"{}"#),
+            ("Deposited", r#"{"amount": 1, "amount": 2}"#),
+            ("Nope", r#"{}"#),
+        ];
+        for (event_type, text) in cases {
+            let raw = serde_json::value::RawValue::from_string(text.to_owned()).unwrap();
+            let from_text = decoder.event_from_json(event_type, &raw).map_err(|e| e.to_string());
+            let from_tree = decoder.event(event_type, serde_json::from_str(text).unwrap()).map_err(|e| e.to_string());
+            assert_eq!(from_text, from_tree, "{event_type} {text}");
+        }
     }
 
     fn err_with(f: impl FnOnce(&mut Map<String, Value>)) -> String {

@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use projectionist_core::plan::{Effect, EventRef, Parked};
 use projectionist_core::upcast::upcast;
 use projectionist_core::{
-    validate_projection_name, Envelope, EventDecoder, OnGap, OnPoison, OnUnknownType, Outcome, OutcomeCounts,
-    Projection, RawEnvelope, Table, Upcaster, Writes,
+    validate_projection_name, Envelope, EventDecoder, LazyEnvelope, OnGap, OnPoison, OnUnknownType, Outcome,
+    OutcomeCounts, Projection, RawEnvelope, Table, Upcaster, Writes,
 };
+use serde_json::value::RawValue;
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
@@ -302,6 +303,10 @@ pub trait PgProjection: Send + Sync + 'static {
     /// [`Error::Decode`] naming it, or [`Error::Declaration`] for the whole batch). The
     /// envelopes are consumed: their fields move into the typed events, uncopied.
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared;
+    /// [`PgProjection::prepare`] for envelopes whose data is still JSON text, as the engine
+    /// reads them: each event decoded straight from it (a `Value` tree is built only for an
+    /// event an upcaster of the projection reads).
+    fn prepare_lazy(&self, batch: Vec<LazyEnvelope>) -> Prepared;
     /// Writes a prepared batch in offset order in the caller's transaction, up to its first
     /// [`Outcome::Gap`] (with [`OnGap::Halt`], or without a source): the outcomes then end
     /// with it, and nothing at or after it is written, so what precedes it can commit. With
@@ -339,19 +344,11 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     }
 
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared {
-        if let Err(error) = check_declarations(Projection::name(self), Projection::tables(self)) {
-            let aggregate_id = batch.into_iter().next().map(|raw| raw.aggregate_id).unwrap_or_default();
-            let failure = Some(Failure { aggregate_id, error });
-            return Prepared { failure, ..Prepared::default() };
-        }
-        let decoder = EventDecoder::<P::Event>::new();
-        let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
-        let events = batch
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| prepare_event(self, &decoder, halt_on_unknown, index, raw))
-            .collect();
-        Prepared { events, ..Prepared::default() }
+        prepare_all(self, batch.into_iter().map(Incoming::from))
+    }
+
+    fn prepare_lazy(&self, batch: Vec<LazyEnvelope>) -> Prepared {
+        prepare_all(self, batch.into_iter().map(Incoming::from))
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {
@@ -399,7 +396,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 let decoder = EventDecoder::<P::Event>::new();
                 let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
                 for row in park::held(conn, name, &aggregate).await? {
-                    let event = match RawEnvelope::from_slice(&row.payload) {
+                    let event = match LazyEnvelope::from_slice(&row.payload) {
                         // Found poison by an earlier attempt at this batch.
                         Ok(raw) if prepared.held_poison.contains_key(&row.id) => {
                             let error = prepared.held_poison[&row.id].clone_of_batch();
@@ -413,7 +410,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                                 step: Step::Poison(error),
                             }
                         }
-                        Ok(raw) => prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw),
+                        Ok(raw) => prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw.into()),
                         Err(source) => PreparedEvent {
                             aggregate_type: aggregate.0.clone(),
                             aggregate_id: aggregate.1.clone(),
@@ -620,10 +617,9 @@ fn prepare_event<P: Projection<PgConnection>>(
     decoder: &EventDecoder<P::Event>,
     halt_on_unknown: bool,
     index: usize,
-    raw: RawEnvelope,
+    incoming: Incoming,
 ) -> PreparedEvent {
-    let RawEnvelope { id, aggregate_type, aggregate_id, version, mut event_type, occurred_at, mut data, metadata } =
-        raw;
+    let Incoming { id, aggregate_type, aggregate_id, version, mut event_type, occurred_at, data, metadata } = incoming;
     let poison = |aggregate_type: String, aggregate_id: String, error: Error| PreparedEvent {
         aggregate_type,
         aggregate_id,
@@ -631,10 +627,19 @@ fn prepare_event<P: Projection<PgConnection>>(
         occurred_at,
         step: Step::Poison(error),
     };
-    if let Err(source) = upcast(Projection::upcasters(projection), &mut event_type, &mut data, metadata.as_ref()) {
-        let aggregate = format!("{aggregate_type}/{aggregate_id}");
-        return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
-    }
+    // A tree only for an event an upcaster reads.
+    let upcasters = Projection::upcasters(projection);
+    let data = match data {
+        Data::Text(text) if !upcasters.iter().any(|u| u.event_type() == event_type) => Data::Text(text),
+        data => {
+            let mut tree = data.into_tree();
+            if let Err(source) = upcast(upcasters, &mut event_type, &mut tree, metadata.as_ref()) {
+                let aggregate = format!("{aggregate_type}/{aggregate_id}");
+                return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
+            }
+            Data::Tree(tree)
+        }
+    };
     if !decoder.handles(&event_type) {
         if halt_on_unknown {
             let aggregate = format!("{aggregate_type}/{aggregate_id}");
@@ -645,7 +650,11 @@ fn prepare_event<P: Projection<PgConnection>>(
         let step = Step::Ignored(event_type);
         return PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step };
     }
-    let event = match decoder.event(&event_type, data) {
+    let decoded = match data {
+        Data::Tree(tree) => decoder.event(&event_type, tree),
+        Data::Text(text) => decoder.event_from_json(&event_type, &text),
+    };
+    let event = match decoded {
         Ok(event) => event,
         Err(source) => {
             let aggregate = format!("{aggregate_type}/{aggregate_id}");
@@ -662,6 +671,63 @@ fn prepare_event<P: Projection<PgConnection>>(
     // The envelope's names move on with the writes.
     let Envelope { aggregate_type, aggregate_id, .. } = env;
     PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step: Step::Writes(writes) }
+}
+
+/// Decodes and projects each event of a batch (see [`PgProjection::prepare`]).
+fn prepare_all<P: Projection<PgConnection>>(projection: &P, batch: impl Iterator<Item = Incoming>) -> Prepared {
+    let mut batch = batch.peekable();
+    if let Err(error) = check_declarations(Projection::name(projection), Projection::tables(projection)) {
+        let aggregate_id = batch.next().map(|e| e.aggregate_id).unwrap_or_default();
+        let failure = Some(Failure { aggregate_id, error });
+        return Prepared { failure, ..Prepared::default() };
+    }
+    let decoder = EventDecoder::<P::Event>::new();
+    let halt_on_unknown = Projection::on_unknown_type(projection) == OnUnknownType::Halt;
+    let events = batch
+        .enumerate()
+        .map(|(index, incoming)| prepare_event(projection, &decoder, halt_on_unknown, index, incoming))
+        .collect();
+    Prepared { events, ..Prepared::default() }
+}
+
+/// An envelope on its way into a batch, its data as a tree or as JSON text.
+struct Incoming {
+    id: sqlx::types::Uuid,
+    aggregate_type: String,
+    aggregate_id: String,
+    version: i64,
+    event_type: String,
+    occurred_at: DateTime<Utc>,
+    data: Data,
+    metadata: Option<serde_json::Value>,
+}
+
+enum Data {
+    Tree(serde_json::Value),
+    Text(Box<RawValue>),
+}
+
+impl Data {
+    fn into_tree(self) -> serde_json::Value {
+        match self {
+            Data::Tree(tree) => tree,
+            Data::Text(text) => serde_json::from_str(text.get()).expect("a RawValue holds valid JSON"),
+        }
+    }
+}
+
+impl From<RawEnvelope> for Incoming {
+    fn from(e: RawEnvelope) -> Self {
+        let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = e;
+        Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data: Data::Tree(data), metadata }
+    }
+}
+
+impl From<LazyEnvelope> for Incoming {
+    fn from(e: LazyEnvelope) -> Self {
+        let LazyEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = e;
+        Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data: Data::Text(data), metadata }
+    }
 }
 
 fn check_declarations(projection: &str, tables: &[Table]) -> Result<()> {

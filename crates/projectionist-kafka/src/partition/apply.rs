@@ -53,7 +53,7 @@ impl Partition {
             let last_offset = messages.last().map_or(0, |m| m.at.offset);
             let Split { places, envelopes, messages, undecodable, mut halt } = split(messages, this.on_poison);
             // Decoded and projected once: a retry writes the same prepared events again.
-            let mut prepared = this.projection.prepare(envelopes);
+            let mut prepared = this.projection.prepare_lazy(envelopes);
             let (topic, partition) = (this.tp.topic.clone(), this.tp.partition);
             prepared.set_source(Source { topic, partition, messages, undecodable });
             if let Some(tables) = this.checked.get(&this.pool, this.projection.as_ref()).await {

@@ -1,7 +1,7 @@
 //! Messages as the partition task holds them, and a batch's envelopes decoded: those that
 //! are not an envelope at all are dead-lettered alone, or halt the partition, by policy.
 
-use projectionist_core::{OnPoison, RawEnvelope};
+use projectionist_core::{LazyEnvelope, OnPoison};
 use projectionist_postgres::park::{SourceMessage, Undecodable};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 
@@ -21,7 +21,7 @@ pub(crate) struct At {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Msg {
     pub at: At,
-    pub envelope: Result<RawEnvelope, Poison>,
+    pub envelope: Result<LazyEnvelope, Poison>,
     pub message: SourceMessage,
 }
 
@@ -60,7 +60,7 @@ impl Msg {
 #[derive(Debug, Default)]
 pub(crate) struct Split {
     pub places: Vec<At>,
-    pub envelopes: Vec<RawEnvelope>,
+    pub envelopes: Vec<LazyEnvelope>,
     pub messages: Vec<SourceMessage>,
     pub undecodable: Vec<Undecodable>,
     pub halt: Option<Halt>,
@@ -91,7 +91,7 @@ pub(crate) fn split(batch: Vec<Msg>, on_poison: OnPoison) -> Split {
     split
 }
 
-fn decode(key: Option<&[u8]>, payload: Option<&[u8]>, max_bytes: usize) -> Result<RawEnvelope, Poison> {
+fn decode(key: Option<&[u8]>, payload: Option<&[u8]>, max_bytes: usize) -> Result<LazyEnvelope, Poison> {
     let poison = |kind: &'static str, reason: String| Poison {
         aggregate: key.map_or_else(|| "?".to_owned(), |k| String::from_utf8_lossy(k).into_owned()),
         kind,
@@ -103,7 +103,7 @@ fn decode(key: Option<&[u8]>, payload: Option<&[u8]>, max_bytes: usize) -> Resul
         return Err(poison("oversized", reason));
     }
     let envelope =
-        RawEnvelope::from_slice(payload).map_err(|e| poison("envelope", format!("undecodable envelope: {e}")))?;
+        LazyEnvelope::from_slice(payload).map_err(|e| poison("envelope", format!("undecodable envelope: {e}")))?;
     match key {
         Some(key) if key != envelope.aggregate_id.as_bytes() => Err(poison(
             "key",
