@@ -312,6 +312,7 @@ impl Task {
             }
             Ok(Applied::Committed { first_offset, next_offset, halt }) => {
                 self.partition.advance(first_offset, next_offset);
+                self.markers.batch_committed();
                 match halt {
                     Some(halt) => self.halt(halt),
                     None => self.batcher.settle(),

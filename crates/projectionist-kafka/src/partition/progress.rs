@@ -70,14 +70,16 @@ impl Partition {
     /// With everything read applied, moves the checkpoint (and the Kafka offset) past what
     /// followed the last applied message without being one: a transaction's commit marker
     /// takes an offset of its own, so without this a caught-up projection would show lag.
-    /// A failure (PostgreSQL away, say) is tried again at a later idle moment, after a
+    /// Done once the partition has been idle for [`MARKERS_AFTER`] since its last batch. A
+    /// failure (PostgreSQL away, say) is tried again at a later idle moment, after a
     /// growing delay, and logged when it begins and then at most every [`LOG_EVERY`].
     pub(super) async fn checkpoint_past_markers(&self, retry: &mut MarkerRetry) {
         let Some(position) = self.position() else { return };
         if position <= self.progress.checkpoint.load(Ordering::SeqCst) {
             return;
         }
-        if retry.not_before.is_some_and(|t| Instant::now() < t) {
+        let now = Instant::now();
+        if retry.not_before.is_some_and(|t| now < t) || retry.quiet_until.is_some_and(|t| now < t) {
             return;
         }
         let stored = async {
@@ -179,16 +181,31 @@ impl Partition {
     }
 }
 
-/// How a partition's checkpoint past transaction markers is retried after failing.
+/// When a partition's checkpoint moves past transaction markers: once idle a while, and after
+/// a failure, again after a growing delay.
 pub(super) struct MarkerRetry {
     failures: u32,
     not_before: Option<Instant>,
+    /// Not before the partition has been idle for [`MARKERS_AFTER`] since its last batch.
+    quiet_until: Option<Instant>,
     log: Throttle,
 }
 
+/// How long a partition stays idle after a batch before its checkpoint moves past
+/// transaction markers alone. While events keep coming, the next batch's checkpoint takes
+/// it past them anyway; moving it at once would add a transaction of its own for each
+/// producer transaction at the head, doubling the commits there and holding the next batch
+/// back meanwhile.
+pub(super) const MARKERS_AFTER: Duration = Duration::from_millis(100);
+
 impl MarkerRetry {
     pub(super) fn new() -> Self {
-        Self { failures: 0, not_before: None, log: Throttle::new(LOG_EVERY) }
+        Self { failures: 0, not_before: None, quiet_until: None, log: Throttle::new(LOG_EVERY) }
+    }
+
+    /// A batch committed now: the markers wait for the partition to be idle a while.
+    pub(super) fn batch_committed(&mut self) {
+        self.quiet_until = Some(Instant::now() + MARKERS_AFTER);
     }
 }
 
