@@ -193,9 +193,9 @@ pub(super) struct MarkerRetry {
 
 /// How long a partition stays idle after a batch before its checkpoint moves past
 /// transaction markers alone. While events keep coming, the next batch's checkpoint takes
-/// it past them anyway; moving it at once would add a transaction of its own for each
-/// producer transaction at the head, doubling the commits there and holding the next batch
-/// back meanwhile.
+/// it past them anyway; moving it at once adds a transaction of its own after many of the
+/// batches at the head (about one commit in eight at 10k/s in the bench), holding the next
+/// batch back meanwhile.
 pub(super) const MARKERS_AFTER: Duration = Duration::from_millis(100);
 
 impl MarkerRetry {
