@@ -1482,7 +1482,7 @@ async fn a_wait_times_out_on_time_saying_where_the_projection_stands(pool: PgPoo
 /// once their events are applied.
 #[sqlx::test(migrations = false)]
 async fn a_thousand_waits_share_one_listening_connection_and_all_return(pool: PgPool) {
-    use projectionist::postgres::wait::Waiter;
+    use projectionist::postgres::wait::{Position, Waiter};
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("wait-many");
     let e = bank_accounts::generate::envelope;
@@ -1505,7 +1505,18 @@ async fn a_thousand_waits_share_one_listening_connection_and_all_return(pool: Pg
             waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(90)).await
         });
     }
-    while waiter.waiting() < 1000 {
+    // And a thousand for versions, read together (one query per projection) as it moves.
+    let accounts = offsets.len();
+    for i in 0..1000 {
+        let waiter = waiter.clone();
+        waits.spawn(async move {
+            let account = format!("acc-{}", i % accounts);
+            let waited = waiter.wait_for_version(&BankAccounts, "account", &account, 1, Duration::from_secs(90)).await;
+            assert_eq!(waited.as_ref().ok(), Some(&Position::Version { version: Some(1) }), "{account}");
+            waited
+        });
+    }
+    while waiter.waiting() < 2000 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let listening: i64 = sqlx::query_scalar(
@@ -1524,5 +1535,5 @@ async fn a_thousand_waits_share_one_listening_connection_and_all_return(pool: Pg
         waited.unwrap().unwrap();
         returned += 1;
     }
-    assert_eq!(returned, 1000);
+    assert_eq!(returned, 2000);
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use crate::apply::PgProjection;
 use crate::error::{Error, Result};
@@ -80,8 +80,9 @@ struct Inner {
     schema: String,
     /// Per partition someone waits on: the highest next offset seen, and the waits.
     offsets: Mutex<HashMap<Partition, Followed>>,
-    /// Per projection someone waits on a version of: bumped whenever it may have moved.
-    versions: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Per projection someone waits on a version of: the waits, read together whenever it
+    /// may have moved.
+    versions: Mutex<HashMap<String, Watched>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -121,6 +122,90 @@ impl Followed {
             !waits.is_empty()
         });
         !self.waits.is_empty()
+    }
+}
+
+/// A projection's version waits: whenever it may have moved, one query reads the versions
+/// of every aggregate waited on (not one per wait), and wakes the waits they reach.
+struct Watched {
+    query: Arc<VersionQuery>,
+    /// Per aggregate (type, id): the version each wait wants.
+    waits: HashMap<(String, String), Vec<VersionWait>>,
+    /// A read is under way; `again`: the projection may have moved since it began.
+    reading: bool,
+    again: bool,
+}
+
+impl Watched {
+    /// Wakes the waits of `aggregate` that `version` reaches.
+    fn reached(&mut self, aggregate: &(String, String), version: i64) {
+        let Some(waits) = self.waits.remove(aggregate) else { return };
+        let (done, left): (Vec<_>, Vec<_>) = waits.into_iter().partition(|(wanted, _)| version >= *wanted);
+        for (_, wait) in done {
+            let _ = wait.send(version);
+        }
+        if !left.is_empty() {
+            self.waits.insert(aggregate.clone(), left);
+        }
+    }
+
+    /// Forgets the waits that gave up; whether any are left.
+    fn prune(&mut self) -> bool {
+        self.waits.retain(|_, waits| {
+            waits.retain(|(_, w)| !w.is_closed());
+            !waits.is_empty()
+        });
+        !self.waits.is_empty()
+    }
+}
+
+/// A wait for a version: the version wanted, and whom to wake with the version reached.
+type VersionWait = (i64, oneshot::Sender<i64>);
+
+/// Reads the versions of aggregates of one projection: per aggregate, the highest of its
+/// aggregate version and its rows' versions in the projection's gated tables owning its type.
+struct VersionQuery {
+    sql: String,
+    /// Per gated table, the aggregate types it owns (parameters `$4`, `$5`, …).
+    owners: Vec<Vec<String>>,
+}
+
+impl VersionQuery {
+    fn of(projection: &dyn PgProjection) -> Result<Self> {
+        let mut gates =
+            vec!["SELECT version FROM projectionist_watermarks WHERE projection = $1 AND aggregate_type = w.t \
+             AND aggregate_id = w.i"
+                .to_owned()];
+        let mut owners = Vec::new();
+        for table in projection.tables().iter().filter(|t| t.is_gated()) {
+            let (name, key, version) =
+                (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
+            owners.push(table.aggregate_types_declared().iter().map(|t| (*t).to_owned()).collect());
+            let owned = owners.len() + 3;
+            gates.push(format!("SELECT {version} FROM {name} WHERE {key} = w.i AND w.t = ANY(${owned}::text[])"));
+        }
+        let sql = format!(
+            "SELECT w.t, w.i, (SELECT max(v) FROM ({}) AS gates(v)) FROM unnest($2::text[], $3::text[]) AS w(t, i)",
+            gates.join(" UNION ALL ")
+        );
+        Ok(Self { sql, owners })
+    }
+
+    /// The versions `aggregates` stand at (`None`: no row of it yet).
+    async fn read(
+        &self,
+        pool: &PgPool,
+        projection: &str,
+        aggregates: &[(String, String)],
+    ) -> Result<Vec<((String, String), Option<i64>)>> {
+        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.iter().map(|(t, i)| (t.as_str(), i.as_str())).unzip();
+        let mut query =
+            sqlx::query_as::<_, (String, String, Option<i64>)>(&self.sql).bind(projection).bind(types).bind(ids);
+        for owners in &self.owners {
+            query = query.bind(owners);
+        }
+        let found = query.fetch_all(pool).await?;
+        Ok(found.into_iter().map(|(t, i, v)| ((t, i), v)).collect())
     }
 }
 
@@ -225,26 +310,41 @@ impl Waiter {
         timeout: Duration,
     ) -> Result<Position> {
         let name = projection.name().to_owned();
-        let mut moved = {
+        let aggregate = (aggregate_type.to_owned(), aggregate_id.to_owned());
+        // Registered before reading, so that a commit between the read and the wait wakes it.
+        let (woken, query) = {
             let mut versions = self.inner.versions.lock().expect("versions lock");
-            versions.entry(name.clone()).or_insert_with(|| watch::channel(0).0).subscribe()
+            let watched = match versions.entry(name.clone()) {
+                std::collections::hash_map::Entry::Occupied(watched) => watched.into_mut(),
+                std::collections::hash_map::Entry::Vacant(entry) => entry.insert(Watched {
+                    query: Arc::new(VersionQuery::of(projection)?),
+                    waits: HashMap::new(),
+                    reading: false,
+                    again: false,
+                }),
+            };
+            let (wake, woken) = oneshot::channel();
+            watched.waits.entry(aggregate.clone()).or_default().push((version, wake));
+            (woken, watched.query.clone())
         };
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let stands = read_version(&self.inner.pool, projection, aggregate_type, aggregate_id).await?;
-            if stands.is_some_and(|v| v >= version) {
-                return Ok(Position::Version { version: stands });
+        let stands = || async {
+            let read = query.read(&self.inner.pool, &name, std::slice::from_ref(&aggregate)).await?;
+            Ok::<_, Error>(read.into_iter().next().and_then(|(_, v)| v))
+        };
+        let now = stands().await?;
+        if now.is_some_and(|v| v >= version) {
+            return Ok(Position::Version { version: now });
+        }
+        match tokio::time::timeout(timeout, woken).await {
+            Ok(woken) => {
+                let version = woken.expect("a wait's sender is kept until it is woken or gives up");
+                Ok(Position::Version { version: Some(version) })
             }
-            match tokio::time::timeout_at(deadline, moved.changed()).await {
-                Ok(changed) => changed.expect("a projection's sender is kept while it is waited on"),
-                Err(_) => {
-                    return Err(Error::WaitTimeout {
-                        waited_ms: timeout.as_millis() as u64,
-                        wanted: format!("{name} to apply {aggregate_type}/{aggregate_id} v{version}"),
-                        position: Position::Version { version: stands },
-                    })
-                }
-            }
+            Err(_) => Err(Error::WaitTimeout {
+                waited_ms: timeout.as_millis() as u64,
+                wanted: format!("{name} to apply {aggregate_type}/{aggregate_id} v{version}"),
+                position: Position::Version { version: stands().await.unwrap_or(now) },
+            }),
         }
     }
 
@@ -258,8 +358,14 @@ impl Waiter {
             .values()
             .map(|f| f.waits.values().flatten().filter(|w| !w.is_closed()).count())
             .sum();
-        let versions: usize =
-            self.inner.versions.lock().expect("versions lock").values().map(watch::Sender::receiver_count).sum();
+        let versions: usize = self
+            .inner
+            .versions
+            .lock()
+            .expect("versions lock")
+            .values()
+            .map(|w| w.waits.values().flatten().filter(|(_, wait)| !wait.is_closed()).count())
+            .sum();
         offsets + versions
     }
 }
@@ -279,16 +385,56 @@ impl Inner {
         self.offsets.lock().expect("offsets lock").get(key).and_then(|f| f.next)
     }
 
-    /// Wakes the version waits of `projection`, to read their rows again.
-    fn moved(&self, projection: &str) {
-        if let Some(moved) = self.versions.lock().expect("versions lock").get(projection) {
-            moved.send_modify(|n| *n = n.wrapping_add(1));
+    /// Reads the versions `projection`'s waits want again (one read at a time per
+    /// projection; one more after it when it may have moved meanwhile), waking those reached.
+    fn moved(self: &Arc<Self>, projection: &str) {
+        let mut versions = self.versions.lock().expect("versions lock");
+        let Some(watched) = versions.get_mut(projection) else { return };
+        if watched.reading {
+            watched.again = true;
+            return;
+        }
+        watched.reading = true;
+        let (inner, projection) = (self.clone(), projection.to_owned());
+        tokio::spawn(async move { inner.read_versions(&projection).await });
+    }
+
+    async fn read_versions(&self, projection: &str) {
+        loop {
+            let (query, aggregates) = {
+                let mut versions = self.versions.lock().expect("versions lock");
+                let Some(watched) = versions.get_mut(projection) else { return };
+                watched.again = false;
+                if !watched.prune() {
+                    watched.reading = false;
+                    return;
+                }
+                (watched.query.clone(), watched.waits.keys().cloned().collect::<Vec<_>>())
+            };
+            let read = query.read(&self.pool, projection, &aggregates).await;
+            let mut versions = self.versions.lock().expect("versions lock");
+            let Some(watched) = versions.get_mut(projection) else { return };
+            match read {
+                Ok(found) => {
+                    for (aggregate, version) in found {
+                        if let Some(version) = version {
+                            watched.reached(&aggregate, version);
+                        }
+                    }
+                }
+                // Read again at the next notification or poll.
+                Err(e) => tracing::debug!(error = %e, "Cannot read the versions waited for; trying again later."),
+            }
+            if !watched.again {
+                watched.reading = false;
+                return;
+            }
         }
     }
 
-    /// Reads again the checkpoints of every partition waited on, and wakes every version
-    /// wait; forgets what no one waits on any more.
-    async fn poll(&self) {
+    /// Reads again the checkpoints of every partition waited on, and the versions of every
+    /// aggregate waited on; forgets what no one waits on any more.
+    async fn poll(self: &Arc<Self>) {
         let keys: Vec<Partition> = {
             let mut offsets = self.offsets.lock().expect("offsets lock");
             offsets.retain(|_, followed| followed.prune());
@@ -305,7 +451,7 @@ impl Inner {
         }
         let projections: Vec<String> = {
             let mut versions = self.versions.lock().expect("versions lock");
-            versions.retain(|_, moved| moved.receiver_count() > 0);
+            versions.retain(|_, watched| watched.reading || watched.prune());
             versions.keys().cloned().collect()
         };
         for projection in projections {
@@ -385,26 +531,6 @@ async fn read_offset(pool: &PgPool, (projection, topic, partition): &Partition) 
     .await?)
 }
 
-/// The highest version of the aggregate's rows in `projection`'s gated tables owning its
-/// type, and its aggregate version.
-async fn read_version(
-    pool: &PgPool,
-    projection: &dyn PgProjection,
-    aggregate_type: &str,
-    aggregate_id: &str,
-) -> Result<Option<i64>> {
-    let mut parts =
-        vec!["SELECT max(version) FROM projectionist_watermarks WHERE projection = $1 AND aggregate_type = $2 AND \
-         aggregate_id = $3"
-            .to_owned()];
-    for table in projection.tables().iter().filter(|t| t.is_gated() && t.owns(aggregate_type)) {
-        let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
-        parts.push(format!("SELECT max({version}) FROM {name} WHERE {key} = $3"));
-    }
-    let sql = format!("SELECT max(v) FROM ({}) AS gates(v)", parts.join(" UNION ALL "));
-    Ok(sqlx::query_scalar(&sql).bind(projection.name()).bind(aggregate_type).bind(aggregate_id).fetch_one(pool).await?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,5 +555,24 @@ mod tests {
         assert!(!followed.prune(), "a wait that gave up is forgotten");
         followed.seen(13);
         assert_eq!(followed.next, Some(13));
+    }
+
+    #[test]
+    fn a_version_read_wakes_the_waits_it_reaches_and_keeps_the_rest() {
+        let query = Arc::new(VersionQuery { sql: String::new(), owners: Vec::new() });
+        let mut watched = Watched { query, waits: HashMap::new(), reading: false, again: false };
+        let a = ("account".to_owned(), "a".to_owned());
+        let mut woken = Vec::new();
+        for wanted in [1, 3, 5] {
+            let (wake, rx) = oneshot::channel();
+            watched.waits.entry(a.clone()).or_default().push((wanted, wake));
+            woken.push(rx);
+        }
+        watched.reached(&a, 3);
+        let answers: Vec<Option<i64>> = woken.iter_mut().map(|rx| rx.try_recv().ok()).collect();
+        assert_eq!(answers, [Some(3), Some(3), None]);
+        assert!(watched.prune(), "the wait for 5 is left");
+        drop(woken);
+        assert!(!watched.prune(), "a wait that gave up is forgotten");
     }
 }
