@@ -303,6 +303,16 @@ impl LazyEnvelope {
     }
 }
 
+impl From<RawEnvelope> for LazyEnvelope {
+    /// The envelope with its data written back to JSON text (for callers holding
+    /// [`RawEnvelope`]s: tests and tools).
+    fn from(e: RawEnvelope) -> Self {
+        let data = serde_json::value::to_raw_value(&e.data).expect("a Value always serialises");
+        let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, metadata, .. } = e;
+        Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata }
+    }
+}
+
 /// Decodes and validates an envelope from JSON bytes, its data read as `D`.
 fn from_slice<'a, D: Deserialize<'a>>(bytes: &'a [u8]) -> Result<Checked<D>, DecodeError> {
     // serde would also read an array into the struct: only an object is an envelope.
@@ -630,6 +640,8 @@ mod tests {
         let lazy = LazyEnvelope::from_slice(&bytes).unwrap();
         assert_eq!(lazy.data.get(), r#"{"amount":500}"#);
         assert_eq!(lazy.clone().into_raw(), RawEnvelope::from_slice(&bytes).unwrap());
+        let raw = RawEnvelope::from_slice(&bytes).unwrap();
+        assert_eq!(LazyEnvelope::from(raw.clone()).into_raw(), raw, "a RawEnvelope made lazy and back");
         for bad in [&b"[1]"[..], b"{\"id\":", b"", br#"{"version": 0}"#] {
             let (lazy, raw) = (LazyEnvelope::from_slice(bad).unwrap_err(), RawEnvelope::from_slice(bad).unwrap_err());
             assert_eq!(lazy.to_string(), raw.to_string());

@@ -13,7 +13,6 @@ use projectionist_core::{
     validate_projection_name, Envelope, EventDecoder, LazyEnvelope, OnGap, OnPoison, OnUnknownType, Outcome,
     OutcomeCounts, Projection, RawEnvelope, Table, Upcaster, Writes,
 };
-use serde_json::value::RawValue;
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
@@ -344,11 +343,11 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     }
 
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared {
-        prepare_all(self, batch.into_iter().map(Incoming::from))
+        prepare_all(self, batch.into_iter().map(LazyEnvelope::from))
     }
 
     fn prepare_lazy(&self, batch: Vec<LazyEnvelope>) -> Prepared {
-        prepare_all(self, batch.into_iter().map(Incoming::from))
+        prepare_all(self, batch.into_iter())
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {
@@ -410,7 +409,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                                 step: Step::Poison(error),
                             }
                         }
-                        Ok(raw) => prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw.into()),
+                        Ok(raw) => prepare_event(self, &decoder, halt_on_unknown, resumed_at, raw),
                         Err(source) => PreparedEvent {
                             aggregate_type: aggregate.0.clone(),
                             aggregate_id: aggregate.1.clone(),
@@ -617,9 +616,10 @@ fn prepare_event<P: Projection<PgConnection>>(
     decoder: &EventDecoder<P::Event>,
     halt_on_unknown: bool,
     index: usize,
-    incoming: Incoming,
+    envelope: LazyEnvelope,
 ) -> PreparedEvent {
-    let Incoming { id, aggregate_type, aggregate_id, version, mut event_type, occurred_at, data, metadata } = incoming;
+    let LazyEnvelope { id, aggregate_type, aggregate_id, version, mut event_type, occurred_at, data, metadata } =
+        envelope;
     let poison = |aggregate_type: String, aggregate_id: String, error: Error| PreparedEvent {
         aggregate_type,
         aggregate_id,
@@ -629,17 +629,15 @@ fn prepare_event<P: Projection<PgConnection>>(
     };
     // A tree only for an event an upcaster reads.
     let upcasters = Projection::upcasters(projection);
-    let data = match data {
-        Data::Text(text) if !upcasters.iter().any(|u| u.event_type() == event_type) => Data::Text(text),
-        data => {
-            let mut tree = data.into_tree();
-            if let Err(source) = upcast(upcasters, &mut event_type, &mut tree, metadata.as_ref()) {
-                let aggregate = format!("{aggregate_type}/{aggregate_id}");
-                return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
-            }
-            Data::Tree(tree)
+    let mut upcast_data = None;
+    if upcasters.iter().any(|u| u.event_type() == event_type) {
+        let mut tree = serde_json::from_str(data.get()).expect("a RawValue holds valid JSON");
+        if let Err(source) = upcast(upcasters, &mut event_type, &mut tree, metadata.as_ref()) {
+            let aggregate = format!("{aggregate_type}/{aggregate_id}");
+            return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
         }
-    };
+        upcast_data = Some(tree);
+    }
     if !decoder.handles(&event_type) {
         if halt_on_unknown {
             let aggregate = format!("{aggregate_type}/{aggregate_id}");
@@ -650,9 +648,9 @@ fn prepare_event<P: Projection<PgConnection>>(
         let step = Step::Ignored(event_type);
         return PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step };
     }
-    let decoded = match data {
-        Data::Tree(tree) => decoder.event(&event_type, tree),
-        Data::Text(text) => decoder.event_from_json(&event_type, &text),
+    let decoded = match upcast_data {
+        Some(tree) => decoder.event(&event_type, tree),
+        None => decoder.event_from_json(&event_type, &data),
     };
     let event = match decoded {
         Ok(event) => event,
@@ -674,7 +672,7 @@ fn prepare_event<P: Projection<PgConnection>>(
 }
 
 /// Decodes and projects each event of a batch (see [`PgProjection::prepare`]).
-fn prepare_all<P: Projection<PgConnection>>(projection: &P, batch: impl Iterator<Item = Incoming>) -> Prepared {
+fn prepare_all<P: Projection<PgConnection>>(projection: &P, batch: impl Iterator<Item = LazyEnvelope>) -> Prepared {
     let mut batch = batch.peekable();
     if let Err(error) = check_declarations(Projection::name(projection), Projection::tables(projection)) {
         let aggregate_id = batch.next().map(|e| e.aggregate_id).unwrap_or_default();
@@ -685,49 +683,9 @@ fn prepare_all<P: Projection<PgConnection>>(projection: &P, batch: impl Iterator
     let halt_on_unknown = Projection::on_unknown_type(projection) == OnUnknownType::Halt;
     let events = batch
         .enumerate()
-        .map(|(index, incoming)| prepare_event(projection, &decoder, halt_on_unknown, index, incoming))
+        .map(|(index, envelope)| prepare_event(projection, &decoder, halt_on_unknown, index, envelope))
         .collect();
     Prepared { events, ..Prepared::default() }
-}
-
-/// An envelope on its way into a batch, its data as a tree or as JSON text.
-struct Incoming {
-    id: sqlx::types::Uuid,
-    aggregate_type: String,
-    aggregate_id: String,
-    version: i64,
-    event_type: String,
-    occurred_at: DateTime<Utc>,
-    data: Data,
-    metadata: Option<serde_json::Value>,
-}
-
-enum Data {
-    Tree(serde_json::Value),
-    Text(Box<RawValue>),
-}
-
-impl Data {
-    fn into_tree(self) -> serde_json::Value {
-        match self {
-            Data::Tree(tree) => tree,
-            Data::Text(text) => serde_json::from_str(text.get()).expect("a RawValue holds valid JSON"),
-        }
-    }
-}
-
-impl From<RawEnvelope> for Incoming {
-    fn from(e: RawEnvelope) -> Self {
-        let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = e;
-        Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data: Data::Tree(data), metadata }
-    }
-}
-
-impl From<LazyEnvelope> for Incoming {
-    fn from(e: LazyEnvelope) -> Self {
-        let LazyEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = e;
-        Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data: Data::Text(data), metadata }
-    }
 }
 
 fn check_declarations(projection: &str, tables: &[Table]) -> Result<()> {

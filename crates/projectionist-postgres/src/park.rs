@@ -9,7 +9,7 @@ use projectionist_core::plan::Parked;
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use projectionist_core::{OnGap, Outcome, OutcomeCounts, RawEnvelope};
+use projectionist_core::{LazyEnvelope, OnGap, Outcome, OutcomeCounts};
 
 use crate::apply::{Mode, PgProjection, Prepared};
 use crate::batch::ParkedMap;
@@ -533,8 +533,8 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
     .execute(&mut *tx)
     .await?;
     let mut prepared = match &action {
-        Resolve::Retry => match RawEnvelope::from_slice(&d.payload) {
-            Ok(raw) => projection.prepare(vec![raw]),
+        Resolve::Retry => match LazyEnvelope::from_slice(&d.payload) {
+            Ok(envelope) => projection.prepare_lazy(vec![envelope]),
             Err(e) => return Err(problem(format!("its payload is still not an envelope: {e}"))),
         },
         Resolve::Discard { .. } => Prepared::skipping(aggregate_type, aggregate_id, version),
