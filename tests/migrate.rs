@@ -78,7 +78,7 @@ async fn the_engine_keeps_its_history_apart_from_the_applications_sqlx_migration
     assert_eq!(versions(&pool, "_sqlx_migrations").await, [20240101000000]);
     let engine = versions(&pool, "projectionist_migrations").await;
     assert_eq!(engine, shipped());
-    for table in ["app_users", "projectionist_checkpoints", "projectionist_watermarks", "shops"] {
+    for table in ["app_users", "projectionist_checkpoints", "projectionist_aggregate_versions", "shops"] {
         let exists: bool =
             sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(&pool).await.unwrap();
         assert!(exists, "{table}");
@@ -95,6 +95,49 @@ async fn a_history_an_earlier_build_left_in_sqlx_migrations_moves_to_the_engines
     assert_eq!(versions(&pool, "projectionist_migrations").await, shipped());
     // The application can now use sqlx's migrator in the same database.
     application_migrator().await.run(&pool).await.expect("no foreign versions left in _sqlx_migrations");
+}
+
+#[sqlx::test(migrations = false)]
+async fn aggregate_versions_kept_under_their_old_name_are_renamed_with_their_rows_in_every_schema(pool: PgPool) {
+    // A database an earlier build migrated: every migration before the rename, a row of
+    // aggregate versions, and a rebuild's shadow holding its own copy of the table.
+    let dir = std::env::temp_dir().join(format!("engine-before-rename-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rename = "20261125000001";
+    for file in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations")).unwrap() {
+        let file = file.unwrap();
+        if file.file_name().to_str().unwrap() < rename {
+            std::fs::copy(file.path(), dir.join(file.file_name())).unwrap();
+        }
+    }
+    Migrator::new(dir).await.unwrap().run(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO projectionist_watermarks VALUES ('shop', 'shop', 's-1', 3);
+         CREATE SCHEMA projectionist_rebuild_shop;
+         CREATE TABLE projectionist_rebuild_shop.projectionist_watermarks (LIKE projectionist_watermarks INCLUDING ALL);
+         INSERT INTO projectionist_rebuild_shop.projectionist_watermarks VALUES ('shop', 'shop', 's-2', 5);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    migrate(&pool, &[]).await.unwrap();
+    for (schema, id, version) in [("public", "s-1", 3_i64), ("projectionist_rebuild_shop", "s-2", 5)] {
+        let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+            "SELECT aggregate_id, version FROM {schema}.projectionist_aggregate_versions WHERE projection = 'shop'"
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(rows, [(id.to_owned(), version)], "{schema}");
+        let old: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(format!("{schema}.projectionist_watermarks"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(!old, "{schema}: the old name is gone");
+    }
+    assert_eq!(versions(&pool, "projectionist_migrations").await, shipped());
 }
 
 #[sqlx::test(migrations = false)]

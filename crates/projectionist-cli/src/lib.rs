@@ -477,7 +477,7 @@ impl App {
                 projectionist_postgres::reset(&pool, r.projection.as_ref()).await?;
                 tracing::info!(
                     projection = %r.projection.name(),
-                    "Projection reset: tables truncated, checkpoints and watermarks forgotten."
+                    "Projection reset: tables truncated, checkpoints and aggregate versions forgotten."
                 );
             }
         }

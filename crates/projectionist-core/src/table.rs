@@ -17,7 +17,7 @@ pub enum Gate {
     /// `version - 1`; version 1 creates the row.
     Transition,
     /// **Fan-in**: rows not 1:1 with aggregates (totals per customer fed by many orders),
-    /// gated by the aggregate's version (`projectionist_watermarks`), which every event of
+    /// gated by the aggregate's version (`projectionist_aggregate_versions`), which every event of
     /// the projection advances by a guarded transition.
     FanIn,
     /// Written only by the projection's own SQL in `apply` (the slow path): the engine

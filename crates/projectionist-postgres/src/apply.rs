@@ -825,7 +825,7 @@ pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         sqlx::raw_sql(&format!("TRUNCATE {}", tables.join(", "))).execute(&mut *tx).await?;
     }
-    for table in ["projectionist_watermarks", "projectionist_checkpoints"] {
+    for table in ["projectionist_aggregate_versions", "projectionist_checkpoints"] {
         sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
             .bind(projection.name())
             .execute(&mut *tx)

@@ -362,7 +362,7 @@ async fn read_stored(
         aggregates.dedup();
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.into_iter().unzip();
         let sql = format!(
-            "SELECT aggregate_type, aggregate_id, version FROM projectionist_watermarks \
+            "SELECT aggregate_type, aggregate_id, version FROM projectionist_aggregate_versions \
              WHERE projection = $1 AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($2::text[], \
              $3::text[])) \
              ORDER BY aggregate_type, aggregate_id{lock}"
@@ -379,7 +379,7 @@ async fn write_aggregates(conn: &mut PgConnection, projection: &str, marks: &[Ag
         marks.iter().partition(|m| m.expected.is_none());
     if !inserts.is_empty() {
         let result = sqlx::query(
-            "INSERT INTO projectionist_watermarks (projection, aggregate_type, aggregate_id, version) \
+            "INSERT INTO projectionist_aggregate_versions (projection, aggregate_type, aggregate_id, version) \
              SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[]) ON CONFLICT DO NOTHING",
         )
         .bind(projection)
@@ -388,11 +388,11 @@ async fn write_aggregates(conn: &mut PgConnection, projection: &str, marks: &[Ag
         .bind(inserts.iter().map(|m| m.version).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?;
-        expect_rows("projectionist_watermarks", inserts.len(), result.rows_affected())?;
+        expect_rows("projectionist_aggregate_versions", inserts.len(), result.rows_affected())?;
     }
     if !updates.is_empty() {
         let result = sqlx::query(
-            "UPDATE projectionist_watermarks w SET version = u.version \
+            "UPDATE projectionist_aggregate_versions w SET version = u.version \
              FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u(aggregate_type, aggregate_id, \
              version, expected) \
              WHERE w.projection = $1 AND w.aggregate_type = u.aggregate_type AND w.aggregate_id = u.aggregate_id AND \
@@ -405,7 +405,7 @@ async fn write_aggregates(conn: &mut PgConnection, projection: &str, marks: &[Ag
         .bind(updates.iter().map(|m| m.expected.unwrap_or_default()).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?;
-        expect_rows("projectionist_watermarks", updates.len(), result.rows_affected())?;
+        expect_rows("projectionist_aggregate_versions", updates.len(), result.rows_affected())?;
     }
     Ok(())
 }
@@ -566,8 +566,8 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
         }
     }
     let source = format!(
-        "(SELECT r.*, {} FROM jsonb_array_elements($1::jsonb) AS x(doc), LATERAL jsonb_populate_record(NULL::{name}, x.doc) \
-        AS r) AS s",
+        "(SELECT r.*, {} FROM jsonb_array_elements($1::jsonb) AS x(doc), \
+        LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
         extra.join(", ")
     );
     let fold = |raw: &str, column: &Ident, base: &str| {

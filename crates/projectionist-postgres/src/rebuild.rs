@@ -21,7 +21,7 @@ use crate::Ident;
 
 /// The engine tables a projection's rows are kept in.
 const ENGINE_TABLES: [&str; 5] = [
-    "projectionist_watermarks",
+    "projectionist_aggregate_versions",
     "projectionist_parked",
     "projectionist_held",
     "projectionist_dead_letters",
@@ -419,14 +419,15 @@ async fn hold_writers_back(conn: &mut PgConnection, projection: &str, live: &[(I
 /// meet again (an upcaster fixes them now) are resolved as `rebuilt`. The parked aggregates
 /// name their dead letters' ids; held events come under new ids.
 async fn move_rows(conn: &mut PgConnection, projection: &str, shadow: &Ident, engine: &Ident) -> Result<()> {
-    for table in ["projectionist_checkpoints", "projectionist_watermarks", "projectionist_parked", "projectionist_held"]
+    for table in
+        ["projectionist_checkpoints", "projectionist_aggregate_versions", "projectionist_parked", "projectionist_held"]
     {
         sqlx::query(&format!("DELETE FROM {engine}.{table} WHERE projection = $1"))
             .bind(projection)
             .execute(&mut *conn)
             .await?;
     }
-    for table in ["projectionist_checkpoints", "projectionist_watermarks"] {
+    for table in ["projectionist_checkpoints", "projectionist_aggregate_versions"] {
         sqlx::query(&format!("INSERT INTO {engine}.{table} SELECT * FROM {shadow}.{table} WHERE projection = $1"))
             .bind(projection)
             .execute(&mut *conn)

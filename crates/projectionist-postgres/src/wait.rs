@@ -172,10 +172,11 @@ struct VersionQuery {
 
 impl VersionQuery {
     fn of(projection: &dyn PgProjection) -> Result<Self> {
-        let mut gates =
-            vec!["SELECT version FROM projectionist_watermarks WHERE projection = $1 AND aggregate_type = w.t \
+        let mut gates = vec![
+            "SELECT version FROM projectionist_aggregate_versions WHERE projection = $1 AND aggregate_type = w.t \
              AND aggregate_id = w.i"
-                .to_owned()];
+                .to_owned(),
+        ];
         let mut owners = Vec::new();
         for table in projection.tables().iter().filter(|t| t.is_gated()) {
             let (name, key, version) =

@@ -34,13 +34,13 @@ pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value 
     }
     let marks: Value = sqlx::query_scalar(
         "SELECT coalesce(jsonb_agg(jsonb_build_array(aggregate_type, aggregate_id, version) \
-         ORDER BY aggregate_type, aggregate_id), '[]') FROM projectionist_watermarks WHERE projection = $1",
+         ORDER BY aggregate_type, aggregate_id), '[]') FROM projectionist_aggregate_versions WHERE projection = $1",
     )
     .bind(projection.name())
     .fetch_one(pool)
     .await
     .unwrap_or_else(|e| panic!("dumping aggregate versions: {e}"));
-    dump.insert("projectionist_watermarks".into(), marks);
+    dump.insert("projectionist_aggregate_versions".into(), marks);
     let parked: Value = sqlx::query_scalar(
         "SELECT coalesce(jsonb_agg(jsonb_build_array(aggregate_type, aggregate_id, waiting_for) \
          ORDER BY aggregate_type, aggregate_id), '[]') FROM projectionist_parked WHERE projection = $1",
