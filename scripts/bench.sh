@@ -7,5 +7,6 @@ cd "$(dirname "$0")/.."
 eval "$(scripts/services.sh)"
 export DATABASE_URL KAFKA_BROKERS
 cargo build --release --locked -p bank-accounts --bin bank-accounts
-export BANK_ACCOUNTS_BIN="$PWD/target/release/bank-accounts"
+# BANK_ACCOUNTS_BIN, when set, is the projector measured (another build, to compare).
+export BANK_ACCOUNTS_BIN="${BANK_ACCOUNTS_BIN:-$PWD/target/release/bank-accounts}"
 cargo bench --locked --bench throughput
