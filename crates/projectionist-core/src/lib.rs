@@ -3,6 +3,7 @@
 mod envelope;
 mod error;
 mod event_types;
+pub mod fold;
 mod outcome;
 pub mod plan;
 mod projection;

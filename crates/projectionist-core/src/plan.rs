@@ -108,7 +108,7 @@ impl<'a> ColumnWrite<'a> {
     /// Whether PostgreSQL might refuse what this write holds, were it written (in a column
     /// of `table`): adds (an overflow, a type without `+`), or a base its declared type may
     /// not take. False only where the value surely fits.
-    fn might_be_refused(&self, declared: &Declared) -> bool {
+    pub(crate) fn might_be_refused(&self, declared: &Declared) -> bool {
         !self.deltas.is_empty() || self.base.is_some_and(|v| !declared.column(self.column).surely_fits(v))
     }
 
@@ -528,10 +528,10 @@ fn coalesce<'a>(
 
 /// A table's columns as PostgreSQL takes their values, read from the declarations once per
 /// plan (a value written over is checked against its column for each event).
-struct Declared(Vec<(&'static str, ColumnType)>);
+pub(crate) struct Declared(Vec<(&'static str, ColumnType)>);
 
 impl Declared {
-    fn of(table: &Table) -> Self {
+    pub(crate) fn of(table: &Table) -> Self {
         Self(
             table
                 .column_declarations()
@@ -541,14 +541,14 @@ impl Declared {
         )
     }
 
-    fn column(&self, column: &str) -> ColumnType {
+    pub(crate) fn column(&self, column: &str) -> ColumnType {
         self.0.iter().find(|(name, _)| *name == column).map_or(ColumnType::of(None), |(_, ty)| *ty)
     }
 }
 
 /// What a column's declaration says of the values it surely takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ColumnType {
+pub(crate) struct ColumnType {
     /// Declared at all (an undeclared column: nothing surely fits).
     declared: bool,
     /// The type, when one of those whose input is known here.
@@ -619,10 +619,21 @@ impl ColumnType {
         }
     }
 
+    /// The range of an integer column (`bigint`, `integer`, `smallint`), where every add is
+    /// exact.
+    pub(crate) fn int_range(self) -> Option<(i128, i128)> {
+        match self.known? {
+            Known::BigInt => Some((i64::MIN.into(), i64::MAX.into())),
+            Known::Int => Some((i32::MIN.into(), i32::MAX.into())),
+            Known::SmallInt => Some((i16::MIN.into(), i16::MAX.into())),
+            _ => None,
+        }
+    }
+
     /// Whether `value` surely fits the column: what PostgreSQL's input of the type takes
     /// for certain. Anything else might be refused. Called for each value written over, so
     /// nothing here allocates but the JSON check.
-    fn surely_fits(self, value: &Value) -> bool {
+    pub(crate) fn surely_fits(self, value: &Value) -> bool {
         if !self.declared {
             return false;
         }

@@ -121,6 +121,11 @@ pub struct EngineConfig {
     /// `run` processes of one projection may overlap during a rebalance.
     #[serde(skip)]
     pub sole_writer: bool,
+    /// Whether batches are folded in memory and written together once due, with the
+    /// checkpoint past the last (see `projectionist_postgres::Folding`), as `rebuild` does
+    /// for its bulk load (it sets this, with `sole_writer`). Not in the settings file.
+    #[serde(skip)]
+    pub fold: bool,
     /// Settings of single projections that differ from the ones above, by projection name,
     /// e.g. `{"order_status": {"on_gap": "halt"}}`; see [`ProjectionSettings`]. A name that
     /// is not registered makes [`crate::Engine::run`] refuse to start.
@@ -220,6 +225,7 @@ impl EngineConfig {
             rebuild_batch_max_events: default_rebuild_batch_max_events(),
             rebuild_batch_max_bytes: default_rebuild_batch_max_bytes(),
             sole_writer: false,
+            fold: false,
             max_retries: default_max_retries(),
             retry_backoff_ms: default_retry_backoff_ms(),
             from_beginning: false,
@@ -350,6 +356,7 @@ impl fmt::Debug for EngineConfig {
             .field("rebuild_batch_max_events", &self.rebuild_batch_max_events)
             .field("rebuild_batch_max_bytes", &self.rebuild_batch_max_bytes)
             .field("sole_writer", &self.sole_writer)
+            .field("fold", &self.fold)
             .field("per_projection", &self.per_projection)
             .finish()
     }

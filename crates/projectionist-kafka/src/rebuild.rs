@@ -60,8 +60,9 @@ pub async fn rebuild(
     // Large batches: each row's events in one fold into one write.
     config.batch_max_events = config.rebuild_batch_max_events;
     config.batch_max_bytes = config.rebuild_batch_max_bytes;
-    // Behind the rebuild lock, no one else writes the shadow.
+    // Behind the rebuild lock, no one else writes the shadow; its batches are folded.
     config.sole_writer = true;
+    config.fold = true;
     config.from_beginning = false;
     let stopped = Arc::new(AtomicBool::new(false));
     let flag = stopped.clone();
@@ -74,6 +75,14 @@ pub async fn rebuild(
         let engine = Engine::new(shadow_pool.clone(), config.clone()).register(projection.clone(), topics.clone());
         let report = engine.run(shutdown.as_mut()).await?;
         if let Some(halt) = report.halts().first() {
+            if config.fold {
+                // Folded, PostgreSQL cannot name an event it refuses: go again batch by batch
+                // from the shadow's checkpoints, which halts (if it does) naming the event.
+                let again = "The rebuild halted while folding its batches; going on batch by batch.";
+                tracing::warn!(projection = %name, %halt, "{again}");
+                config.fold = false;
+                continue;
+            }
             return Err(problem(&name, format!("it halted, the live tables untouched: {halt}")));
         }
         if stopped.load(Ordering::SeqCst) {

@@ -471,6 +471,7 @@ impl Runner {
                 dead_letter_topic: self.dead_letter_topic.clone(),
                 checked: self.checked.clone(),
                 sole_writer: self.config.sole_writer,
+                folding: self.config.fold.then(Default::default),
                 max_event_bytes: self.config.max_event_bytes,
                 bounds: crate::partition::Bounds {
                     parked_aggregates: self.config.max_parked_aggregates,

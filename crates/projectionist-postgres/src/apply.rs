@@ -32,6 +32,65 @@ pub enum Mode {
     PerEvent,
 }
 
+/// A rebuild's bulk load: the plans of its batches folded in memory (see
+/// [`projectionist_core::fold`]), so that a row that many batches write far apart is written
+/// about once, and written together with the checkpoint past the last batch folded. Nothing
+/// folded is in PostgreSQL until [`PgProjection::write_folded`] commits: a process killed in
+/// between starts again from the checkpoint before it.
+#[derive(Debug, Default)]
+pub struct Folding {
+    fold: projectionist_core::fold::Fold,
+    /// The checkpoint past the last batch folded.
+    through: Option<i64>,
+    /// When the first batch held was folded.
+    since: Option<std::time::Instant>,
+    /// The partition had no parked aggregate when last looked at, and nothing was written
+    /// around the fold since (a batch written as usual may park one).
+    no_parked: bool,
+}
+
+impl Folding {
+    /// Rows held before they are written: about a hundred bytes each, plus their values.
+    pub const MAX_ROWS: usize = 100_000;
+    /// How long rows are held before they are written: what a rebuild killed loses at most.
+    pub const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(15);
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.fold.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.fold.is_empty()
+    }
+
+    /// Whether what is held should be written now (too many rows, or held too long).
+    pub fn due(&self) -> bool {
+        self.fold.len() >= Self::MAX_ROWS || self.since.is_some_and(|s| s.elapsed() >= Self::MAX_AGE)
+    }
+
+    /// The checkpoint past the last batch folded, to store with the rows held.
+    pub fn through(&self) -> Option<i64> {
+        self.through
+    }
+
+    /// Notes the checkpoint past the batch just folded.
+    pub fn folded_through(&mut self, next_offset: i64) {
+        self.through = Some(next_offset);
+        self.since.get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// Forgets what was held, once written and committed. `wrote_batch`: a batch was
+    /// written after it as usual (it may have parked aggregates).
+    pub fn written(&mut self, wrote_batch: bool) {
+        self.fold.clear();
+        self.through = None;
+        self.since = None;
+        self.no_parked &= !wrote_batch;
+    }
+}
+
 /// A batch decoded and projected once, outside any transaction, so that writing it again
 /// (a retry, a prefix after a failure) decodes and projects nothing again. Made by
 /// [`PgProjection::prepare`]: every event, those that cannot be applied as they stand
@@ -314,6 +373,21 @@ pub trait PgProjection: Send + Sync + 'static {
     /// ([`Error::event_index`]): a write the declarations forbid, a value the database
     /// refuses, a failing `apply`; nothing of the batch is to be committed then.
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written>;
+
+    /// Folds `prepared` into `folding` without writing it (see [`Folding`]): the outcomes,
+    /// or `None` when the batch cannot be folded (`folding` unchanged; the caller writes
+    /// what it holds, then the batch). Only for a sole writer of the tables (a rebuild's
+    /// shadow), whose rows nobody else moves: it reads the versions without row locks.
+    async fn fold(
+        &self,
+        conn: &mut PgConnection,
+        prepared: &Prepared,
+        folding: &mut Folding,
+    ) -> Result<Option<Written>>;
+
+    /// Writes what `folding` holds in the caller's transaction; it stays held until
+    /// [`Folding::written`].
+    async fn write_folded(&self, conn: &mut PgConnection, folding: &Folding) -> Result<()>;
 }
 
 #[async_trait]
@@ -348,6 +422,43 @@ impl<P: Projection<PgConnection>> PgProjection for P {
 
     fn prepare_lazy(&self, batch: Vec<LazyEnvelope>) -> Prepared {
         prepare_all(self, batch.into_iter())
+    }
+
+    async fn fold(
+        &self,
+        conn: &mut PgConnection,
+        prepared: &Prepared,
+        folding: &mut Folding,
+    ) -> Result<Option<Written>> {
+        let (name, tables) = (Projection::name(self), Projection::tables(self));
+        // Folded: plain writes of upsert and transition tables PostgreSQL checks no further
+        // than their types, every event an envelope that decoded, no parked aggregate.
+        let Some(source) = &prepared.source else { return Ok(None) };
+        let foldable = prepared.failure.is_none()
+            && source.undecodable.is_empty()
+            && prepared.events.iter().all(|e| matches!(e.step, Step::Writes(_) | Step::Ignored(_)))
+            && tables.iter().all(Table::is_gated)
+            && prepared.checked.as_ref().is_some_and(Vec::is_empty);
+        if !foldable {
+            return Ok(None);
+        }
+        if !folding.no_parked {
+            if !park::read(conn, name, &source.topic, source.partition).await?.is_empty() {
+                return Ok(None);
+            }
+            folding.no_parked = true;
+        }
+        let events: Vec<(EventRef<'_>, Effect<'_>)> = prepared.events.iter().map(|e| (e.event(), e.effect())).collect();
+        let outcomes = batch::fold(conn, name, tables, &events, &mut folding.fold).await?;
+        Ok(outcomes.map(|outcomes| Written { outcomes, ..Written::default() }))
+    }
+
+    async fn write_folded(&self, conn: &mut PgConnection, folding: &Folding) -> Result<()> {
+        if folding.is_empty() {
+            return Ok(());
+        }
+        crate::rebuild::share_swap_lock(conn, Projection::name(self)).await?;
+        batch::write_fold(conn, Projection::tables(self), &folding.fold).await
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {

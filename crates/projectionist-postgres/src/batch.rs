@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::io::Write as _;
 
+use projectionist_core::fold::Fold;
 use projectionist_core::plan::{
     aggregate_gated, plan, rounds, AggregateWrite, Effect, EventRef, Parked, Plan, RowKind, RowWrite, Stored,
 };
@@ -138,7 +139,7 @@ async fn plan_run<'a>(
     events: &'a [(EventRef<'a>, Effect<'a>)],
     parking: RunContext<'_>,
 ) -> Result<Plan<'a>> {
-    let mut stored = read_stored(conn, projection, tables, events, parking.sole_writer).await?;
+    let mut stored = read_stored(conn, projection, tables, events, parking.sole_writer, None).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
     let planned = |events| planned(tables, &stored, events);
@@ -158,6 +159,29 @@ async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>) -
         write_rows(conn, table, &shape, rows).await?;
     }
     Ok(Ran { outcomes: plan.outcomes, per_event: false, parks: plan.parks, unparked: plan.unparked })
+}
+
+/// Plans `events` against the rows as the table and `fold` hold them, and folds the plan
+/// into `fold` without writing anything: the outcomes, or `None` when the plan cannot be
+/// folded (see [`Fold::absorb`]; `fold` is then unchanged).
+pub(crate) async fn fold(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+    fold: &mut Fold,
+) -> Result<Option<Vec<Outcome>>> {
+    let stored = read_stored(conn, projection, tables, events, true, Some(fold)).await?;
+    let plan = planned(tables, &stored, events)?;
+    Ok(fold.absorb(tables, &plan).then_some(plan.outcomes))
+}
+
+/// Writes what `fold` holds, set-based, each statement's row count checked.
+pub(crate) async fn write_fold(conn: &mut PgConnection, tables: &[Table], fold: &Fold) -> Result<()> {
+    for (table, shape, rows) in group(&fold.rows(tables)) {
+        write_rows(conn, table, &shape, rows).await?;
+    }
+    Ok(())
 }
 
 /// Of `tables`, those PostgreSQL checks beyond their columns' types: with a CHECK
@@ -333,6 +357,7 @@ async fn read_stored(
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
     sole_writer: bool,
+    fold: Option<&Fold>,
 ) -> Result<Stored> {
     let mut stored = Stored::default();
     // Locked, so that a concurrent writer of the same rows waits (or is waited for) rather
@@ -341,7 +366,19 @@ async fn read_stored(
     for table in tables.iter().filter(|t| t.is_gated()) {
         let mut ids: Vec<&str> =
             events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
+        // Rows a fold holds are at the version it says; the others, as the table says.
+        let mut folded = HashMap::new();
+        if let Some(fold) = fold {
+            ids.retain(|id| match fold.version(table.name(), id) {
+                Some(v) => {
+                    folded.insert((*id).to_owned(), v);
+                    false
+                }
+                None => true,
+            });
+        }
         if ids.is_empty() {
+            stored.rows.insert(table.name(), folded);
             continue;
         }
         ids.sort_unstable();
@@ -350,7 +387,8 @@ async fn read_stored(
         // Sorted, so two writers lock overlapping rows in the same order.
         let sql = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1) ORDER BY {key}{lock}");
         let found: Vec<(String, i64)> = sqlx::query_as(&sql).bind(&ids).fetch_all(&mut *conn).await?;
-        stored.rows.insert(table.name(), found.into_iter().collect());
+        folded.extend(found);
+        stored.rows.insert(table.name(), folded);
     }
     let mut aggregates: Vec<(&str, &str)> = events
         .iter()

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use projectionist_core::{OnPoison, OnUnknownType, Outcome, OutcomeCounts};
 use projectionist_postgres::park::Source;
-use projectionist_postgres::{Mode, Prepared};
+use projectionist_postgres::{Mode, Prepared, Written};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -217,27 +217,85 @@ impl Partition {
         at: &[At],
         next_offset: i64,
     ) -> projectionist_postgres::Result<Committed> {
+        let mut folding = match &self.folding {
+            Some(folding) => Some(folding.lock().await),
+            None => None,
+        };
+        if let Some(folding) = folding.as_deref_mut() {
+            // A rebuild's bulk load: folded, written with a checkpoint once due.
+            let mut conn = self.pool.acquire().await?;
+            if let Some(written) = self.projection.fold(&mut conn, prepared, folding).await? {
+                folding.folded_through(next_offset);
+                if folding.due() {
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    self.projection.write_folded(&mut tx, folding).await?;
+                    self.store_checkpoint(&mut tx, next_offset).await?;
+                    tx.commit().await?;
+                    folding.written(false);
+                }
+                return Ok(self.committed(prepared, written, next_offset, None).await);
+            }
+        }
         let mut tx = self.pool.begin().await?;
+        // What a fold holds goes first: this batch builds on it.
+        if let Some(folding) = folding.as_deref() {
+            self.projection.write_folded(&mut tx, folding).await?;
+        }
         let written = self.projection.write(&mut tx, prepared, Mode::Batch, self.on_gap).await?;
         self.check_bounds(&mut tx, prepared, &written.outcomes).await?;
-        let dead_letters = written.dead_letters.clone();
-        let outcomes = written.outcomes;
-        let gap = match outcomes.last() {
+        let gap = match written.outcomes.last() {
             Some(gap @ Outcome::Gap { .. }) => {
-                Some((outcomes.len() - 1, format!("{gap}: the event's predecessor was never applied")))
+                Some((written.outcomes.len() - 1, format!("{gap}: the event's predecessor was never applied")))
             }
             _ => None,
         };
         let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| at[*index].offset);
-        projectionist_postgres::checkpoint::store(
-            &mut tx,
-            self.projection.name(),
-            &self.tp.topic,
-            self.tp.partition,
-            next_offset,
-        )
-        .await?;
+        self.store_checkpoint(&mut tx, next_offset).await?;
         tx.commit().await?;
+        if let Some(folding) = folding.as_deref_mut() {
+            folding.written(true);
+        }
+        Ok(self.committed(prepared, written, next_offset, gap).await)
+    }
+
+    async fn store_checkpoint(
+        &self,
+        tx: &mut projectionist_postgres::PgConnection,
+        next_offset: i64,
+    ) -> projectionist_postgres::Result<()> {
+        let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
+        Ok(projectionist_postgres::checkpoint::store(tx, name, topic, partition, next_offset).await?)
+    }
+
+    /// Writes what the fold of a rebuild's bulk load holds, with the checkpoint past the last
+    /// batch folded (see [`projectionist_postgres::Folding`]); nothing when it holds nothing.
+    pub(super) async fn write_fold(&self) -> projectionist_postgres::Result<()> {
+        let Some(folding) = &self.folding else { return Ok(()) };
+        let mut folding = folding.lock().await;
+        let Some(through) = folding.through() else { return Ok(()) };
+        let mut tx = self.pool.begin().await?;
+        self.projection.write_folded(&mut tx, &folding).await?;
+        self.store_checkpoint(&mut tx, through).await?;
+        tx.commit().await?;
+        folding.written(false);
+        Ok(())
+    }
+
+    /// Whether the fold of a rebuild's bulk load holds rows not yet written.
+    pub(super) fn fold_held(&self) -> bool {
+        self.folding.as_ref().is_some_and(|f| f.try_lock().map_or(true, |f| !f.is_empty()))
+    }
+
+    /// What a batch whose transaction committed (or whose events were folded) did, counted.
+    async fn committed(
+        &self,
+        prepared: &Prepared,
+        written: Written,
+        next_offset: i64,
+        gap: Option<(usize, String)>,
+    ) -> Committed {
+        let outcomes = written.outcomes;
+        let dead_letters = written.dead_letters;
         if let (Some(topic), false) = (&self.dead_letter_topic, written.dead_letter_ids.is_empty()) {
             topic.send(&self.pool, &written.dead_letter_ids).await;
         }
@@ -252,7 +310,7 @@ impl Partition {
             drained: drained.total() - drained.parked,
             parked: written.parked,
             resumed: written.resumed,
-            dead_letters: written.dead_letters.values().sum(),
+            dead_letters: dead_letters.values().sum(),
         };
         let mut ignored = BTreeMap::new();
         for (index, _) in outcomes.iter().enumerate().filter(|(_, o)| **o == Outcome::Ignored) {
@@ -263,7 +321,7 @@ impl Partition {
         for (reason, n) in dead_letters {
             metrics::counter!(m::DEAD_LETTERS, "projection" => self.name().to_owned(), "reason" => reason).increment(n);
         }
-        Ok(Committed { counts, next_offset, gap, ignored, parking })
+        Committed { counts, next_offset, gap, ignored, parking }
     }
 
     /// Refuses a batch whose parking passes a bound: too many aggregates parked, or too many

@@ -84,6 +84,8 @@ pub(crate) struct Partition {
     pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
     pub checked: Arc<Checked>,
     pub sole_writer: bool,
+    /// A rebuild's bulk load: batches folded in memory, written once due (see `Folding`).
+    pub folding: Option<tokio::sync::Mutex<projectionist_postgres::Folding>>,
     pub max_event_bytes: usize,
     pub bounds: Bounds,
     pub progress: Arc<Progress>,
@@ -222,6 +224,11 @@ impl Partition {
                 _ = tick.tick() => {}
             }
         }
+        // Stopping: what a rebuild folded is written with its checkpoint, so that the next
+        // run goes on after it (were it lost, the next run would read it again).
+        if task.order == Order::Shutdown && !task.batcher.is_halted() && task.partition.fold_held() {
+            task.write_fold().await;
+        }
     }
 }
 
@@ -279,6 +286,11 @@ impl Task {
     /// caught-up check; always: the age of the oldest message not applied, for the lag.
     async fn idle_work(&mut self, drained: bool) {
         let idle = self.in_flight.is_none() && self.batcher.is_empty() && drained;
+        // Nothing more to read for now: what a rebuild folded is written before anything
+        // counts the partition's checkpoint (the markers, the caught-up check).
+        if idle && !self.batcher.is_halted() && self.partition.fold_held() && !self.write_fold().await {
+            return;
+        }
         if idle && self.order == Order::Run && !self.batcher.is_halted() {
             self.partition.checkpoint_past_markers(&mut self.markers).await;
         }
@@ -291,6 +303,23 @@ impl Task {
             None => self.batcher.first().and_then(|m| m.at.timestamp),
         };
         self.partition.progress.oldest_unapplied_ms.store(oldest.unwrap_or(-1), Ordering::SeqCst);
+    }
+
+    /// Writes what a rebuild folded; `false` when it could not be written now (waited out on
+    /// the next turn when PostgreSQL is away; otherwise the partition halts).
+    async fn write_fold(&mut self) -> bool {
+        let Err(e) = self.partition.write_fold().await else { return true };
+        let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
+        if crate::retry::Retry::of(&e) != crate::retry::Retry::Never {
+            let message = "Could not write the rebuild's folded rows; trying again.";
+            tracing::warn!(projection = %self.name(), %topic, partition, error = %e, "{message}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return false;
+        }
+        let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
+        let reason = format!("the rows folded by the rebuild's bulk load were refused: {e}");
+        self.halt(Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error });
+        false
     }
 
     /// Takes the result of the batch that was in flight.

@@ -1,0 +1,233 @@
+//! Folding the plans of many batches into one write per row: a rebuild's bulk load, where
+//! the events of one aggregate lie far apart in the stream and a batch sees each row about
+//! once. Pure, like the planner: the Postgres side reads versions through it, hands it each
+//! batch's plan, and writes what it holds in one go.
+//!
+//! A plan is folded only when the result cannot differ from writing it batch after batch:
+//! its events applied, were duplicates, stale or ignored (no gap, nothing parked or
+//! dead-lettered, no aggregate version, no fan-in row), every value it writes surely fits
+//! its column, and folding writes over no value PostgreSQL might refuse. (An add may still
+//! overflow where the fold is written: the caller then writes the batches again one by one.) Otherwise [`Fold::absorb`] refuses it and changes nothing: the
+//! caller writes the fold, then the batch, as before. The tables folded are the gated ones
+//! (upsert, transition) without CHECK constraints: a row's states between are not checked.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::plan::{ColumnWrite, Declared, Plan, RowKind, RowWrite};
+use crate::{Outcome, Table};
+
+/// Row writes of many plans, folded: per row, the insert that created it here (if it did)
+/// and one update carrying every later change.
+#[derive(Debug, Default)]
+pub struct Fold {
+    /// Per table name, per key.
+    rows: HashMap<&'static str, HashMap<String, Pending, Hasher>, Hasher>,
+    len: usize,
+}
+
+type Hasher = foldhash::fast::RandomState;
+
+#[derive(Debug, Default)]
+struct Pending {
+    insert: Option<Part>,
+    update: Option<Part>,
+}
+
+impl Pending {
+    /// The row's version once written.
+    fn version(&self) -> Option<i64> {
+        self.update.as_ref().or(self.insert.as_ref()).map(|p| p.version)
+    }
+}
+
+#[derive(Debug)]
+struct Part {
+    table: Table,
+    expected: Option<i64>,
+    version: i64,
+    columns: Vec<Column>,
+}
+
+/// [`ColumnWrite`], owned.
+#[derive(Debug)]
+struct Column {
+    column: &'static str,
+    base: Option<Value>,
+    deltas: Vec<Value>,
+}
+
+impl Column {
+    fn of(c: &ColumnWrite<'_>) -> Self {
+        Self { column: c.column, base: c.base.cloned(), deltas: c.deltas.iter().map(|d| (*d).clone()).collect() }
+    }
+
+    fn write(&self) -> ColumnWrite<'_> {
+        ColumnWrite { column: self.column, base: self.base.as_ref(), deltas: self.deltas.iter().collect() }
+    }
+}
+
+impl Fold {
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets what is held (once written).
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.len = 0;
+    }
+
+    fn get(&self, table: &str, key: &str) -> Option<&Pending> {
+        self.rows.get(table)?.get(key)
+    }
+
+    /// The version row `key` of `table` has once what is held is written; `None`: the fold
+    /// holds no write of it (the table tells).
+    pub fn version(&self, table: &str, key: &str) -> Option<i64> {
+        self.get(table, key).and_then(Pending::version)
+    }
+
+    /// Folds `plan` (planned against the versions the fold says, for the rows it holds) in,
+    /// or refuses it and changes nothing (see the module). `tables`: the projection's.
+    pub fn absorb(&mut self, tables: &[Table], plan: &Plan<'_>) -> bool {
+        let simple = plan.aggregates.is_empty()
+            && plan.parks.is_empty()
+            && plan.unparked.is_none()
+            && plan.superseded.is_empty()
+            && plan
+                .outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::Applied | Outcome::Duplicate | Outcome::Stale | Outcome::Ignored))
+            && plan.rows.iter().all(|r| r.table.is_gated() && r.kind != RowKind::Merge);
+        if !simple {
+            return false;
+        }
+        let declared: Vec<(Table, Declared)> = tables.iter().map(|t| (*t, Declared::of(t))).collect();
+        let declared = |table: &Table| declared.iter().find(|(t, _)| t.name() == table.name()).map(|(_, d)| d);
+        // Every row first, so that a refusal changes nothing.
+        let mut created: Vec<(&'static str, &str, i64)> = Vec::new();
+        for row in &plan.rows {
+            let Some(declared) = declared(&row.table) else { return false };
+            // Every value surely taken: folded, a value refused could not be blamed on its
+            // event (the batch is written as usual instead, which names it).
+            let fits = |c: &ColumnWrite<'_>| {
+                let column = declared.column(c.column);
+                c.base.is_none_or(|v| column.surely_fits(v)) && c.deltas.iter().all(|d| column.surely_fits(d))
+            };
+            if !row.columns.iter().all(fits) {
+                return false;
+            }
+            let held = self.get(row.table.name(), row.key);
+            let version = created
+                .iter()
+                .find(|(t, k, _)| *t == row.table.name() && *k == row.key)
+                .map(|(.., v)| *v)
+                .or_else(|| held.and_then(Pending::version));
+            match (row.kind, version) {
+                (RowKind::Insert, None) => {
+                    created.push((row.table.name(), row.key, row.version.unwrap_or_default()));
+                }
+                (RowKind::Update, Some(v)) if row.expected == Some(v) => {
+                    let part = held.and_then(|p| p.update.as_ref());
+                    let refused = row.columns.iter().any(|c| {
+                        c.base.is_some()
+                            && part
+                                .and_then(|p| p.columns.iter().find(|h| h.column == c.column))
+                                .is_some_and(|h| h.write().might_be_refused(declared))
+                    });
+                    if refused {
+                        return false;
+                    }
+                }
+                // An update of a row the fold does not hold: planned against the table.
+                (RowKind::Update, None) if held.is_none() => {}
+                _ => return false,
+            }
+        }
+        for row in &plan.rows {
+            let (Some(version), Some(declared)) = (row.version, declared(&row.table)) else { continue };
+            let table = self.rows.entry(row.table.name()).or_default();
+            let pending = match table.get_mut(row.key) {
+                Some(pending) => pending,
+                None => {
+                    self.len += 1;
+                    table.entry(row.key.to_owned()).or_default()
+                }
+            };
+            let columns = || row.columns.iter().map(Column::of).collect();
+            match (row.kind, pending.update.as_mut()) {
+                (RowKind::Insert, _) => {
+                    pending.insert = Some(Part { table: row.table, expected: None, version, columns: columns() });
+                }
+                (_, None) => {
+                    pending.update =
+                        Some(Part { table: row.table, expected: row.expected, version, columns: columns() })
+                }
+                (_, Some(update)) => {
+                    for c in &row.columns {
+                        match update.columns.iter_mut().find(|h| h.column == c.column) {
+                            Some(held) if c.base.is_none() => {
+                                held.deltas.extend(c.deltas.iter().map(|d| (*d).clone()));
+                                compact(declared, held);
+                            }
+                            Some(held) => *held = Column::of(c),
+                            None => update.columns.push(Column::of(c)),
+                        }
+                    }
+                    update.version = version;
+                }
+            }
+        }
+        true
+    }
+
+    /// What the fold holds, as the row writes of one plan: by table in `tables`' order,
+    /// inserts before updates, then by key.
+    pub fn rows<'a>(&'a self, tables: &[Table]) -> Vec<RowWrite<'a>> {
+        let mut rows: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(self.len * 2);
+        let held = self.rows.iter().flat_map(|(name, rows)| rows.iter().map(move |(key, p)| (*name, key, p)));
+        for (name, key, pending) in held {
+            let Some(t) = tables.iter().position(|t| t.name() == name) else { continue };
+            let parts = [(RowKind::Insert, &pending.insert), (RowKind::Update, &pending.update)];
+            for (kind, part) in parts {
+                if let Some(p) = part {
+                    let columns = p.columns.iter().map(Column::write).collect();
+                    let (expected, version) = (p.expected, Some(p.version));
+                    rows.push((t, RowWrite { table: p.table, key, kind, expected, version, columns }));
+                }
+            }
+        }
+        rows.sort_unstable_by(|(t, a), (u, b)| (t, a.kind, a.key).cmp(&(u, b.kind, b.key)));
+        rows.into_iter().map(|(_, r)| r).collect()
+    }
+}
+
+/// Keeps a long chain of integer adds short: `[lo, hi − lo, sum − hi]` passes through the
+/// same lowest and highest running sums and ends at the same sum, so added to any base it
+/// overflows exactly where the chain would, and ends at the same value. Only where the
+/// column is an integer type and every value, before and after, fits it.
+fn compact(declared: &Declared, column: &mut Column) {
+    if column.deltas.len() <= 3 {
+        return;
+    }
+    let Some((min, max)) = declared.column(column.column).int_range() else { return };
+    let (mut lo, mut hi, mut sum) = (i128::MAX, i128::MIN, 0_i128);
+    for d in &column.deltas {
+        let Some(n) = d.as_i64().map(i128::from).filter(|n| (min..=max).contains(n)) else { return };
+        sum += n;
+        lo = lo.min(sum);
+        hi = hi.max(sum);
+    }
+    let steps = [lo, hi - lo, sum - hi];
+    if steps.iter().all(|n| (min..=max).contains(n)) {
+        column.deltas = steps.iter().map(|n| Value::from(*n as i64)).collect();
+    }
+}
