@@ -231,3 +231,53 @@ fn compact(declared: &Declared, column: &mut Column) {
         column.deltas = steps.iter().map(|n| Value::from(*n as i64)).collect();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{compact, Column, Declared};
+    use crate::Table;
+    use serde_json::{json, Value};
+
+    const T: Table = Table::transition("t", "id").aggregate_type("a").columns(&[
+        ("n", "bigint NOT NULL DEFAULT 0"),
+        ("s", "smallint"),
+        ("f", "double precision"),
+    ]);
+
+    fn column(name: &'static str, deltas: &[Value]) -> Column {
+        Column { column: name, base: None, deltas: deltas.to_vec() }
+    }
+
+    /// The lowest and highest running sums and the sum of `deltas`.
+    fn extremes(deltas: &[Value]) -> (i64, i64, i64) {
+        let (mut lo, mut hi, mut sum) = (i64::MAX, i64::MIN, 0);
+        for d in deltas {
+            sum += d.as_i64().unwrap();
+            (lo, hi) = (lo.min(sum), hi.max(sum));
+        }
+        (lo, hi, sum)
+    }
+
+    #[test]
+    fn a_chain_of_integer_adds_is_kept_as_its_running_extremes() {
+        let declared = Declared::of(&T);
+        let deltas: Vec<Value> = [5, -12, 40, 3, -70, 8].into_iter().map(Value::from).collect();
+        let mut c = column("n", &deltas);
+        compact(&declared, &mut c);
+        assert_eq!(c.deltas.len(), 3);
+        assert_eq!(extremes(&c.deltas), extremes(&deltas), "same lowest, highest and final sums");
+        // A float column, or a value the column does not take: kept as they are.
+        let mut f = column("f", &deltas);
+        compact(&declared, &mut f);
+        assert_eq!(f.deltas, deltas);
+        let wide = [json!(1), json!(2), json!(40_000), json!(-3)];
+        let mut s = column("s", &wide);
+        compact(&declared, &mut s);
+        assert_eq!(s.deltas, wide, "40,000 does not fit a smallint: refused as it would be");
+        // Compacted steps that would not fit the column: kept as they are.
+        let swing = [json!(-30_000), json!(30_000), json!(30_000), json!(-30_000)];
+        let mut s = column("s", &swing);
+        compact(&declared, &mut s);
+        assert_eq!(s.deltas, swing);
+    }
+}
