@@ -423,6 +423,45 @@ async fn run_folded(
     (outcomes, dump_tables(pool, projection).await, folded)
 }
 
+/// A transition table whose columns are added to and set, never both: what folds across
+/// batches (a row created by an event that leaves columns to their defaults, then added to).
+const TALLIES: Table = Table::transition("wm_tallies", "id").aggregate_type(THING).columns(&[
+    ("n", "bigint NOT NULL DEFAULT 100"),
+    ("tag", "text"),
+    ("frac", "numeric(10,2) NOT NULL DEFAULT 0.5"),
+    ("maybe", "bigint"),
+    ("ratio", "double precision"),
+]);
+
+/// Writes [`TALLIES`]: adds of every number an event carries, sets of tags.
+struct Tallies;
+
+impl Projection<PgConnection> for Tallies {
+    type Event = Ev;
+
+    fn name(&self) -> &str {
+        "tallies"
+    }
+
+    fn tables(&self) -> &[Table] {
+        &[TALLIES]
+    }
+
+    fn project(&self, e: &Envelope<Ev>) -> Writes {
+        if e.aggregate_type != THING {
+            return Writes::none();
+        }
+        let row = TALLIES.write(e);
+        match &e.event {
+            Ev::Add { n } => row.add("n", n).add("frac", *n as f64 / 8.0).add("maybe", n).add("ratio", *n as f64 / 3.0),
+            Ev::Snap { s } => row.set("tag", s),
+            Ev::Bump { n, .. } => row.add("n", n).set("tag", format!("bump {n}")),
+            Ev::Nothing {} => row,
+        }
+        .into()
+    }
+}
+
 /// `stream` without the deliveries that would be gaps (duplicates and stale re-sends stay).
 fn gap_free(stream: &[RawEnvelope]) -> Vec<RawEnvelope> {
     let mut at: HashMap<(String, String), i64> = HashMap::new();
@@ -472,6 +511,24 @@ async fn folded_batches_equal_the_per_event_path(pool: PgPool) {
     for shape in ["fan_in_only", "mixed", "custom_mix"] {
         assert_eq!(folded[shape], 0, "{shape} folded: {folded:?}");
     }
+    // A projection whose rows fold across batches, on the same streams.
+    migrate(&pool, &[&Tallies as &dyn PgProjection]).await.unwrap();
+    let mut tallied = 0;
+    for seed in 0..12 {
+        let (poison, policy) = if seed % 3 == 2 { (true, Policy::default()) } else { (false, Policy::HALT) };
+        let stream = random_stream(seed, poison);
+        let stream = if poison { stream } else { gap_free(&stream) };
+        let (per_event, per_event_tables) = run(&pool, &Tallies, &stream, (Mode::PerEvent, policy), seed).await;
+        let per_event_letters = dead_lettered(&pool, "tallies").await;
+        let (outcomes, tables, n) = run_folded(&pool, &Tallies, &stream, policy, seed + 300).await;
+        assert_eq!(tables, per_event_tables, "seed {seed}, tallies: tables differ");
+        assert_eq!(dead_lettered(&pool, "tallies").await, per_event_letters, "seed {seed}, tallies");
+        if !poison {
+            assert_eq!(outcomes, per_event, "seed {seed}, tallies: outcomes differ");
+        }
+        tallied += n;
+    }
+    assert!(tallied > 30, "tallies folded {tallied} batches");
     // The bench's projection: every batch folds, rows held across many of them.
     let bank = bank_accounts::BankAccounts;
     migrate(&pool, &[&bank as &dyn PgProjection]).await.unwrap();

@@ -44,7 +44,6 @@ impl Pending {
 
 #[derive(Debug)]
 struct Part {
-    table: Table,
     expected: Option<i64>,
     version: i64,
     columns: Vec<Column>,
@@ -59,8 +58,34 @@ struct Column {
 }
 
 impl Column {
-    fn of(c: &ColumnWrite<'_>) -> Self {
-        Self { column: c.column, base: c.base.cloned(), deltas: c.deltas.iter().map(|d| (*d).clone()).collect() }
+    fn of(declared: &Declared, c: &ColumnWrite<'_>) -> Self {
+        let deltas = c.deltas.iter().map(|d| (*d).clone()).collect();
+        let mut column = Self { column: c.column, base: c.base.cloned(), deltas };
+        column.settle(declared);
+        column
+    }
+
+    /// Keeps integer adds small: added into an integer base where no step leaves the column's
+    /// range (the value one event at a time would reach), else a long chain compacted.
+    fn settle(&mut self, declared: &Declared) {
+        if self.deltas.is_empty() {
+            return;
+        }
+        if let (Some((min, max)), Some(base)) =
+            (declared.column(self.column).int_range(), self.base.as_ref().and_then(Value::as_i64))
+        {
+            let mut total = i128::from(base);
+            for d in &self.deltas {
+                match d.as_i64() {
+                    Some(d) if (min..=max).contains(&(total + i128::from(d))) => total += i128::from(d),
+                    _ => return compact(declared, self),
+                }
+            }
+            self.base = Some(Value::from(total as i64));
+            self.deltas.clear();
+            return;
+        }
+        compact(declared, self);
     }
 
     fn write(&self) -> ColumnWrite<'_> {
@@ -113,7 +138,7 @@ impl Fold {
         let declared: Vec<(Table, Declared)> = tables.iter().map(|t| (*t, Declared::of(t))).collect();
         let declared = |table: &Table| declared.iter().find(|(t, _)| t.name() == table.name()).map(|(_, d)| d);
         // Every row first, so that a refusal changes nothing.
-        let mut created: Vec<(&'static str, &str, i64)> = Vec::new();
+        let mut created: HashMap<(&str, &str), i64, Hasher> = HashMap::default();
         for row in &plan.rows {
             let Some(declared) = declared(&row.table) else { return false };
             // Every value surely taken: folded, a value refused could not be blamed on its
@@ -126,17 +151,15 @@ impl Fold {
                 return false;
             }
             let held = self.get(row.table.name(), row.key);
-            let version = created
-                .iter()
-                .find(|(t, k, _)| *t == row.table.name() && *k == row.key)
-                .map(|(.., v)| *v)
-                .or_else(|| held.and_then(Pending::version));
+            let version =
+                created.get(&(row.table.name(), row.key)).copied().or_else(|| held.and_then(Pending::version));
             match (row.kind, version) {
                 (RowKind::Insert, None) => {
-                    created.push((row.table.name(), row.key, row.version.unwrap_or_default()));
+                    created.insert((row.table.name(), row.key), row.version.unwrap_or_default());
                 }
                 (RowKind::Update, Some(v)) if row.expected == Some(v) => {
-                    let part = held.and_then(|p| p.update.as_ref());
+                    // A set over adds held (an overflow PostgreSQL would refuse, never seen).
+                    let part = held.and_then(|p| p.merges_into(row));
                     let refused = row.columns.iter().any(|c| {
                         c.base.is_some()
                             && part
@@ -162,51 +185,81 @@ impl Fold {
                     table.entry(row.key.to_owned()).or_default()
                 }
             };
-            let columns = || row.columns.iter().map(Column::of).collect();
-            match (row.kind, pending.update.as_mut()) {
-                (RowKind::Insert, _) => {
-                    pending.insert = Some(Part { table: row.table, expected: None, version, columns: columns() });
+            let columns = || row.columns.iter().map(|c| Column::of(declared, c)).collect();
+            if row.kind == RowKind::Insert {
+                pending.insert = Some(Part { expected: None, version, columns: columns() });
+                continue;
+            }
+            let into_insert = pending.update.is_none() && pending.insert.as_ref().is_some_and(|i| i.takes(row));
+            let part = match (into_insert, &mut pending.insert, &mut pending.update) {
+                (true, Some(insert), _) => insert,
+                (_, _, Some(update)) => update,
+                (_, _, update) => {
+                    *update = Some(Part { expected: row.expected, version, columns: columns() });
+                    continue;
                 }
-                (_, None) => {
-                    pending.update =
-                        Some(Part { table: row.table, expected: row.expected, version, columns: columns() })
-                }
-                (_, Some(update)) => {
-                    for c in &row.columns {
-                        match update.columns.iter_mut().find(|h| h.column == c.column) {
-                            Some(held) if c.base.is_none() => {
-                                held.deltas.extend(c.deltas.iter().map(|d| (*d).clone()));
-                                compact(declared, held);
-                            }
-                            Some(held) => *held = Column::of(c),
-                            None => update.columns.push(Column::of(c)),
-                        }
+            };
+            for c in &row.columns {
+                match part.columns.iter_mut().find(|h| h.column == c.column) {
+                    Some(held) if c.base.is_none() => {
+                        held.deltas.extend(c.deltas.iter().map(|d| (*d).clone()));
+                        held.settle(declared);
                     }
-                    update.version = version;
+                    Some(held) => *held = Column::of(declared, c),
+                    None => part.columns.push(Column::of(declared, c)),
                 }
             }
+            part.version = version;
         }
         true
     }
 
-    /// What the fold holds, as the row writes of one plan: by table in `tables`' order,
-    /// inserts before updates, then by key.
-    pub fn rows<'a>(&'a self, tables: &[Table]) -> Vec<RowWrite<'a>> {
-        let mut rows: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(self.len * 2);
-        let held = self.rows.iter().flat_map(|(name, rows)| rows.iter().map(move |(key, p)| (*name, key, p)));
-        for (name, key, pending) in held {
-            let Some(t) = tables.iter().position(|t| t.name() == name) else { continue };
-            let parts = [(RowKind::Insert, &pending.insert), (RowKind::Update, &pending.update)];
-            for (kind, part) in parts {
-                if let Some(p) = part {
-                    let columns = p.columns.iter().map(Column::write).collect();
-                    let (expected, version) = (p.expected, Some(p.version));
-                    rows.push((t, RowWrite { table: p.table, key, kind, expected, version, columns }));
-                }
+    /// What the fold holds, as the row writes of one plan, at most `chunk` rows' writes at a
+    /// time: by table in `tables`' order and by key, in each chunk inserts before updates.
+    pub fn rows<'a>(&'a self, tables: &'a [Table], chunk: usize) -> impl Iterator<Item = Vec<RowWrite<'a>>> + 'a {
+        let mut held: Vec<(usize, &'a str, &'a Pending)> = Vec::with_capacity(self.len);
+        for (name, rows) in &self.rows {
+            if let Some(t) = tables.iter().position(|t| t.name() == *name) {
+                held.extend(rows.iter().map(|(key, pending)| (t, key.as_str(), pending)));
             }
         }
-        rows.sort_unstable_by(|(t, a), (u, b)| (t, a.kind, a.key).cmp(&(u, b.kind, b.key)));
-        rows.into_iter().map(|(_, r)| r).collect()
+        held.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let mut held = held.into_iter();
+        std::iter::from_fn(move || {
+            let mut rows: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(chunk.min(self.len) * 2);
+            for (t, key, pending) in held.by_ref().take(chunk.max(1)) {
+                let parts = [(RowKind::Insert, &pending.insert), (RowKind::Update, &pending.update)];
+                for (kind, part) in parts {
+                    if let Some(p) = part {
+                        let columns = p.columns.iter().map(Column::write).collect();
+                        let (table, expected, version) = (tables[t], p.expected, Some(p.version));
+                        rows.push((t, RowWrite { table, key, kind, expected, version, columns }));
+                    }
+                }
+            }
+            rows.sort_by(|(t, a), (u, b)| (t, a.kind, a.key).cmp(&(u, b.kind, b.key)));
+            (!rows.is_empty()).then(|| rows.into_iter().map(|(_, r)| r).collect())
+        })
+    }
+}
+
+impl Part {
+    /// Whether an update of the row can fold into this insert: each column it writes is set,
+    /// or added to a column the insert writes (the result does not depend on what the insert
+    /// left in the row, its defaults), as the planner folds within a batch.
+    fn takes(&self, row: &RowWrite<'_>) -> bool {
+        row.columns.iter().all(|c| c.base.is_some() || self.columns.iter().any(|h| h.column == c.column))
+    }
+}
+
+impl Pending {
+    /// The part an update of the row folds into, when one does.
+    fn merges_into(&self, row: &RowWrite<'_>) -> Option<&Part> {
+        match (&self.insert, &self.update) {
+            (_, Some(update)) => Some(update),
+            (Some(insert), None) if insert.takes(row) => Some(insert),
+            _ => None,
+        }
     }
 }
 

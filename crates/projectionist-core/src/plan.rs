@@ -568,6 +568,10 @@ enum Known {
     SmallInt,
     Bool,
     Float,
+    /// `numeric(p, s)`: numbers below 10^(p − s) − 1 in magnitude, whatever their rounding.
+    Numeric {
+        int_digits: u32,
+    },
     Timestamptz,
     Uuid,
 }
@@ -611,9 +615,19 @@ impl ColumnType {
             let mut words = words.clone();
             name.split(' ').all(|n| words.next().is_some_and(|w| w.eq_ignore_ascii_case(n))) && words.next().is_none()
         };
+        // `numeric(p, s)` / `decimal(p, s)`: its digits before the point.
+        let numeric = || {
+            let ty: String = words.clone().collect();
+            let lower = ty.to_ascii_lowercase();
+            let args = lower.strip_prefix("numeric").or_else(|| lower.strip_prefix("decimal"))?;
+            let args = args.strip_prefix('(')?.strip_suffix(')')?;
+            let mut args = args.split(',').map(|a| a.trim().parse::<u32>().ok());
+            let (precision, scale) = (args.next()??, args.next().unwrap_or(Some(0))?);
+            Some(Known::Numeric { int_digits: precision.checked_sub(scale)? })
+        };
         Self {
             declared: true,
-            known: KNOWN.iter().find(|(name, _)| is(name)).map(|(_, known)| *known),
+            known: KNOWN.iter().find(|(name, _)| is(name)).map(|(_, known)| *known).or_else(numeric),
             not_null: has("not null") || has("primary key"),
             constrained: has("check") || has("references"),
         }
@@ -653,6 +667,9 @@ impl ColumnType {
             (Some(Known::SmallInt), Value::Number(n)) => n.as_i64().is_some_and(|n| i16::try_from(n).is_ok()),
             (Some(Known::Bool), Value::Bool(_)) => true,
             (Some(Known::Float), Value::Number(_)) => true,
+            (Some(Known::Numeric { int_digits }), Value::Number(n)) => {
+                n.as_f64().is_some_and(|v| v.abs() < 10_f64.powi(int_digits.min(300) as i32) - 1.0)
+            }
             (Some(Known::Timestamptz), Value::String(s)) => chrono::DateTime::parse_from_rfc3339(s).is_ok(),
             (Some(Known::Uuid), Value::String(s)) => uuid::Uuid::parse_str(s).is_ok(),
             _ => false,
@@ -774,7 +791,11 @@ mod tests {
         assert!(
             fits("smallint", json!(-32768)) && !fits("smallint", json!(32768)) && !fits("integer", json!(1u64 << 31))
         );
-        assert!(fits("numeric", json!(1e300)) && !fits("numeric(10,2)", json!(1)), "a precision may overflow");
+        assert!(fits("numeric", json!(1e300)) && !fits("numeric(10,2)", json!(1e8)), "a precision may overflow");
+        assert!(fits("numeric(10,2)", json!(99_999_998.999)) && fits("NUMERIC (12, 2) NOT NULL", json!(-0.125)));
+        assert!(
+            fits("decimal(4)", json!(9998)) && !fits("decimal(4)", json!(9999.5)) && !fits("numeric(2,3)", json!(0))
+        );
         assert!(fits("double precision", json!(0.1)) && !fits("real", json!(0.1)), "real: not known to fit");
         assert!(fits("timestamptz", json!("2026-11-24T20:56:28Z")) && !fits("timestamptz", json!("yesterday")));
         assert!(fits("timestamp with time zone NOT NULL", json!("2026-11-24T20:56:28+01:00")));

@@ -176,10 +176,13 @@ pub(crate) async fn fold(
     Ok(fold.absorb(tables, &plan).then_some(plan.outcomes))
 }
 
-/// Writes what `fold` holds, set-based, each statement's row count checked.
+/// Writes what `fold` holds, set-based, each statement's row count checked; 10,000 rows at a
+/// time, so that their statements' text stays small beside the fold.
 pub(crate) async fn write_fold(conn: &mut PgConnection, tables: &[Table], fold: &Fold) -> Result<()> {
-    for (table, shape, rows) in group(&fold.rows(tables)) {
-        write_rows(conn, table, &shape, rows).await?;
+    for rows in fold.rows(tables, 10_000) {
+        for (table, shape, rows) in group(&rows) {
+            write_rows(conn, table, &shape, rows).await?;
+        }
     }
     Ok(())
 }
