@@ -57,12 +57,15 @@ pub async fn rebuild(
     let prefix = config.group_id.as_deref().unwrap_or("projectionist");
     config.group_id = Some(format!("{prefix}.rebuild-{started}"));
     config.exit_when_caught_up = true;
-    // Large batches: each row's events in one fold into one write.
-    config.batch_max_events = config.rebuild_batch_max_events;
-    config.batch_max_bytes = config.rebuild_batch_max_bytes;
-    // Behind the rebuild lock, no one else writes the shadow; its batches are folded.
+    // Behind the rebuild lock, no one else writes the shadow; its batches are folded into
+    // each other where they can be (gated tables alone), else made large: each row's events
+    // within one in one write.
     config.sole_writer = true;
     config.fold = true;
+    if !projection.tables().iter().all(projectionist_core::Table::is_gated) {
+        config.batch_max_events = config.rebuild_batch_max_events;
+        config.batch_max_bytes = config.rebuild_batch_max_bytes;
+    }
     config.from_beginning = false;
     let stopped = Arc::new(AtomicBool::new(false));
     let flag = stopped.clone();
