@@ -420,6 +420,8 @@ async fn run_folded(
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
     projection.write_folded(&mut tx, &folding).await.unwrap();
     tx.commit().await.unwrap();
+    // As a rebuild does once its tables have grown.
+    projectionist::postgres::analyze(&mut conn, projection).await.unwrap();
     (outcomes, dump_tables(pool, projection).await, folded)
 }
 

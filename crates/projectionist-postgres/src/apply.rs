@@ -47,6 +47,9 @@ pub struct Folding {
     /// The partition had no parked aggregate when last looked at, and nothing was written
     /// around the fold since (a batch written as usual may park one).
     no_parked: bool,
+    /// Rows written by this fold, and as many when the tables were last analyzed for it.
+    rows_written: usize,
+    analyzed_at: usize,
 }
 
 impl Folding {
@@ -84,11 +87,34 @@ impl Folding {
     /// Forgets what was held, once written and committed. `wrote_batch`: a batch was
     /// written after it as usual (it may have parked aggregates).
     pub fn written(&mut self, wrote_batch: bool) {
+        self.rows_written += self.fold.len();
         self.fold.clear();
         self.through = None;
         self.since = None;
         self.no_parked &= !wrote_batch;
     }
+
+    /// Whether the tables have grown enough since they were last analyzed that their
+    /// statistics should be read again ([`analyze`]): a rebuild fills empty tables fast, and
+    /// PostgreSQL keeps planning their lookups as if they were empty until then (its cached
+    /// plans included), which makes each lookup scan the whole table. Once it says so, it
+    /// counts from now.
+    pub fn statistics_due(&mut self) -> bool {
+        let due = self.rows_written >= 2 * self.analyzed_at + 10_000;
+        if due {
+            self.analyzed_at = self.rows_written;
+        }
+        due
+    }
+}
+
+/// Reads the statistics of `projection`'s tables again (`ANALYZE`), so that PostgreSQL plans
+/// their lookups for the rows they hold now (see [`Folding::statistics_due`]).
+pub async fn analyze(conn: &mut PgConnection, projection: &dyn PgProjection) -> Result<()> {
+    let tables = projection.tables().iter().map(|t| Ident::new(t.name()).map(|i| i.to_string()));
+    let tables = tables.collect::<Result<Vec<_>>>()?;
+    sqlx::query(&format!("ANALYZE {}", tables.join(", "))).execute(&mut *conn).await?;
+    Ok(())
 }
 
 /// A batch decoded and projected once, outside any transaction, so that writing it again

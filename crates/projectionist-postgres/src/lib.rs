@@ -12,8 +12,8 @@ pub mod rebuild;
 pub mod wait;
 
 pub use apply::{
-    apply_batch, apply_batch_in, checked_tables, create_schema, reset, validate, Folding, Mode, PgProjection, Policy,
-    Prepared, SharedProjection, Written,
+    analyze, apply_batch, apply_batch_in, checked_tables, create_schema, reset, validate, Folding, Mode, PgProjection,
+    Policy, Prepared, SharedProjection, Written,
 };
 pub use drift::{check_tables, Drift};
 pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};

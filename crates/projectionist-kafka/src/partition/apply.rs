@@ -232,6 +232,7 @@ impl Partition {
                     self.store_checkpoint(&mut tx, next_offset).await?;
                     tx.commit().await?;
                     folding.written(false);
+                    self.analyze_if_due(folding).await;
                 }
                 return Ok(self.committed(prepared, written, next_offset, None).await);
             }
@@ -254,6 +255,7 @@ impl Partition {
         tx.commit().await?;
         if let Some(folding) = folding.as_deref_mut() {
             folding.written(true);
+            self.analyze_if_due(folding).await;
         }
         Ok(self.committed(prepared, written, next_offset, gap).await)
     }
@@ -278,7 +280,23 @@ impl Partition {
         self.store_checkpoint(&mut tx, through).await?;
         tx.commit().await?;
         folding.written(false);
+        self.analyze_if_due(&mut folding).await;
         Ok(())
+    }
+
+    /// Reads the statistics of the tables a fold fills again once they have grown enough
+    /// (see [`projectionist_postgres::Folding::statistics_due`]); a failure is only logged.
+    async fn analyze_if_due(&self, folding: &mut projectionist_postgres::Folding) {
+        if !folding.statistics_due() {
+            return;
+        }
+        let analyzed = match self.pool.acquire().await {
+            Ok(mut conn) => projectionist_postgres::analyze(&mut conn, self.projection.as_ref()).await,
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = analyzed {
+            tracing::warn!(projection = %self.name(), error = %e, "Could not analyze the tables the rebuild fills.");
+        }
     }
 
     /// Whether the fold of a rebuild's bulk load holds rows not yet written.
