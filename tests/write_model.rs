@@ -225,14 +225,7 @@ async fn run(
     (mode, policy): (Mode, Policy),
     seed: u64,
 ) -> (Vec<Outcome>, serde_json::Value) {
-    reset(pool, projection).await.unwrap();
-    for table in ["projectionist_parked", "projectionist_held", "projectionist_dead_letters"] {
-        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
-            .bind(projection.name())
-            .execute(pool)
-            .await
-            .unwrap();
-    }
+    emptied(pool, projection).await;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut outcomes = Vec::new();
     let mut rest = stream;
@@ -246,6 +239,18 @@ async fn run(
         rest = tail;
     }
     (outcomes, dump_tables(pool, projection).await)
+}
+
+/// Empties `projection`'s read model and what it parked and dead-lettered.
+async fn emptied(pool: &PgPool, projection: &dyn PgProjection) {
+    reset(pool, projection).await.unwrap();
+    for table in ["projectionist_parked", "projectionist_held", "projectionist_dead_letters"] {
+        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
+            .bind(projection.name())
+            .execute(pool)
+            .await
+            .unwrap();
+    }
 }
 
 /// An independent oracle for the transition-only shape: each aggregate's total is the sum
@@ -361,14 +366,7 @@ async fn run_folded(
     policy: Policy,
     seed: u64,
 ) -> (Vec<Outcome>, serde_json::Value, usize) {
-    reset(pool, projection).await.unwrap();
-    for table in ["projectionist_parked", "projectionist_held", "projectionist_dead_letters"] {
-        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
-            .bind(projection.name())
-            .execute(pool)
-            .await
-            .unwrap();
-    }
+    emptied(pool, projection).await;
     let checked = checked_tables(pool, projection).await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let mut folding = Folding::default();
@@ -568,14 +566,7 @@ async fn run_whole(
     projection: &dyn PgProjection,
     stream: &[RawEnvelope],
 ) -> (Vec<Outcome>, serde_json::Value) {
-    reset(pool, projection).await.unwrap();
-    for table in ["projectionist_parked", "projectionist_held", "projectionist_dead_letters"] {
-        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
-            .bind(projection.name())
-            .execute(pool)
-            .await
-            .unwrap();
-    }
+    emptied(pool, projection).await;
     let outcomes = apply_batch_in(pool, projection, stream, Mode::Batch, Policy::default()).await.unwrap();
     (outcomes, dump_tables(pool, projection).await)
 }
