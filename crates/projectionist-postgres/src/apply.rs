@@ -44,9 +44,10 @@ pub struct Folding {
     through: Option<i64>,
     /// When the first batch held was folded.
     since: Option<std::time::Instant>,
-    /// The partition had no parked aggregate when last looked at, and nothing was written
-    /// around the fold since (a batch written as usual may park one).
-    no_parked: bool,
+    /// The partition's parked aggregates, as last read (`None`: to be read again, after a
+    /// batch written as usual, which may have parked or resumed some): their events are not
+    /// folded, the others' are.
+    parked: Option<ParkedMap>,
     /// Rows written by this fold, and as many when the tables were last analyzed for it.
     rows_written: usize,
     analyzed_at: usize,
@@ -91,7 +92,9 @@ impl Folding {
         self.fold.clear();
         self.through = None;
         self.since = None;
-        self.no_parked &= !wrote_batch;
+        if wrote_batch {
+            self.parked = None;
+        }
     }
 
     /// Whether the tables have grown enough since they were last analyzed that their
@@ -458,7 +461,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
     ) -> Result<Option<Written>> {
         let (name, tables) = (Projection::name(self), Projection::tables(self));
         // Folded: plain writes of upsert and transition tables PostgreSQL checks no further
-        // than their types, every event an envelope that decoded, no parked aggregate.
+        // than their types, every event an envelope that decoded, none of a parked aggregate.
         let Some(source) = &prepared.source else { return Ok(None) };
         let foldable = prepared.failure.is_none()
             && source.undecodable.is_empty()
@@ -468,14 +471,13 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         if !foldable {
             return Ok(None);
         }
-        if !folding.no_parked {
-            if !park::read(conn, name, &source.topic, source.partition).await?.is_empty() {
-                return Ok(None);
-            }
-            folding.no_parked = true;
-        }
+        let parked = match folding.parked.take() {
+            Some(parked) => parked,
+            None => park::read(conn, name, &source.topic, source.partition).await?,
+        };
+        let parked = &*folding.parked.insert(parked);
         let events: Vec<(EventRef<'_>, Effect<'_>)> = prepared.events.iter().map(|e| (e.event(), e.effect())).collect();
-        let outcomes = batch::fold(conn, name, tables, &events, &mut folding.fold).await?;
+        let outcomes = batch::fold(conn, name, tables, &events, parked, &mut folding.fold).await?;
         Ok(outcomes.map(|outcomes| Written { outcomes, ..Written::default() }))
     }
 

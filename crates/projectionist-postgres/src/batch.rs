@@ -163,14 +163,20 @@ async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>) -
 
 /// Plans `events` against the rows as the table and `fold` hold them, and folds the plan
 /// into `fold` without writing anything: the outcomes, or `None` when the plan cannot be
-/// folded (see [`Fold::absorb`]; `fold` is then unchanged).
+/// folded (see [`Fold::absorb`]; `fold` is then unchanged), as when an event is of one of
+/// the `parked` aggregates (held: the batch is written as usual).
 pub(crate) async fn fold(
     conn: &mut PgConnection,
     projection: &str,
     tables: &[Table],
     events: &[(EventRef<'_>, Effect<'_>)],
+    parked: &ParkedMap,
     fold: &mut Fold,
 ) -> Result<Option<Vec<Outcome>>> {
+    let of_parked = |e: &EventRef<'_>| parked.contains_key(&(e.aggregate_type.to_owned(), e.aggregate_id.to_owned()));
+    if !parked.is_empty() && events.iter().any(|(e, _)| of_parked(e)) {
+        return Ok(None);
+    }
     let stored = read_stored(conn, projection, tables, events, true, Some(fold)).await?;
     let plan = planned(tables, &stored, events)?;
     Ok(fold.absorb(tables, &plan).then_some(plan.outcomes))
