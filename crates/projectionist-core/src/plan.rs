@@ -670,10 +670,56 @@ impl ColumnType {
             (Some(Known::Numeric { int_digits }), Value::Number(n)) => {
                 n.as_f64().is_some_and(|v| v.abs() < 10_f64.powi(int_digits.min(300) as i32) - 1.0)
             }
-            (Some(Known::Timestamptz), Value::String(s)) => chrono::DateTime::parse_from_rfc3339(s).is_ok(),
+            (Some(Known::Timestamptz), Value::String(s)) => surely_a_timestamptz(s),
             (Some(Known::Uuid), Value::String(s)) => uuid::Uuid::parse_str(s).is_ok(),
             _ => false,
         }
+    }
+}
+
+/// Whether PostgreSQL surely takes `s` as a `timestamptz`: an RFC 3339 timestamp of years 1
+/// to 9999 (PostgreSQL refuses year 0, which RFC 3339 parsers take), a real date, seconds
+/// below 60, an offset within ±14:59. Checked byte by byte: it runs for every such value
+/// written over (a projection's `updated_at`, in each event).
+fn surely_a_timestamptz(s: &str) -> bool {
+    let b = s.as_bytes();
+    let number = |from: usize, len: usize| -> Option<u32> {
+        let digits = b.get(from..from + len)?;
+        digits.iter().try_fold(0_u32, |n, d| d.is_ascii_digit().then(|| n * 10 + u32::from(d - b'0')))
+    };
+    let at = |i: usize, c: u8| b.get(i) == Some(&c);
+    let (Some(year), Some(month), Some(day)) = (number(0, 4), number(5, 2), number(8, 2)) else { return false };
+    let (Some(hour), Some(minute), Some(second)) = (number(11, 2), number(14, 2), number(17, 2)) else { return false };
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    let shape = at(4, b'-') && at(7, b'-') && at(10, b'T') && at(13, b':') && at(16, b':');
+    if !shape || year == 0 || !(1..=12).contains(&month) || !(1..=days).contains(&day) {
+        return false;
+    }
+    if hour > 23 || minute > 59 || second > 59 {
+        return false;
+    }
+    // A fraction of up to nine digits, then the offset.
+    let mut i = 19;
+    if at(i, b'.') {
+        let digits = b[i + 1..].iter().take_while(|d| d.is_ascii_digit()).count();
+        if !(1..=9).contains(&digits) {
+            return false;
+        }
+        i += 1 + digits;
+    }
+    match b.get(i) {
+        Some(b'Z') => i + 1 == b.len(),
+        Some(b'+' | b'-') => {
+            let (Some(h), Some(m)) = (number(i + 1, 2), number(i + 4, 2)) else { return false };
+            at(i + 3, b':') && i + 6 == b.len() && h <= 14 && m <= 59
+        }
+        _ => false,
     }
 }
 
@@ -799,6 +845,25 @@ mod tests {
         assert!(fits("double precision", json!(0.1)) && !fits("real", json!(0.1)), "real: not known to fit");
         assert!(fits("timestamptz", json!("2026-11-24T20:56:28Z")) && !fits("timestamptz", json!("yesterday")));
         assert!(fits("timestamp with time zone NOT NULL", json!("2026-11-24T20:56:28+01:00")));
+        assert!(
+            fits("timestamptz", json!("2024-02-29T23:59:59.123456789Z"))
+                && fits("timestamptz", json!("0001-01-01T00:00:00-14:59"))
+        );
+        for refused in [
+            "0000-01-01T00:00:00Z",
+            "2023-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+            "2026-11-24T24:00:00Z",
+            "2026-11-24T20:56:60Z",
+            "2026-11-24T20:56:28.Z",
+            "2026-11-24T20:56:28.1234567890Z",
+            "2026-11-24T20:56:28+15:00",
+            "2026-11-24T20:56:28",
+            "2026-11-24T20:56:28Zx",
+            "2026-11-24 20:56:28Z",
+        ] {
+            assert!(!fits("timestamptz", json!(refused)), "{refused} might be refused");
+        }
         assert!(!fits("timestamp", json!("2026-11-24T20:56:28Z")), "only the types known");
         assert!(!fits("varchar(3)", json!("four")) && fits("character varying", json!("four")));
         assert!(fits("jsonb", json!({"a": [1, "b"]})) && !fits("jsonb", json!({"a": "\u{0}"})));
