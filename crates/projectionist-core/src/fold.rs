@@ -6,10 +6,11 @@
 //! A plan is folded only when the result cannot differ from writing it batch after batch:
 //! its events applied, were duplicates, stale or ignored (no gap, nothing parked or
 //! dead-lettered, no aggregate version, no fan-in row), every value it writes surely fits
-//! its column, and folding writes over no value PostgreSQL might refuse. (An add may still
-//! overflow where the fold is written: the caller then writes the batches again one by one.) Otherwise [`Fold::absorb`] refuses it and changes nothing: the
-//! caller writes the fold, then the batch, as before. The tables folded are the gated ones
-//! (upsert, transition) without CHECK constraints: a row's states between are not checked.
+//! its column, and folding writes over no value PostgreSQL might refuse. Otherwise
+//! [`Fold::absorb`] refuses it and changes nothing: the caller writes the fold, then the
+//! batch, as before. (An add may still overflow where the fold is written: the caller then
+//! writes the batches again one by one.) The tables folded are the gated ones (upsert,
+//! transition) without CHECK constraints: a row's states between are not checked.
 
 use std::collections::HashMap;
 
