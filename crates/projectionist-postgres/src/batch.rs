@@ -375,6 +375,8 @@ async fn read_stored(
     for table in tables.iter().filter(|t| t.is_gated()) {
         let mut ids: Vec<&str> =
             events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
         // Rows a fold holds are at the version it says; the others, as the table says.
         let mut folded = HashMap::new();
         if let Some(fold) = fold {
@@ -390,8 +392,6 @@ async fn read_stored(
             stored.rows.insert(table.name(), folded);
             continue;
         }
-        ids.sort_unstable();
-        ids.dedup();
         let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
         // Sorted, so two writers lock overlapping rows in the same order.
         let sql = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1) ORDER BY {key}{lock}");
