@@ -239,6 +239,12 @@ impl Waiter {
         let schema = schema.ok_or_else(|| {
             Error::Migration("the engine's tables are not in this database: run `migrate` first".to_owned())
         })?;
+        // Listening before it returns, so that the first waits are woken by notifications
+        // (if it cannot listen now, its task keeps trying, and the waits poll meanwhile).
+        let listener = match PgListener::connect_with(&pool).await {
+            Ok(mut l) => l.listen(CHANNEL).await.map(|()| l).ok(),
+            Err(_) => None,
+        };
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let weak = weak.clone();
             let listening = pool.clone();
@@ -247,7 +253,7 @@ impl Waiter {
                 schema,
                 offsets: Mutex::new(HashMap::new()),
                 versions: Mutex::new(HashMap::new()),
-                task: tokio::spawn(listen(listening, weak, poll)),
+                task: tokio::spawn(listen(listening, listener, weak, poll)),
             }
         });
         Ok(Self { inner })
@@ -466,11 +472,12 @@ impl Inner {
     }
 }
 
-/// The listening task: wakes waits on each notification; when the listening connection is
-/// lost, connects again (every [`RECONNECT`] until it can) and then reads the checkpoints
-/// again, for what was committed meanwhile; and reads them every `poll` while anyone waits.
-async fn listen(pool: PgPool, inner: std::sync::Weak<Inner>, poll: Duration) {
-    let mut listener: Option<PgListener> = None;
+/// The listening task, from `listener` (listening already, or `None`): wakes waits on each
+/// notification; when the listening connection is lost, connects again (every
+/// [`RECONNECT`] until it can) and then reads the checkpoints again, for what was committed
+/// meanwhile; and reads them every `poll` while anyone waits.
+async fn listen(pool: PgPool, listener: Option<PgListener>, inner: std::sync::Weak<Inner>, poll: Duration) {
+    let mut listener = listener;
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
