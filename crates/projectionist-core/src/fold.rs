@@ -191,7 +191,7 @@ impl Fold {
                 pending.insert = Some(Part { expected: None, version, columns: columns() });
                 continue;
             }
-            let into_insert = pending.update.is_none() && pending.insert.as_ref().is_some_and(|i| i.takes(row));
+            let into_insert = pending.folds_into_insert(row);
             let part = match (into_insert, &mut pending.insert, &mut pending.update) {
                 (true, Some(insert), _) => insert,
                 (_, _, Some(update)) => update,
@@ -254,12 +254,18 @@ impl Part {
 }
 
 impl Pending {
+    /// Whether an update of the row folds into its insert (no update part yet, and
+    /// [`Part::takes`] it); else into its update part, made when there is none.
+    fn folds_into_insert(&self, row: &RowWrite<'_>) -> bool {
+        self.update.is_none() && self.insert.as_ref().is_some_and(|i| i.takes(row))
+    }
+
     /// The part an update of the row folds into, when one does.
     fn merges_into(&self, row: &RowWrite<'_>) -> Option<&Part> {
-        match (&self.insert, &self.update) {
-            (_, Some(update)) => Some(update),
-            (Some(insert), None) if insert.takes(row) => Some(insert),
-            _ => None,
+        if self.folds_into_insert(row) {
+            self.insert.as_ref()
+        } else {
+            self.update.as_ref()
         }
     }
 }

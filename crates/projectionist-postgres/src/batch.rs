@@ -155,9 +155,7 @@ async fn plan_run<'a>(
 
 async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>) -> Result<Ran> {
     write_aggregates(conn, projection, &plan.aggregates).await?;
-    for (table, shape, rows) in group(&plan.rows) {
-        write_rows(conn, table, &shape, rows).await?;
-    }
+    write_row_writes(conn, &plan.rows).await?;
     Ok(Ran { outcomes: plan.outcomes, per_event: false, parks: plan.parks, unparked: plan.unparked })
 }
 
@@ -186,9 +184,15 @@ pub(crate) async fn fold(
 /// time, so that their statements' text stays small beside the fold.
 pub(crate) async fn write_fold(conn: &mut PgConnection, tables: &[Table], fold: &Fold) -> Result<()> {
     for rows in fold.rows(tables, 10_000) {
-        for (table, shape, rows) in group(&rows) {
-            write_rows(conn, table, &shape, rows).await?;
-        }
+        write_row_writes(conn, &rows).await?;
+    }
+    Ok(())
+}
+
+/// Writes `rows`, one statement per table and shape, each statement's row count checked.
+async fn write_row_writes(conn: &mut PgConnection, rows: &[RowWrite<'_>]) -> Result<()> {
+    for (table, shape, rows) in group(rows) {
+        write_rows(conn, table, &shape, rows).await?;
     }
     Ok(())
 }

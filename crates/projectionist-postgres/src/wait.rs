@@ -241,10 +241,7 @@ impl Waiter {
         })?;
         // Listening before it returns, so that the first waits are woken by notifications
         // (if it cannot listen now, its task keeps trying, and the waits poll meanwhile).
-        let listener = match PgListener::connect_with(&pool).await {
-            Ok(mut l) => l.listen(CHANNEL).await.map(|()| l).ok(),
-            Err(_) => None,
-        };
+        let listener = connect_listener(&pool).await.ok();
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let weak = weak.clone();
             let listening = pool.clone();
@@ -472,6 +469,13 @@ impl Inner {
     }
 }
 
+/// A connection of `pool` listening for checkpoint notifications.
+async fn connect_listener(pool: &PgPool) -> sqlx::Result<PgListener> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
 /// The listening task, from `listener` (listening already, or `None`): wakes waits on each
 /// notification; when the listening connection is lost, connects again (every
 /// [`RECONNECT`] until it can) and then reads the checkpoints again, for what was committed
@@ -482,10 +486,7 @@ async fn listen(pool: PgPool, listener: Option<PgListener>, inner: std::sync::We
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let Some(l) = listener.as_mut() else {
-            let connected = match PgListener::connect_with(&pool).await {
-                Ok(mut l) => l.listen(CHANNEL).await.map(|()| l),
-                Err(e) => Err(e),
-            };
+            let connected = connect_listener(&pool).await;
             let Some(inner) = inner.upgrade() else { return };
             match connected {
                 Ok(l) => {
