@@ -200,11 +200,13 @@ impl Engine {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let mut report = RunReport { projections: Vec::new() };
+        let mut consumers = Vec::new();
         for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
             let name = reg.projection.name().to_owned();
             let group = self.config.group_for(&name);
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
             let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
+            consumers.push((consumer.clone(), reg.topics.clone()));
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
             let member = Member { group, consumer, rebalances };
             let (pool, config) = (self.pool.clone(), self.config.for_projection(&name));
@@ -214,6 +216,7 @@ impl Engine {
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
+        let warming = tokio::spawn(warm_up(self.pool.clone(), consumers));
         let all = futures_util::future::join_all(tasks);
         tokio::pin!(all);
         let results = tokio::select! {
@@ -224,6 +227,7 @@ impl Engine {
                 all.await
             }
         };
+        warming.abort();
         for r in results {
             r.map_err(|e| Error::Task(e.to_string()))??;
         }
@@ -304,4 +308,31 @@ impl Engine {
         consumer.subscribe(&topics)?;
         Ok(consumer)
     }
+}
+
+/// Opens the PostgreSQL connections the partitions will write through (one per partition of
+/// the engine's topics, and two more for what the engine reads beside them, within the
+/// pool's bound) while the consumers join
+/// their groups, which takes seconds on most brokers: the first batches after the
+/// assignment then find them open instead of each paying a connection's set-up (with TLS,
+/// tens of milliseconds of CPU each) on their way. Best effort: a failure here is met
+/// again, and handled, by the batches.
+async fn warm_up(pool: PgPool, consumers: Vec<(Arc<StreamConsumer<EngineContext>>, Vec<String>)>) {
+    let counted = tokio::task::spawn_blocking(move || {
+        let mut partitions = 0;
+        for (consumer, topics) in consumers {
+            for topic in topics {
+                let metadata = consumer.fetch_metadata(Some(&topic), std::time::Duration::from_secs(10)).ok()?;
+                partitions += metadata.topics().iter().map(|t| t.partitions().len()).sum::<usize>();
+            }
+        }
+        Some(partitions)
+    })
+    .await;
+    let Ok(Some(partitions)) = counted else { return };
+    let wanted = (partitions + 2).min(pool.options().get_max_connections() as usize);
+    // Held together, so that each is a connection of its own.
+    let opened = futures_util::future::join_all((0..wanted).map(|_| pool.acquire())).await;
+    let failed = opened.iter().filter(|c| c.is_err()).count();
+    tracing::debug!(connections = wanted - failed, failed, "PostgreSQL connections opened ahead of the assignment.");
 }
