@@ -509,10 +509,10 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// The engine opens its partitions' PostgreSQL connections while it joins its group, not
-/// on the first batches after the assignment (each one's set-up costs a batch tens of
-/// milliseconds of CPU with TLS): by the time it holds its partitions, the pool holds one
-/// connection per partition and two more, though no event has arrived to need them.
+/// With `warm_up` (as `rebuild` sets it), the engine opens its partitions' PostgreSQL
+/// connections while it joins its group, not on the first batches after the assignment
+/// (each one's set-up costs a batch tens of milliseconds of CPU with TLS): the pool holds
+/// one connection per partition and two more, though no event has arrived to need them.
 #[sqlx::test(migrations = false)]
 async fn the_engine_opens_its_connections_while_it_joins_its_group(pool: PgPool) {
     migrate(&pool, &[&BankAccounts]).await.unwrap();
@@ -520,7 +520,9 @@ async fn the_engine_opens_its_connections_while_it_joins_its_group(pool: PgPool)
     topics::create_topics(&brokers(), &[&topic], 3, 1).await.unwrap();
     let options = (*pool.connect_options()).clone();
     let own = sqlx::postgres::PgPoolOptions::new().max_connections(10).connect_with(options).await.unwrap();
-    let engine = Engine::new(own.clone(), config().with_exit_when_caught_up(false))
+    let mut config = config().with_exit_when_caught_up(false);
+    config.warm_up = true;
+    let engine = Engine::new(own.clone(), config)
         .register(Arc::new(BankAccounts), [topic.clone()]);
     let readiness = engine.readiness();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -129,6 +129,14 @@ pub struct EngineConfig {
     /// for its bulk load (it sets this, with `sole_writer`). Not in the settings file.
     #[serde(skip)]
     pub fold: bool,
+    /// Whether the engine opens one PostgreSQL connection per partition of its topics (and
+    /// two more, within the pool's bound) while it joins its groups, so that its first
+    /// batches do not each pay a connection's set-up: for the only member of its groups,
+    /// which is assigned every partition, as `rebuild` is (it sets this). Not in the
+    /// settings file: a `run` process sharing its partitions with others would open
+    /// connections it never uses.
+    #[serde(skip)]
+    pub warm_up: bool,
     /// Settings of single projections that differ from the ones above, by projection name,
     /// e.g. `{"order_status": {"on_gap": "halt"}}`; see [`ProjectionSettings`]. A name that
     /// is not registered makes [`crate::Engine::run`] refuse to start.
@@ -229,6 +237,7 @@ impl EngineConfig {
             rebuild_batch_max_bytes: default_rebuild_batch_max_bytes(),
             sole_writer: false,
             fold: false,
+            warm_up: false,
             max_retries: default_max_retries(),
             retry_backoff_ms: default_retry_backoff_ms(),
             from_beginning: false,

@@ -216,7 +216,10 @@ impl Engine {
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
-        let warming = tokio::spawn(warm_up(self.pool.clone(), consumers));
+        let warming = self
+            .config
+            .warm_up
+            .then(|| tokio::spawn(warm_up(self.pool.clone(), consumers, self.joined.clone())));
         let all = futures_util::future::join_all(tasks);
         tokio::pin!(all);
         let results = tokio::select! {
@@ -227,7 +230,9 @@ impl Engine {
                 all.await
             }
         };
-        warming.abort();
+        if let Some(warming) = warming {
+            warming.abort();
+        }
         for r in results {
             r.map_err(|e| Error::Task(e.to_string()))??;
         }
@@ -316,8 +321,14 @@ impl Engine {
 /// their groups, which takes seconds on most brokers: the first batches after the
 /// assignment then find them open instead of each paying a connection's set-up (with TLS,
 /// tens of milliseconds of CPU each) on their way. Best effort: a failure here is met
-/// again, and handled, by the batches.
-async fn warm_up(pool: PgPool, consumers: Vec<(Arc<StreamConsumer<EngineContext>>, Vec<String>)>) {
+/// again, and handled, by the batches. It gives up as soon as a projection is assigned its
+/// partitions (`joined`), letting go of what it holds, so that it never keeps a batch
+/// waiting for a connection.
+async fn warm_up(
+    pool: PgPool,
+    consumers: Vec<(Arc<StreamConsumer<EngineContext>>, Vec<String>)>,
+    joined: Vec<Arc<AtomicBool>>,
+) {
     let counted = tokio::task::spawn_blocking(move || {
         let mut partitions = 0;
         for (consumer, topics) in consumers {
@@ -332,7 +343,18 @@ async fn warm_up(pool: PgPool, consumers: Vec<(Arc<StreamConsumer<EngineContext>
     let Ok(Some(partitions)) = counted else { return };
     let wanted = (partitions + 2).min(pool.options().get_max_connections() as usize);
     // Held together, so that each is a connection of its own.
-    let opened = futures_util::future::join_all((0..wanted).map(|_| pool.acquire())).await;
-    let failed = opened.iter().filter(|c| c.is_err()).count();
-    tracing::debug!(connections = wanted - failed, failed, "PostgreSQL connections opened ahead of the assignment.");
+    let opening = futures_util::future::join_all((0..wanted).map(|_| pool.acquire()));
+    let assigned = async {
+        while !joined.iter().any(|j| j.load(Ordering::SeqCst)) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        opened = opening => {
+            let failed = opened.iter().filter(|c| c.is_err()).count();
+            let opened = "PostgreSQL connections opened ahead of the assignment.";
+            tracing::debug!(connections = wanted - failed, failed, "{opened}");
+        }
+        () = assigned => tracing::debug!("Assigned before the PostgreSQL connections were all open; the batches open the rest."),
+    }
 }
