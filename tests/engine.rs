@@ -522,8 +522,7 @@ async fn the_engine_opens_its_connections_while_it_joins_its_group(pool: PgPool)
     let own = sqlx::postgres::PgPoolOptions::new().max_connections(10).connect_with(options).await.unwrap();
     let mut config = config().with_exit_when_caught_up(false);
     config.warm_up = true;
-    let engine = Engine::new(own.clone(), config)
-        .register(Arc::new(BankAccounts), [topic.clone()]);
+    let engine = Engine::new(own.clone(), config).register(Arc::new(BankAccounts), [topic.clone()]);
     let readiness = engine.readiness();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(engine.run(async move {

@@ -216,10 +216,8 @@ impl Engine {
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
-        let warming = self
-            .config
-            .warm_up
-            .then(|| tokio::spawn(warm_up(self.pool.clone(), consumers, self.joined.clone())));
+        let warming =
+            self.config.warm_up.then(|| tokio::spawn(warm_up(self.pool.clone(), consumers, self.joined.clone())));
         let all = futures_util::future::join_all(tasks);
         tokio::pin!(all);
         let results = tokio::select! {
