@@ -423,6 +423,10 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
             if !told && line.contains("Partition assigned") {
                 told = assigned_tx.send(()).is_ok();
             }
+            // What went wrong, if anything, said beside the figures it explains.
+            if line.contains("ERROR") || line.contains("WARN") {
+                eprintln!("  freshness projector: {line}");
+            }
         }
     });
     assigned_rx.recv_timeout(Duration::from_secs(60)).expect("the projector was assigned partitions");
@@ -495,20 +499,22 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
             commits.push((at, committed));
             let (waiter, topic) = (waiter.clone(), topic.clone());
             waits.spawn(async move {
-                waiter
-                    .wait_for_offset("bank_accounts", &topic, at.0, at.1, Duration::from_secs(30))
-                    .await
-                    .expect("applied");
-                (committed >= counted_from).then(|| committed.elapsed())
+                match waiter.wait_for_offset("bank_accounts", &topic, at.0, at.1, Duration::from_secs(30)).await {
+                    Ok(_) => Ok((committed >= counted_from).then(|| committed.elapsed())),
+                    Err(e) => Err((at, e.to_string())),
+                }
             });
         }
         sent = due;
     }
     let achieved = sent as f64 / started.elapsed().as_secs_f64();
     let mut projector = Vec::with_capacity(sent);
+    let mut unapplied = Vec::new();
     while let Some(took) = waits.join_next().await {
-        if let Some(took) = took.unwrap() {
-            projector.push(took.as_secs_f64() * 1000.0);
+        match took.unwrap() {
+            Ok(Some(took)) => projector.push(took.as_secs_f64() * 1000.0),
+            Ok(None) => {}
+            Err(timed_out) => unapplied.push(timed_out),
         }
     }
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -518,6 +524,16 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = reader.join();
     let received = std::mem::take(&mut *received.lock().unwrap());
+    // A wait that timed out: the projector's, or the broker's (a read_committed reader that
+    // never got the event either: the broker held it back)?
+    if let Some((at, error)) = unapplied.first() {
+        let reader_too = unapplied.iter().filter(|(at, _)| !received.contains_key(at)).count();
+        panic!(
+            "{} of {sent} events were not applied within 30 s of their commit, the first {at:?}: {error}; the \
+             read_committed reader never received {reader_too} of them",
+            unapplied.len()
+        );
+    }
     assert!(commits.iter().all(|(at, _)| received.contains_key(at)), "the read_committed reader received every event");
     let mut broker: Vec<f64> = commits
         .iter()
