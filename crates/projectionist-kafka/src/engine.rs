@@ -206,7 +206,9 @@ impl Engine {
             let group = self.config.group_for(&name);
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
             let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
-            consumers.push((consumer.clone(), reg.topics.clone()));
+            if self.config.warm_up {
+                consumers.push((consumer.clone(), reg.topics.clone()));
+            }
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
             let member = Member { group, consumer, rebalances };
             let (pool, config) = (self.pool.clone(), self.config.for_projection(&name));
@@ -313,10 +315,10 @@ impl Engine {
     }
 }
 
-/// Opens the PostgreSQL connections the partitions will write through (one per partition of
-/// the engine's topics, and two more for what the engine reads beside them, within the
-/// pool's bound) while the consumers join
-/// their groups, which takes seconds on most brokers: the first batches after the
+/// With [`EngineConfig::warm_up`]: opens the PostgreSQL connections the partitions will
+/// write through (one per partition of the engine's topics, and two more for what the
+/// engine reads beside them, within the pool's bound) while the consumers join their
+/// groups, which takes seconds on most brokers: the first batches after the
 /// assignment then find them open instead of each paying a connection's set-up (with TLS,
 /// tens of milliseconds of CPU each) on their way. Best effort: a failure here is met
 /// again, and handled, by the batches. It gives up as soon as a projection is assigned its
@@ -331,8 +333,7 @@ async fn warm_up(
         let mut partitions = 0;
         for (consumer, topics) in consumers {
             for topic in topics {
-                let metadata = consumer.fetch_metadata(Some(&topic), std::time::Duration::from_secs(10)).ok()?;
-                partitions += metadata.topics().iter().map(|t| t.partitions().len()).sum::<usize>();
+                partitions += crate::topics::partitions_of(consumer.as_ref(), &topic).ok()?.len();
             }
         }
         Some(partitions)

@@ -40,7 +40,11 @@ pub fn partitions(client: impl Into<KafkaClientConfig>, topic: &str) -> Result<V
     partitions_of(&consumer, topic)
 }
 
-fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>> {
+/// The partitions of `topic`, from the metadata `consumer`'s client fetches.
+pub(crate) fn partitions_of<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    topic: &str,
+) -> Result<Vec<i32>> {
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut out = Vec::new();
     for t in metadata.topics() {
