@@ -225,14 +225,10 @@ impl Partition {
             // A rebuild's bulk load: folded, written with a checkpoint once due.
             let mut conn = self.pool.acquire().await?;
             if let Some(written) = self.projection.fold(&mut conn, prepared, folding).await? {
+                drop(conn);
                 folding.folded_through(next_offset);
                 if folding.due() {
-                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                    self.projection.write_folded(&mut tx, folding).await?;
-                    self.store_checkpoint(&mut tx, next_offset).await?;
-                    tx.commit().await?;
-                    folding.written(false);
-                    self.analyze_if_due(folding).await;
+                    self.flush(folding).await?;
                 }
                 return Ok(self.committed(prepared, written, next_offset, None).await);
             }
@@ -273,14 +269,19 @@ impl Partition {
     /// batch folded (see [`projectionist_postgres::Folding`]); nothing when it holds nothing.
     pub(super) async fn write_fold(&self) -> projectionist_postgres::Result<()> {
         let Some(folding) = &self.folding else { return Ok(()) };
-        let mut folding = folding.lock().await;
+        self.flush(&mut *folding.lock().await).await
+    }
+
+    /// Writes what `folding` holds with the checkpoint past the last batch folded, in one
+    /// transaction, then forgets it; nothing when it holds nothing.
+    async fn flush(&self, folding: &mut projectionist_postgres::Folding) -> projectionist_postgres::Result<()> {
         let Some(through) = folding.through() else { return Ok(()) };
         let mut tx = self.pool.begin().await?;
-        self.projection.write_folded(&mut tx, &folding).await?;
+        self.projection.write_folded(&mut tx, folding).await?;
         self.store_checkpoint(&mut tx, through).await?;
         tx.commit().await?;
         folding.written(false);
-        self.analyze_if_due(&mut folding).await;
+        self.analyze_if_due(folding).await;
         Ok(())
     }
 
