@@ -150,6 +150,8 @@ pub(crate) struct Runner {
     dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
     /// The projection's checked tables, shared by its partitions.
     checked: Arc<crate::partition::Checked>,
+    /// Notified by a partition that catches up (see `exit_when_caught_up`).
+    caught_up_told: Arc<tokio::sync::Notify>,
 }
 
 /// Where an assigned partition starts reading.
@@ -220,6 +222,7 @@ impl Runner {
             unassigned_log: Throttle::new(UNASSIGNED_LOG_EVERY),
             dead_letter_topic: None,
             checked: Arc::default(),
+            caught_up_told: Arc::default(),
         }
     }
 
@@ -272,20 +275,14 @@ impl Runner {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 },
+                () = self.caught_up_told.notified(), if self.config.exit_when_caught_up => {
+                    if self.stop_caught_up() {
+                        break;
+                    }
+                }
                 _ = tick.tick() => {
                     self.warn_while_unassigned();
-                    if self.config.exit_when_caught_up && self.caught_up() {
-                        match self.stats.partitions_halted() {
-                            0 => tracing::info!(
-                                projection = %self.name(),
-                                "Caught up with the high watermarks; stopping."
-                            ),
-                            halted => tracing::warn!(
-                                projection = %self.name(),
-                                halted,
-                                "Every partition caught up with its high watermark or halted; stopping."
-                            ),
-                        }
+                    if self.stop_caught_up() {
                         break;
                     }
                 }
@@ -456,7 +453,7 @@ impl Runner {
                 );
                 continue;
             };
-            let progress = Arc::new(Progress::new(start.checkpoint()));
+            let progress = Arc::new(Progress::new(start.checkpoint(), self.caught_up_told.clone()));
             let partition = Partition {
                 tp: tp.clone(),
                 projection: self.projection.clone(),
@@ -592,9 +589,24 @@ impl Runner {
     }
 
     fn caught_up(&self) -> bool {
-        self.assigning.is_none()
-            && !self.tasks.is_empty()
-            && self.tasks.values().all(|t| t.progress.caught_up.load(Ordering::SeqCst))
+        self.assigning.is_none() && !self.tasks.is_empty() && self.tasks.values().all(|t| t.progress.is_caught_up())
+    }
+
+    /// Whether to stop now (`exit_when_caught_up`, and every partition caught up or
+    /// halted); says so when it is.
+    fn stop_caught_up(&self) -> bool {
+        if !self.config.exit_when_caught_up || !self.caught_up() {
+            return false;
+        }
+        match self.stats.partitions_halted() {
+            0 => tracing::info!(projection = %self.name(), "Caught up with the high watermarks; stopping."),
+            halted => tracing::warn!(
+                projection = %self.name(),
+                halted,
+                "Every partition caught up with its high watermark or halted; stopping."
+            ),
+        }
+        true
     }
 }
 

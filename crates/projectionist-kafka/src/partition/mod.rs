@@ -176,7 +176,7 @@ impl Partition {
             Begin::Halt(halt) => task.halt(halt),
             Begin::Halted => {
                 task.batcher.halt();
-                task.partition.progress.caught_up.store(true, Ordering::SeqCst);
+                task.partition.progress.set_caught_up();
                 pause(&task.partition.consumer, &task.partition.tp);
             }
         }
@@ -365,7 +365,7 @@ impl Task {
         tracing::debug!(dropped, "Buffered messages after the halt dropped.");
         self.halted_at = halt.timestamp.or(self.halted_at);
         let partition = &self.partition;
-        partition.progress.caught_up.store(true, Ordering::SeqCst);
+        partition.progress.set_caught_up();
         report(partition.name(), &partition.tp, halt, &partition.stats, &partition.consumer);
     }
 

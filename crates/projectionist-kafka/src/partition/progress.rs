@@ -3,6 +3,7 @@
 //! moments, and whether it caught up.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{CommitMode, Consumer};
@@ -19,19 +20,36 @@ pub(crate) struct Progress {
     /// unknown: no checkpoint yet).
     pub checkpoint: AtomicI64,
     /// Reached the high watermark it had when assigned (or halted: it cannot move).
-    pub caught_up: AtomicBool,
+    caught_up: AtomicBool,
+    /// Told once it catches up: the runner, which stops when every partition has
+    /// (`exit_when_caught_up`), need not wait for its next tick.
+    told: Arc<tokio::sync::Notify>,
     /// Broker timestamp (ms since the epoch) of the oldest message read and not applied —
     /// in the batch in flight, buffered, or the one a halt stopped at; −1 when none.
     pub oldest_unapplied_ms: AtomicI64,
 }
 
 impl Progress {
-    /// A partition starting at `checkpoint` (none: from the beginning).
-    pub(crate) fn new(checkpoint: Option<i64>) -> Self {
+    /// A partition starting at `checkpoint` (none: from the beginning); `told` is notified
+    /// when it catches up.
+    pub(crate) fn new(checkpoint: Option<i64>, told: Arc<tokio::sync::Notify>) -> Self {
         Self {
             checkpoint: AtomicI64::new(checkpoint.unwrap_or(-1)),
             caught_up: AtomicBool::new(false),
+            told,
             oldest_unapplied_ms: AtomicI64::new(-1),
+        }
+    }
+
+    /// Whether it reached the high watermark it had when assigned, or halted.
+    pub(crate) fn is_caught_up(&self) -> bool {
+        self.caught_up.load(Ordering::SeqCst)
+    }
+
+    /// It reached its high watermark, or halted (it cannot move): says so to the runner.
+    pub(crate) fn set_caught_up(&self) {
+        if !self.caught_up.swap(true, Ordering::SeqCst) {
+            self.told.notify_one();
         }
     }
 
@@ -126,11 +144,11 @@ impl Partition {
     /// Whether this partition reached the high watermark it had when first checked; the
     /// watermark query runs off the async runtime (it blocks).
     pub(super) async fn check_caught_up(&self, target: &mut Option<i64>, halted: bool) {
-        if self.progress.caught_up.load(Ordering::SeqCst) {
+        if self.progress.is_caught_up() {
             return;
         }
         if halted {
-            self.progress.caught_up.store(true, Ordering::SeqCst);
+            self.progress.set_caught_up();
             return;
         }
         if target.is_none() {
@@ -152,7 +170,7 @@ impl Partition {
         // The checkpoint, not the position: at an idle moment it is moved past the markers
         // read, so it reaches the watermark exactly when everything before it is applied.
         if target == 0 || self.progress.checkpoint.load(Ordering::SeqCst) >= target {
-            self.progress.caught_up.store(true, Ordering::SeqCst);
+            self.progress.set_caught_up();
         }
     }
 
@@ -216,7 +234,7 @@ mod tests {
     #[test]
     fn lag_is_zero_at_the_head_and_else_the_age_of_the_oldest_unapplied_message() {
         let now = 1_000_000;
-        let progress = Progress::new(Some(100));
+        let progress = Progress::new(Some(100), Arc::default());
         assert_eq!(progress.lag(-1, 0, now), None, "head unknown yet: nothing exported");
         assert_eq!(progress.lag(100, 0, now), Some((0, Some(0.0))), "caught up");
         assert_eq!(progress.lag(90, 0, now), Some((0, Some(0.0))), "never negative");
@@ -225,7 +243,21 @@ mod tests {
         assert_eq!(progress.lag(105, 0, now), Some((5, Some(2.5))));
         progress.checkpoint.store(105, Ordering::SeqCst);
         assert_eq!(progress.lag(105, 0, now), Some((0, Some(0.0))), "applied: 0 again, whatever is remembered");
-        let fresh = Progress::new(None);
+        let fresh = Progress::new(None, Arc::default());
         assert_eq!(fresh.lag(50, 20, now), Some((30, None)), "no checkpoint: counted from the low watermark");
+    }
+
+    #[tokio::test]
+    async fn catching_up_tells_the_runner_once() {
+        let told = Arc::new(tokio::sync::Notify::new());
+        let progress = Progress::new(None, told.clone());
+        let wait = Duration::from_millis(50);
+        assert!(!progress.is_caught_up());
+        assert!(tokio::time::timeout(wait, told.notified()).await.is_err(), "nothing to tell yet");
+        progress.set_caught_up();
+        assert!(progress.is_caught_up());
+        assert!(tokio::time::timeout(wait, told.notified()).await.is_ok(), "told when it caught up");
+        progress.set_caught_up();
+        assert!(tokio::time::timeout(wait, told.notified()).await.is_err(), "and only once");
     }
 }
