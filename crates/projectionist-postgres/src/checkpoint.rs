@@ -18,9 +18,8 @@ pub struct Checkpoint {
     pub next_offset: i64,
 }
 
-/// Records the next offset in the caller's transaction, and notifies
-/// [`crate::wait::CHANNEL`] of it (delivered when the transaction commits: to waits for the
-/// read model, see [`crate::wait::Waiter`]).
+/// Records the next offset in the caller's transaction. Once it commits, [`notify`] tells
+/// the waits for the read model (see [`crate::wait::Waiter`]).
 pub async fn store(
     conn: &mut PgConnection,
     projection: &str,
@@ -29,12 +28,39 @@ pub async fn store(
     next_offset: i64,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "WITH stored AS (INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, \
-         updated_at) VALUES ($1, $2, $3, $4, now()) \
+        "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
+         VALUES ($1, $2, $3, $4, now()) \
          ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = \
-         now() RETURNING next_offset) \
-         SELECT pg_notify('projectionist_checkpoint', json_build_object('schema', current_schema(), 'projection', \
-         $1::text, 'topic', $2::text, 'partition', $3::int, 'next_offset', next_offset)::text) FROM stored",
+         now()",
+    )
+    .bind(projection)
+    .bind(topic)
+    .bind(partition)
+    .bind(next_offset)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Tells the waits for the read model (see [`crate::wait::Waiter`]) that a checkpoint was
+/// stored and committed: a notification on [`crate::wait::CHANNEL`], sent on `conn` outside
+/// any transaction, once the transaction that stored it has committed. Not inside that
+/// transaction: PostgreSQL makes every transaction that notifies commit one after the other
+/// (it holds a lock on its notification queue through the commit's WAL flush), which would
+/// line up the commits of every partition of every projection in the database. Alone, the
+/// notification writes no WAL and holds that lock for no flush. A notification lost (the
+/// process stopped in between) delays a wait until its next read of the checkpoints
+/// ([`crate::wait::POLL`]).
+pub async fn notify(
+    conn: &mut PgConnection,
+    projection: &str,
+    topic: &str,
+    partition: i32,
+    next_offset: i64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "SELECT pg_notify('projectionist_checkpoint', json_build_object('schema', current_schema(), 'projection', \
+         $1::text, 'topic', $2::text, 'partition', $3::int, 'next_offset', $4::bigint)::text)",
     )
     .bind(projection)
     .bind(topic)

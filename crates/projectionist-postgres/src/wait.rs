@@ -3,12 +3,13 @@
 //! A batch commits its checkpoint (the next offset to read) in the same transaction as its
 //! rows, so "partition P of topic T is applied up to offset O" is a fact PostgreSQL tells,
 //! visible exactly when the rows are. [`Waiter`] waits for that fact, or for an aggregate's
-//! row to reach a version, without a Kafka client: each batch's transaction sends one small
-//! notification per partition on [`CHANNEL`] (never one per event), delivered at its commit;
-//! one listening connection per [`Waiter`] wakes every waiter it concerns. A notification
-//! missed (the listening connection lost, PostgreSQL restarting) is made up by reading the
-//! checkpoints again, at once after a reconnect and every [`POLL`] while anyone waits; a wait
-//! never outlasts its timeout.
+//! row to reach a version, without a Kafka client: once each batch's transaction commits, one
+//! small notification per partition goes out on [`CHANNEL`] (never one per event; see
+//! [`crate::checkpoint::notify`] for why after the commit, not in it); one listening
+//! connection per [`Waiter`] wakes every waiter it concerns. A notification missed (the
+//! listening connection lost, PostgreSQL restarting, the projector stopped between its commit
+//! and its notification) is made up by reading the checkpoints again, at once after a
+//! reconnect and every [`POLL`] while anyone waits; a wait never outlasts its timeout.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

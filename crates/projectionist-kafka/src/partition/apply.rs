@@ -233,7 +233,8 @@ impl Partition {
                 return Ok(self.committed(prepared, written, next_offset, None).await);
             }
         }
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         // What a fold holds goes first: this batch builds on it.
         if let Some(folding) = folding.as_deref() {
             self.projection.write_folded(&mut tx, folding).await?;
@@ -249,6 +250,8 @@ impl Partition {
         let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| at[*index].offset);
         self.store_checkpoint(&mut tx, next_offset).await?;
         tx.commit().await?;
+        self.notify_checkpoint(&mut conn, next_offset).await;
+        drop(conn);
         if let Some(folding) = folding.as_deref_mut() {
             folding.written(true);
             self.analyze_if_due(folding).await;
@@ -265,6 +268,17 @@ impl Partition {
         Ok(projectionist_postgres::checkpoint::store(tx, name, topic, partition, next_offset).await?)
     }
 
+    /// Tells the waits for the read model that the checkpoint `next_offset` committed (see
+    /// [`projectionist_postgres::checkpoint::notify`]). A failure is only logged: what it
+    /// tells is committed, and the waits read the checkpoints again within a second.
+    pub(super) async fn notify_checkpoint(&self, conn: &mut projectionist_postgres::PgConnection, next_offset: i64) {
+        let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
+        if let Err(e) = projectionist_postgres::checkpoint::notify(conn, name, topic, partition, next_offset).await {
+            let message = "Could not notify the waits of a checkpoint; they read it again within a second.";
+            tracing::debug!(projection = %name, %topic, partition, error = %e, "{message}");
+        }
+    }
+
     /// Writes what the fold of a rebuild's bulk load holds, with the checkpoint past the last
     /// batch folded (see [`projectionist_postgres::Folding`]); nothing when it holds nothing.
     pub(super) async fn write_fold(&self) -> projectionist_postgres::Result<()> {
@@ -276,10 +290,13 @@ impl Partition {
     /// transaction, then forgets it; nothing when it holds nothing.
     async fn flush(&self, folding: &mut projectionist_postgres::Folding) -> projectionist_postgres::Result<()> {
         let Some(through) = folding.through() else { return Ok(()) };
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         self.projection.write_folded(&mut tx, folding).await?;
         self.store_checkpoint(&mut tx, through).await?;
         tx.commit().await?;
+        self.notify_checkpoint(&mut conn, through).await;
+        drop(conn);
         folding.written(false);
         self.analyze_if_due(folding).await;
         Ok(())

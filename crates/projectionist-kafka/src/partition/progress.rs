@@ -102,14 +102,10 @@ impl Partition {
         }
         let stored = async {
             let mut conn = self.pool.acquire().await?;
-            projectionist_postgres::checkpoint::store(
-                &mut conn,
-                self.projection.name(),
-                &self.tp.topic,
-                self.tp.partition,
-                position,
-            )
-            .await
+            let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
+            projectionist_postgres::checkpoint::store(&mut conn, name, topic, partition, position).await?;
+            self.notify_checkpoint(&mut conn, position).await;
+            Ok::<_, sqlx::Error>(())
         };
         match stored.await {
             Ok(()) => {
