@@ -509,6 +509,45 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// A rebuild's fold whose last batches changed nothing (duplicates, stale events) holds no
+/// rows, but the checkpoint past them: it is stored all the same once the partition is idle,
+/// before the run counts it caught up. (It was not: a rebuild whose partition ended on such
+/// batches read them again in every catch-up round, and gave up after twenty.)
+#[sqlx::test(migrations = false)]
+async fn a_fold_of_duplicates_alone_still_stores_its_checkpoint(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("fold-dups");
+    let e = bank_accounts::generate::envelope;
+    let first = vec![
+        e("acc-f", 1, &AccountEvent::AccountOpened { owner: "f".into() }),
+        e("acc-f", 2, &AccountEvent::MoneyDeposited { amount: 7 }),
+    ];
+    produce(&topic, &first).await;
+    let folding = || {
+        let mut config = config();
+        (config.fold, config.sole_writer) = (true, true);
+        Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])
+    };
+    let stored = || async {
+        sqlx::query_scalar::<_, Option<i64>>("SELECT sum(next_offset)::bigint FROM projectionist_checkpoints")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert!(run(folding()).await.halts().is_empty());
+    assert_eq!(stored().await, Some(2), "the fold's rows and checkpoint written");
+    // The same events again: every one a duplicate, nothing to write but the checkpoint.
+    produce(&topic, &first).await;
+    assert!(run(folding()).await.halts().is_empty());
+    assert_eq!(stored().await, Some(4), "the checkpoint past the duplicates is stored");
+    let (balance, version): (i64, i64) =
+        sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-f'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((balance, version), (7, 2));
+}
+
 /// With `warm_up` (as `rebuild` sets it), the engine opens its partitions' PostgreSQL
 /// connections while it joins its group, not on the first batches after the assignment
 /// (each one's set-up costs a batch tens of milliseconds of CPU with TLS): the pool holds

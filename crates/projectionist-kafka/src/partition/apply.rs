@@ -317,9 +317,11 @@ impl Partition {
         }
     }
 
-    /// Whether the fold of a rebuild's bulk load holds rows not yet written.
+    /// Whether the fold of a rebuild's bulk load holds what is not yet written: rows, or no
+    /// rows but the checkpoint past batches that changed none (duplicates, stale events),
+    /// which is stored all the same.
     pub(super) fn fold_held(&self) -> bool {
-        self.folding.as_ref().is_some_and(|f| f.try_lock().map_or(true, |f| !f.is_empty()))
+        self.folding.as_ref().is_some_and(|f| f.try_lock().map_or(true, |f| f.through().is_some()))
     }
 
     /// What a batch whose transaction committed (or whose events were folded) did, counted.
