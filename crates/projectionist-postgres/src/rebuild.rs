@@ -390,8 +390,16 @@ const SWAP_LOCK: &str = "hashtext('projectionist.swap.' || $1)";
 /// locks anything else: a swap then waits for this transaction and holds the next ones back,
 /// whatever this one locks later and in whichever order (a batch's tables, aggregate
 /// versions, parked aggregates and checkpoints come in the order its events need them).
+///
+/// In the same statement, has PostgreSQL plan the transaction's statements for their values
+/// (`plan_cache_mode`), not once for any: a batch's lookup of its keys (`= ANY($1)`, one
+/// array of keys), planned for any array, compares every row it scans with every key, where
+/// planned for the array at hand it hashes the keys or takes the index. Measured in the
+/// bench's freshness arm (a read model starting empty, never analyzed): 1 to 2.7 s to lock
+/// 500 to 2,400 rows of a 20,000-row table.
 pub(crate) async fn share_swap_lock(conn: &mut PgConnection, projection: &str) -> Result<()> {
-    sqlx::query(&format!("SELECT pg_advisory_xact_lock_shared({SWAP_LOCK})"))
+    let planned_for_values = "set_config('plan_cache_mode', 'force_custom_plan', true)";
+    sqlx::query(&format!("SELECT pg_advisory_xact_lock_shared({SWAP_LOCK}), {planned_for_values}"))
         .bind(projection)
         .execute(&mut *conn)
         .await?;
