@@ -403,7 +403,7 @@ impl Latencies {
 /// [`Waiter`]: projectionist::postgres::wait::Waiter
 async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Latencies, Latencies) {
     use projectionist::postgres::wait::Waiter;
-    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::producer::FutureProducer;
     use rdkafka::Message;
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
@@ -486,16 +486,7 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
     // connections (a TLS set-up each, tens of milliseconds of CPU), are a cold start, not its
     // freshness. A first transaction, applied before the measured traffic starts, takes them.
     let primed = stream.len().min(100);
-    producer.begin_transaction().unwrap();
-    let payloads: Vec<Vec<u8>> = stream[..primed].iter().map(RawEnvelope::to_json).collect();
-    let sends = stream[..primed].iter().zip(&payloads).map(|(e, p)| {
-        producer.send(FutureRecord::to(&topic).key(&e.aggregate_id).payload(p.as_slice()), Duration::from_secs(30))
-    });
-    let delivered = futures_util::future::join_all(sends).await;
-    let p = producer.clone();
-    tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await.unwrap().unwrap();
-    for d in delivered {
-        let (partition, offset) = d.map(|d| (d.partition, d.offset)).map_err(|(e, _)| e).expect("delivered");
+    for (partition, offset) in transaction(&producer, &topic, &stream[..primed]).await {
         let applied = waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30)).await;
         applied.expect("the projector applied the first transaction");
     }
@@ -511,19 +502,7 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
             tokio::time::sleep(Duration::from_micros(500)).await;
             continue;
         }
-        producer.begin_transaction().unwrap();
-        let events = &stream[sent..due];
-        let payloads: Vec<Vec<u8>> = events.iter().map(RawEnvelope::to_json).collect();
-        let sends = events.iter().zip(&payloads).map(|(e, p)| {
-            producer.send(FutureRecord::to(&topic).key(&e.aggregate_id).payload(p.as_slice()), Duration::from_secs(30))
-        });
-        let delivered: Vec<(i32, i64)> = futures_util::future::join_all(sends)
-            .await
-            .into_iter()
-            .map(|d| d.map(|d| (d.partition, d.offset)).map_err(|(e, _)| e).expect("delivered"))
-            .collect();
-        let p = producer.clone();
-        tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await.unwrap().unwrap();
+        let delivered = transaction(&producer, &topic, &stream[sent..due]).await;
         let committed = Instant::now();
         for at in delivered {
             commits.push((at, committed));
@@ -583,6 +562,28 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
     projector.sort_by(f64::total_cmp);
     broker.sort_by(f64::total_cmp);
     (achieved, Latencies(projector), Latencies(broker))
+}
+
+/// Publishes `events` in one producer transaction, committed: where each went.
+async fn transaction(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    events: &[RawEnvelope],
+) -> Vec<(i32, i64)> {
+    use rdkafka::producer::FutureRecord;
+    producer.begin_transaction().unwrap();
+    let payloads: Vec<Vec<u8>> = events.iter().map(RawEnvelope::to_json).collect();
+    let sends = events.iter().zip(&payloads).map(|(e, p)| {
+        producer.send(FutureRecord::to(topic).key(&e.aggregate_id).payload(p.as_slice()), Duration::from_secs(30))
+    });
+    let delivered: Vec<(i32, i64)> = futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .map(|d| d.map(|d| (d.partition, d.offset)).map_err(|(e, _)| e).expect("delivered"))
+        .collect();
+    let p = producer.clone();
+    tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(30))).await.unwrap().unwrap();
+    delivered
 }
 
 async fn versions(pool: &PgPool) -> i64 {
