@@ -27,18 +27,10 @@ pub async fn store(
     partition: i32,
     next_offset: i64,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
-         VALUES ($1, $2, $3, $4, now()) \
-         ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = \
-         now()",
-    )
-    .bind(projection)
-    .bind(topic)
-    .bind(partition)
-    .bind(next_offset)
-    .execute(conn)
-    .await?;
+    let sql = "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
+        VALUES ($1, $2, $3, $4, now()) \
+        ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()";
+    bound(sqlx::query(sql), projection, topic, partition, next_offset).execute(conn).await?;
     Ok(())
 }
 
@@ -58,17 +50,21 @@ pub async fn notify(
     partition: i32,
     next_offset: i64,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "SELECT pg_notify('projectionist_checkpoint', json_build_object('schema', current_schema(), 'projection', \
-         $1::text, 'topic', $2::text, 'partition', $3::int, 'next_offset', $4::bigint)::text)",
-    )
-    .bind(projection)
-    .bind(topic)
-    .bind(partition)
-    .bind(next_offset)
-    .execute(conn)
-    .await?;
+    let sql = "SELECT pg_notify($5, json_build_object('schema', current_schema(), 'projection', $1::text, \
+        'topic', $2::text, 'partition', $3::int, 'next_offset', $4::bigint)::text)";
+    bound(sqlx::query(sql), projection, topic, partition, next_offset).bind(crate::wait::CHANNEL).execute(conn).await?;
     Ok(())
+}
+
+/// `query` with a checkpoint's partition and offset bound as `$1` to `$4`.
+fn bound<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    projection: &'q str,
+    topic: &'q str,
+    partition: i32,
+    next_offset: i64,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query.bind(projection).bind(topic).bind(partition).bind(next_offset)
 }
 
 /// Every stored checkpoint, ordered.
