@@ -7,9 +7,10 @@
 //! `BENCH_RSS_DELIVERIES`, default 10000000, 0 to skip; `BENCH_INBOX_DELIVERIES`, default 20000;
 //! `BENCH_POISON=0`, `BENCH_REBUILD=0` and `BENCH_FRESHNESS=0` skip those arms, for builds
 //! from before them; `BENCH_FRESHNESS_SECONDS`, default 5, is how long each freshness rate
-//! runs). The freshness arm: a transactional producer at 1k/s, 10k/s and half the pipeline's
-//! rate while the projector runs at the head; per event, commit -> applied (through the
-//! library's waiter) beside commit -> a `read_committed` consumer's receipt.
+//! runs; `BENCH_FRESHNESS_ONLY=<events/s>` runs the freshness arm alone at that rate). The
+//! freshness arm: a transactional producer at 1k/s, 10k/s and half the pipeline's rate while
+//! the projector runs at the head; per event, commit -> applied (through the library's
+//! waiter) beside commit -> a `read_committed` consumer's receipt.
 //!
 //! Figures depend on the machine; the ratios, measured in one run, are the point.
 
@@ -595,6 +596,15 @@ async fn main() {
     let deliveries = env_usize("BENCH_DELIVERIES", 500_000);
     let rss_deliveries = env_usize("BENCH_RSS_DELIVERIES", 10_000_000);
     let events = stream(deliveries);
+    // The freshness arm alone, at one rate: what to run while working on it, without the
+    // other arms' minutes.
+    if let Some(rate) = std::env::var("BENCH_FRESHNESS_ONLY").ok().and_then(|r| r.parse::<f64>().ok()) {
+        let seconds = env_usize("BENCH_FRESHNESS_SECONDS", 5) as f64;
+        let (achieved, projector, broker) = freshness(rate, seconds, &events).await;
+        println!("  freshness ({achieved:>6.0}/s): projector {}; broker alone {}", projector.show(), broker.show());
+        println!("  freshness p99 over the broker's {:>6.1} ms", projector.at(0.99) - broker.at(0.99));
+        return;
+    }
     let distinct: std::collections::HashMap<&str, i64> =
         events.iter().fold(std::collections::HashMap::new(), |mut m, e| {
             let v = m.entry(e.aggregate_id.as_str()).or_insert(0);
