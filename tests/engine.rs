@@ -1081,6 +1081,7 @@ async fn a_held_event_refused_when_its_aggregate_resumes_is_dead_lettered_itself
 #[sqlx::test(migrations = false)]
 async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) {
     use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    let folded = std::sync::atomic::AtomicU64::default();
     use projectionist::postgres::rebuild as shadow;
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("rebuild");
@@ -1138,7 +1139,8 @@ async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) 
         }
     });
     let held = shadow::lock(&pool, "bank_accounts").await.unwrap();
-    let refused = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
+    let refused =
+        rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], &folded, std::future::pending());
     let Err(err) = refused.await else { panic!("a second rebuild at once started") };
     assert!(err.to_string().contains("another rebuild of it is running"), "{err}");
     held.release().await.unwrap();
@@ -1146,7 +1148,8 @@ async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) 
     assert!(!shadow::prepare(&pool, &BankAccounts).await.unwrap().resumed);
     let behind = shadow::swap(&pool, &BankAccounts, std::slice::from_ref(&topic)).await.unwrap();
     assert!(matches!(&behind, shadow::Swap::Behind(p) if p.len() == 2), "{behind:?}");
-    let rebuilt = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
+    let rebuilt =
+        rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], &folded, std::future::pending());
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
     assert!(matches!(rebuilt, Rebuilt::Swapped { resumed: true, .. }), "the shadow made above, resumed");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -1203,6 +1206,7 @@ async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) 
 #[sqlx::test(migrations = false)]
 async fn a_rebuild_whose_fold_postgresql_refuses_goes_again_batch_by_batch(pool: PgPool) {
     use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    let folded = std::sync::atomic::AtomicU64::default();
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("rebuild-refused");
     let mut events = bank_accounts::generate::stream(40, 12, 11);
@@ -1219,7 +1223,8 @@ async fn a_rebuild_whose_fold_postgresql_refuses_goes_again_batch_by_batch(pool:
     assert_eq!(first.len(), 1, "the overflowing deposit");
     assert!(first[0].error.contains("acc-big v3"), "{}", first[0].error);
     let clean = projectionist_testing::dump_tables(&pool, &BankAccounts).await;
-    let rebuilt = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
+    let rebuilt =
+        rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], &folded, std::future::pending());
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
     assert!(matches!(rebuilt, Rebuilt::Swapped { .. }));
     assert_eq!(projectionist_testing::dump_tables(&pool, &BankAccounts).await, clean, "the rebuilt tables");
@@ -1229,12 +1234,54 @@ async fn a_rebuild_whose_fold_postgresql_refuses_goes_again_batch_by_batch(pool:
     assert_eq!(again, [(first[0].id, 2, None)], "the same dead letter, met again by the rebuild");
 }
 
+/// A rebuild's progress counts the offsets its partitions have folded and not yet written
+/// (`Stats::folded`), beside the checkpoints: none once the fold is written; those after the
+/// checkpoint of a partition whose fold PostgreSQL refused.
+#[sqlx::test(migrations = false)]
+async fn folded_offsets_count_until_the_fold_is_written(pool: PgPool) {
+    use std::sync::atomic::Ordering;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let mut folding = config();
+    (folding.fold, folding.sole_writer) = (true, true);
+    let topic = rand_test_topic("folded");
+    let events = bank_accounts::generate::stream(40, 12, 11);
+    produce(&topic, &events).await;
+    let engine = Engine::new(pool.clone(), folding.clone()).register(Arc::new(BankAccounts), [topic.clone()]);
+    let stats = engine.stats().remove(0);
+    assert!(run(engine).await.halts().is_empty());
+    assert_eq!(stats.advanced.load(Ordering::Relaxed), events.len() as u64, "every offset read");
+    assert_eq!(stats.folded.load(Ordering::Relaxed), 0, "and written");
+
+    // One account, so one partition: the deposit past i64::MAX overflows only once written.
+    let refused = rand_test_topic("folded-refused");
+    let e = bank_accounts::generate::envelope;
+    let big = [
+        e("acc-big", 1, &AccountEvent::AccountOpened { owner: "b".into() }),
+        e("acc-big", 2, &AccountEvent::MoneyDeposited { amount: i64::MAX }),
+        e("acc-big", 3, &AccountEvent::MoneyDeposited { amount: 1 }),
+    ];
+    produce(&refused, &big).await;
+    let engine = Engine::new(pool.clone(), folding).register(Arc::new(BankAccounts), [refused.clone()]);
+    let stats = engine.stats().remove(0);
+    let halts = run(engine).await.halts();
+    assert!(halts.len() == 1 && halts[0].contains("refused"), "{halts:?}");
+    let written: Option<i64> = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints WHERE topic = $1")
+        .bind(&refused)
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+    let folded = stats.folded.load(Ordering::Relaxed);
+    assert_eq!(folded, 3 - written.unwrap_or(0) as u64, "read past the checkpoint, not written");
+    assert!(folded > 0, "the overflowing deposit was folded, not written");
+}
+
 /// A rebuild while a live `run` projects a stream that keeps growing: a reader polling the
 /// live table never sees its row count or its sum of versions drop, nor an error; after the
 /// swap the live run goes on in the rebuilt tables, which end exact over the whole stream.
 #[sqlx::test(migrations = false)]
 async fn a_rebuild_swaps_in_while_a_live_run_projects_a_growing_stream(pool: PgPool) {
     use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    let folded = std::sync::atomic::AtomicU64::default();
     use std::sync::atomic::{AtomicBool, Ordering};
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("rebuild-live");
@@ -1296,7 +1343,8 @@ async fn a_rebuild_swaps_in_while_a_live_run_projects_a_growing_stream(pool: PgP
             }
         }
     });
-    let rebuilt = rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], std::future::pending());
+    let rebuilt =
+        rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], &folded, std::future::pending());
     let rebuilt = tokio::time::timeout(Duration::from_secs(180), rebuilt).await.expect("rebuilt in time").unwrap();
     assert!(matches!(rebuilt, Rebuilt::Swapped { .. }));
     swapped.store(true, Ordering::SeqCst);
@@ -1369,6 +1417,7 @@ impl Projection<PgConnection> for BankAccountsV2 {
 #[sqlx::test(migrations = false)]
 async fn a_rebuild_of_a_release_that_adds_a_column_fills_it_and_carries_discards_over(pool: PgPool) {
     use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    let folded = std::sync::atomic::AtomicU64::default();
     use projectionist::postgres::park::{dead_letters, list, resolve, Resolve};
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("rebuild-column");
@@ -1386,7 +1435,8 @@ async fn a_rebuild_of_a_release_that_adds_a_column_fills_it_and_carries_discards
     let letter = dead_letters(&pool, None, false).await.unwrap()[0].id;
     resolve(&pool, &BankAccounts, letter, Resolve::Discard { reason: "refunded by hand".into() }).await.unwrap();
 
-    let rebuilt = rebuild(&pool, config(), Arc::new(BankAccountsV2), vec![topic.clone()], std::future::pending());
+    let rebuilt =
+        rebuild(&pool, config(), Arc::new(BankAccountsV2), vec![topic.clone()], &folded, std::future::pending());
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("in time").unwrap();
     assert!(matches!(rebuilt, Rebuilt::Swapped { .. }));
     let deposits = |events: &[RawEnvelope]| {

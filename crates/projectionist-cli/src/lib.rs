@@ -415,9 +415,12 @@ impl App {
             // Its dead letters were produced to the topic when first met.
             config.dead_letter_topic = None;
             let started = Instant::now();
-            let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone()));
+            let folded = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone(), folded.clone()));
+            let (projection, topics) = (r.projection, r.topics);
             let rebuilt =
-                projectionist_kafka::rebuild::rebuild(&pool, config, r.projection, r.topics, shutdown_signal()).await;
+                projectionist_kafka::rebuild::rebuild(&pool, config, projection, topics, &folded, shutdown_signal())
+                    .await;
             reporter.abort();
             let _ = reporter.await;
             let rebuilt = rebuilt?;
@@ -625,9 +628,15 @@ async fn serve_metrics(
 }
 
 /// Shows a rebuild's progress (a bar on a terminal, a log line every 5 s otherwise): its
-/// shadow's checkpoints against the high watermarks at start, counted from where it starts
-/// (a resumed rebuild's rate and ETA are its own).
-async fn report_rebuild(pool: PgPool, client: KafkaClientConfig, registration: Registration) {
+/// shadow's checkpoints, plus the offsets it has `folded` and not yet written, against the
+/// high watermarks at start, counted from where it starts (a resumed rebuild's rate and ETA
+/// are its own).
+async fn report_rebuild(
+    pool: PgPool,
+    client: KafkaClientConfig,
+    registration: Registration,
+    folded: Arc<std::sync::atomic::AtomicU64>,
+) {
     let name = registration.projection.name().to_owned();
     let Ok(positions) = status::positions(&pool, &client, std::slice::from_ref(&registration)).await else { return };
     let read = |shadow: &[(String, i32, i64)]| -> u64 {
@@ -639,9 +648,14 @@ async fn report_rebuild(pool: PgPool, client: KafkaClientConfig, registration: R
     let from = read(&shadow(pool.clone(), name.clone()).await);
     let total: u64 = positions.iter().map(|p| (p.high - p.low).max(0) as u64).sum();
     let mut progress = Progress::new("Rebuilding", Some(total.saturating_sub(from)));
+    let mut done = from;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let done = read(&shadow(pool.clone(), name.clone()).await);
+        // The checkpoints first: a fold written in between is then missed in both (for one
+        // report), never counted in both. Shown as it only ever grows (a round that halts
+        // reads its folded offsets again).
+        let written = read(&shadow(pool.clone(), name.clone()).await);
+        done = done.max((written + folded.load(std::sync::atomic::Ordering::Relaxed)).min(total));
         projectionist_kafka::metrics::rebuild_progress(&name, done, total.saturating_sub(done));
         progress.update(done.saturating_sub(from));
     }

@@ -4,7 +4,7 @@
 //! live checkpoints. The live tables stay complete for their readers all along.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use projectionist_postgres::rebuild::{self, Swap};
@@ -17,6 +17,9 @@ use crate::{Engine, EngineConfig, Error, Result, RunReport};
 /// Most catch-up rounds before a swap is given up: each one reads up to the head as it was
 /// when it started, and the swap needs the live checkpoints not ahead of the shadow's.
 const MAX_CATCH_UPS: u32 = 20;
+
+/// How often `rebuild` tells what its partitions hold folded.
+const FOLDED_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How a rebuild ended.
 pub enum Rebuilt {
@@ -38,11 +41,17 @@ pub enum Rebuilt {
 /// expire, and on some brokers longer) before it is given the killed one's partitions. The
 /// shadow's checkpoints in PostgreSQL say where it resumes, not the group's offsets. Holds
 /// the projection's rebuild lock throughout, so that a second rebuild is refused.
+///
+/// `folded` tells, as it goes, the offsets it has read past by folding batches whose rows
+/// are not yet written with their checkpoint (up to 100,000 rows or 15 s per partition; see
+/// [`EngineConfig::fold`]): the shadow's checkpoints plus these are how far it has read,
+/// for a progress display.
 pub async fn rebuild(
     pool: &PgPool,
     config: EngineConfig,
     projection: SharedProjection,
     topics: Vec<String>,
+    folded: &AtomicU64,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Rebuilt> {
     let name = projection.name().to_owned();
@@ -78,7 +87,20 @@ pub async fn rebuild(
     tokio::pin!(shutdown);
     for round in 1..=MAX_CATCH_UPS {
         let engine = Engine::new(shadow_pool.clone(), config.clone()).register(projection.clone(), topics.clone());
-        let report = engine.run(shutdown.as_mut()).await?;
+        let stats = engine.stats();
+        let run = engine.run(shutdown.as_mut());
+        tokio::pin!(run);
+        let report = loop {
+            tokio::select! {
+                report = &mut run => break report,
+                () = tokio::time::sleep(FOLDED_EVERY) => {
+                    folded.store(stats.iter().map(|s| s.folded.load(Ordering::Relaxed)).sum(), Ordering::Relaxed);
+                }
+            }
+        };
+        // The round wrote what it folded (or, halted, left it to be read again).
+        folded.store(0, Ordering::Relaxed);
+        let report = report?;
         if let Some(halt) = report.halts().first() {
             if config.fold {
                 // Folded, PostgreSQL cannot name an event it refuses: go again batch by batch

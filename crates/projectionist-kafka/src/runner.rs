@@ -42,6 +42,10 @@ pub struct Stats {
     /// transaction markers between them alike, so it reaches the distance to the high
     /// watermarks exactly (progress against them).
     pub advanced: AtomicU64,
+    /// Offsets a rebuild's partitions moved past by folding batches whose rows are not yet
+    /// written with their checkpoint (see [`EngineConfig::fold`](crate::EngineConfig)):
+    /// with the checkpoints in PostgreSQL, how far the rebuild has read.
+    pub folded: AtomicU64,
     /// Events that changed the read model.
     pub applied: AtomicU64,
     /// Redeliveries of applied versions.

@@ -227,6 +227,7 @@ impl Partition {
             if let Some(written) = self.projection.fold(&mut conn, prepared, folding).await? {
                 drop(conn);
                 folding.folded_through(next_offset);
+                self.folded(at.first().map_or(next_offset, |a| a.offset), next_offset);
                 if folding.due() {
                     self.flush(folding).await?;
                 }
@@ -254,6 +255,7 @@ impl Partition {
         drop(conn);
         if let Some(folding) = folding.as_deref_mut() {
             folding.written(true);
+            self.written_fold();
             self.analyze_if_due(folding).await;
         }
         Ok(self.committed(prepared, written, next_offset, gap).await)
@@ -298,6 +300,7 @@ impl Partition {
         self.notify_checkpoint(&mut conn, through).await;
         drop(conn);
         folding.written(false);
+        self.written_fold();
         self.analyze_if_due(folding).await;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! Kafka copy of each commit, the checkpoint moved past transaction markers at idle
 //! moments, and whether it caught up.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,9 @@ pub(crate) struct Progress {
     /// Told once it catches up: the runner, which stops when every partition has
     /// (`exit_when_caught_up`), need not wait for its next tick.
     told: Arc<tokio::sync::Notify>,
+    /// Offsets of batches folded and not yet written (a rebuild's), counted in
+    /// [`crate::Stats::folded`] too until they are.
+    pub folded: AtomicU64,
     /// Broker timestamp (ms since the epoch) of the oldest message read and not applied —
     /// in the batch in flight, buffered, or the one a halt stopped at; −1 when none.
     pub oldest_unapplied_ms: AtomicI64,
@@ -37,6 +40,7 @@ impl Progress {
             checkpoint: AtomicI64::new(checkpoint.unwrap_or(-1)),
             caught_up: AtomicBool::new(false),
             told,
+            folded: AtomicU64::new(0),
             oldest_unapplied_ms: AtomicI64::new(-1),
         }
     }
@@ -168,6 +172,22 @@ impl Partition {
         if target == 0 || self.progress.checkpoint.load(Ordering::SeqCst) >= target {
             self.progress.set_caught_up();
         }
+    }
+
+    /// The batch starting at `first` was folded, through `next`: its offsets count as read
+    /// until the fold is written ([`Partition::written_fold`]).
+    pub(super) fn folded(&self, first: i64, next: i64) {
+        let checkpoint = self.progress.checkpoint.load(Ordering::SeqCst);
+        let from = if checkpoint >= 0 { checkpoint } else { first };
+        let offsets = (next - from).max(0) as u64;
+        self.progress.folded.fetch_add(offsets, Ordering::Relaxed);
+        self.stats.folded.fetch_add(offsets, Ordering::Relaxed);
+    }
+
+    /// What was folded is written, with its checkpoint: no longer counted as folded.
+    pub(super) fn written_fold(&self) {
+        let offsets = self.progress.folded.swap(0, Ordering::Relaxed);
+        self.stats.folded.fetch_sub(offsets, Ordering::Relaxed);
     }
 
     /// The checkpoint moved to `next` (from the batch starting at `first`, when it is the
