@@ -177,9 +177,7 @@ impl Partition {
     /// The batch starting at `first` was folded, through `next`: its offsets count as read
     /// until the fold is written ([`Partition::written_fold`]).
     pub(super) fn folded(&self, first: i64, next: i64) {
-        let checkpoint = self.progress.checkpoint.load(Ordering::SeqCst);
-        let from = if checkpoint >= 0 { checkpoint } else { first };
-        let offsets = (next - from).max(0) as u64;
+        let offsets = moved(self.progress.checkpoint.load(Ordering::SeqCst), first, next);
         self.progress.folded.fetch_add(offsets, Ordering::Relaxed);
         self.stats.folded.fetch_add(offsets, Ordering::Relaxed);
     }
@@ -194,8 +192,7 @@ impl Partition {
     /// first since the partition started without one): progress, then Kafka's copy.
     pub(super) fn advance(&self, first: i64, next: i64) {
         let previous = self.progress.checkpoint.swap(next, Ordering::SeqCst);
-        let from = if previous >= 0 { previous } else { first };
-        self.stats.advanced.fetch_add((next - from).max(0) as u64, Ordering::Relaxed);
+        self.stats.advanced.fetch_add(moved(previous, first, next), Ordering::Relaxed);
         self.commit_kafka(next);
     }
 
@@ -213,6 +210,12 @@ impl Partition {
             }
         }
     }
+}
+
+/// Offsets from the `checkpoint` (−1: none yet, then from the batch's `first`) to `next`.
+fn moved(checkpoint: i64, first: i64, next: i64) -> u64 {
+    let from = if checkpoint >= 0 { checkpoint } else { first };
+    (next - from).max(0) as u64
 }
 
 /// When a partition's checkpoint moves past transaction markers: once idle a while, and after
