@@ -382,16 +382,25 @@ impl App {
         }
         let mut config = args.run.engine_config(&client)?;
         let selected = self.select(args.run.projections.as_deref(), &mut config)?;
-        let pool = pool(database_url).await?;
+        let maintenance = args.rollback || args.drop_old || args.abandon;
+        // Sized as `run`'s, and its shadow's as this one: the connections its warm-up opens
+        // are then all its batches use (a pool allowed more opens them mid-run, each a TLS
+        // set-up, while the batches wait).
+        let connections = if maintenance {
+            DEFAULT_POOL_SIZE
+        } else {
+            pool_size(&client, &selected, args.run.pg_max_connections).await
+        };
+        let pool = pool_of(database_url, connections).await?;
         status::engine_tables(&pool).await?;
-        if !(args.rollback || args.drop_old || args.abandon) {
+        if !maintenance {
             // The rebuild's own metrics, and its shadow run's (ready: PostgreSQL answers).
             let readiness = Engine::new(pool.clone(), config.clone()).readiness();
             serve_metrics(args.run.metrics_addr.as_deref(), readiness, None).await?;
         }
         for r in selected {
             let name = r.projection.name().to_owned();
-            if args.rollback || args.drop_old || args.abandon {
+            if maintenance {
                 let _lock = rebuild::lock(&pool, &name).await?;
                 if args.rollback {
                     rebuild::rollback(&pool, r.projection.as_ref()).await?;
@@ -469,10 +478,7 @@ impl App {
     ) -> anyhow::Result<ExitCode> {
         let mut config = args.engine_config(&client)?;
         let selected = self.select(args.projections.as_deref(), &mut config)?;
-        let connections = match args.pg_max_connections {
-            Some(n) => n.max(1),
-            None => partitions(&client, &selected).await.map_or(DEFAULT_POOL_SIZE, |n| (n + 2).min(64)),
-        };
+        let connections = pool_size(&client, &selected, args.pg_max_connections).await;
         let pool = pool_of(database_url, connections).await?;
         tracing::debug!(connections, "PostgreSQL pool sized.");
         if args.reset {
@@ -674,9 +680,19 @@ async fn progress_target(
     Some(positions.iter().map(|p| (p.high - start(p)).max(0) as u64).sum())
 }
 
-/// Pool size for commands other than `run`, and for `run` when the broker cannot say how
-/// many partitions there are.
+/// Pool size for commands other than `run` and `rebuild`, and for those when the broker
+/// cannot say how many partitions there are.
 const DEFAULT_POOL_SIZE: u32 = 8;
+
+/// The pool size of `run` and `rebuild`: `pg_max_connections` when given, else one
+/// connection per partition of the registrations' topics (each applies its batches on its
+/// own) plus two, at most 64.
+async fn pool_size(client: &KafkaClientConfig, registrations: &[Registration], pg_max_connections: Option<u32>) -> u32 {
+    match pg_max_connections {
+        Some(n) => n.max(1),
+        None => partitions(client, registrations).await.map_or(DEFAULT_POOL_SIZE, |n| (n + 2).min(64)),
+    }
+}
 
 /// Partitions of the registrations' topics: the most a process can be assigned.
 async fn partitions(client: &KafkaClientConfig, registrations: &[Registration]) -> Option<u32> {
