@@ -1228,6 +1228,14 @@ async fn a_rebuild_whose_fold_postgresql_refuses_goes_again_batch_by_batch(pool:
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
     assert!(matches!(rebuilt, Rebuilt::Swapped { .. }));
     assert_eq!(projectionist_testing::dump_tables(&pool, &BankAccounts).await, clean, "the rebuilt tables");
+    // The bulk load ended in the round that went again: its statistics were read there, once.
+    let analyzed: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_stats WHERE schemaname = current_schema() AND tablename = 'bank_accounts')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(analyzed, "the swapped-in table has statistics");
     let again = letters().await;
     let again: Vec<(i64, i32, Option<&str>)> =
         again.iter().map(|d| (d.id, d.attempts, d.resolution.as_deref())).collect();

@@ -85,6 +85,8 @@ pub async fn rebuild(
         flag.store(true, Ordering::SeqCst);
     };
     tokio::pin!(shutdown);
+    // Whether the bulk load is done: its secondary indexes made, its statistics read.
+    let mut loaded = false;
     for round in 1..=MAX_CATCH_UPS {
         let engine = Engine::new(shadow_pool.clone(), config.clone()).register(projection.clone(), topics.clone());
         let stats = engine.stats();
@@ -116,11 +118,16 @@ pub async fn rebuild(
             tracing::info!(projection = %name, "Rebuild stopped before its swap; the next `rebuild` resumes it.");
             return Ok(Rebuilt::Stopped);
         }
-        if round == 1 {
+        if !loaded {
             let indexes = rebuild::create_indexes(pool, projection.as_ref()).await?;
             if indexes > 0 {
                 tracing::info!(projection = %name, indexes, "Bulk load done; secondary indexes created.");
             }
+            // Read once, here, for the live run and the readers after the swap: the
+            // partitions read them while they fill the tables, not at the end of their reading.
+            let mut conn = shadow_pool.acquire().await.map_err(projectionist_postgres::Error::from)?;
+            projectionist_postgres::analyze(&mut conn, projection.as_ref()).await?;
+            loaded = true;
         }
         let carried = rebuild::carry_discards(pool, &shadow_pool, projection.as_ref()).await?;
         if carried > 0 {

@@ -316,6 +316,12 @@ impl Runner {
             consumer.unsubscribe();
         })
         .await;
+        // Leaving the group is librdkafka's close, which the consumer's drop waits for in
+        // 100 ms polls whatever the close takes: done off the runtime, and not awaited, so that
+        // what follows the run (a rebuild's statistics and swap) goes on meanwhile. The
+        // runtime's shutdown (a process's exit) waits for it.
+        let Self { consumer, .. } = self;
+        drop(tokio::task::spawn_blocking(move || drop(consumer)));
         Ok(())
     }
 

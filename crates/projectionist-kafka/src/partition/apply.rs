@@ -19,6 +19,16 @@ use crate::metrics as m;
 use crate::outage::Outage;
 use crate::retry::Retry;
 
+/// Whether a partition goes on reading its tables after writing what a rebuild folded: then
+/// their statistics are read again once they have grown enough (see
+/// [`projectionist_postgres::Folding::statistics_due`]); at the end of its reading, they are
+/// left to the rebuild, which reads them once before its swap.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reads {
+    Follow,
+    End,
+}
+
 impl Partition {
     /// Applies one batch, waiting out PostgreSQL outages for as long as they last and
     /// retrying other transient failures a bounded number of times; a gap, a poison event
@@ -229,7 +239,7 @@ impl Partition {
                 folding.folded_through(next_offset);
                 self.folded(at.first().map_or(next_offset, |a| a.offset), next_offset);
                 if folding.due() {
-                    self.flush(folding).await?;
+                    self.flush(folding, Reads::Follow).await?;
                 }
                 return Ok(self.committed(prepared, written, next_offset, None).await);
             }
@@ -283,14 +293,20 @@ impl Partition {
 
     /// Writes what the fold of a rebuild's bulk load holds, with the checkpoint past the last
     /// batch folded (see [`projectionist_postgres::Folding`]); nothing when it holds nothing.
-    pub(super) async fn write_fold(&self) -> projectionist_postgres::Result<()> {
+    /// `reads`: whether this partition goes on reading its tables after it (else the tables'
+    /// statistics are left to the rebuild, which reads them once before its swap).
+    pub(super) async fn write_fold(&self, reads: Reads) -> projectionist_postgres::Result<()> {
         let Some(folding) = &self.folding else { return Ok(()) };
-        self.flush(&mut *folding.lock().await).await
+        self.flush(&mut *folding.lock().await, reads).await
     }
 
     /// Writes what `folding` holds with the checkpoint past the last batch folded, in one
     /// transaction, then forgets it; nothing when it holds nothing.
-    async fn flush(&self, folding: &mut projectionist_postgres::Folding) -> projectionist_postgres::Result<()> {
+    async fn flush(
+        &self,
+        folding: &mut projectionist_postgres::Folding,
+        reads: Reads,
+    ) -> projectionist_postgres::Result<()> {
         let Some(through) = folding.through() else { return Ok(()) };
         let mut conn = self.pool.acquire().await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
@@ -301,7 +317,9 @@ impl Partition {
         drop(conn);
         folding.written(false);
         self.written_fold();
-        self.analyze_if_due(folding).await;
+        if reads == Reads::Follow {
+            self.analyze_if_due(folding).await;
+        }
         Ok(())
     }
 

@@ -34,8 +34,8 @@ use crate::batcher::{Batcher, Limits};
 use crate::context::{EngineContext, Tp};
 use crate::retry::RetryPolicy;
 use crate::runner::Stats;
-use apply::Applied;
 pub(crate) use apply::Bounds;
+use apply::{Applied, Reads};
 use decode::Msg;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
 use progress::MarkerRetry;
@@ -227,7 +227,7 @@ impl Partition {
         // Stopping: what a rebuild folded is written with its checkpoint, so that the next
         // run goes on after it (were it lost, the next run would read it again).
         if task.order == Order::Shutdown && !task.batcher.is_halted() && task.partition.fold_held() {
-            task.write_fold().await;
+            task.write_fold(Reads::End).await;
         }
     }
 }
@@ -288,8 +288,12 @@ impl Task {
         let idle = self.in_flight.is_none() && self.batcher.is_empty() && drained;
         // Nothing more to read for now: what a rebuild folded is written before anything
         // counts the partition's checkpoint (the markers, the caught-up check).
-        if idle && !self.batcher.is_halted() && self.partition.fold_held() && !self.write_fold().await {
-            return;
+        if idle && !self.batcher.is_halted() && self.partition.fold_held() {
+            if let Some(reads) = self.fold_due_at_idle().await {
+                if !self.write_fold(reads).await {
+                    return;
+                }
+            }
         }
         if idle && self.order == Order::Run && !self.batcher.is_halted() {
             self.partition.checkpoint_past_markers(&mut self.markers).await;
@@ -305,10 +309,26 @@ impl Task {
         self.partition.progress.oldest_unapplied_ms.store(oldest.unwrap_or(-1), Ordering::SeqCst);
     }
 
+    /// Whether what a rebuild folded is written at this idle moment, and whether reads of
+    /// its tables follow: once the partition has read up to the high watermark it stops at
+    /// (`exit_when_caught_up`; the end of its reading), or has been quiet for
+    /// [`MARKERS_AFTER`](progress::MARKERS_AFTER) since its last batch (a stream that keeps
+    /// growing). A queue drained while the next fetch is on its way is neither: rows written
+    /// then would be written again by the batches that follow.
+    async fn fold_due_at_idle(&mut self) -> Option<Reads> {
+        if self.partition.exit_when_caught_up {
+            let high = self.partition.high_watermark(&mut self.target).await;
+            if high.is_some_and(|high| self.partition.position().is_some_and(|p| p >= high)) {
+                return Some(Reads::End);
+            }
+        }
+        self.markers.quiet().then_some(Reads::Follow)
+    }
+
     /// Writes what a rebuild folded; `false` when it could not be written now (waited out on
     /// the next turn when PostgreSQL is away; otherwise the partition halts).
-    async fn write_fold(&mut self) -> bool {
-        let Err(e) = self.partition.write_fold().await else { return true };
+    async fn write_fold(&mut self, reads: Reads) -> bool {
+        let Err(e) = self.partition.write_fold(reads).await else { return true };
         let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
         if crate::retry::Retry::of(&e) != crate::retry::Retry::Never {
             let message = "Could not write the rebuild's folded rows; trying again.";

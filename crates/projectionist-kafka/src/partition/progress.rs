@@ -101,7 +101,7 @@ impl Partition {
             return;
         }
         let now = Instant::now();
-        if retry.not_before.is_some_and(|t| now < t) || retry.quiet_until.is_some_and(|t| now < t) {
+        if retry.not_before.is_some_and(|t| now < t) || !retry.quiet() {
             return;
         }
         let stored = async {
@@ -151,6 +151,18 @@ impl Partition {
             self.progress.set_caught_up();
             return;
         }
+        let Some(target) = self.high_watermark(target).await else { return };
+        // The checkpoint, not the position: at an idle moment it is moved past the markers
+        // read, so it reaches the watermark exactly when everything before it is applied.
+        if target == 0 || self.progress.checkpoint.load(Ordering::SeqCst) >= target {
+            self.progress.set_caught_up();
+        }
+    }
+
+    /// The high watermark this partition stops at (`exit_when_caught_up`): `target`, read
+    /// when first asked for (off the async runtime: the query blocks); `None` while it
+    /// cannot be read.
+    pub(super) async fn high_watermark(&self, target: &mut Option<i64>) -> Option<i64> {
         if target.is_none() {
             let (consumer, Tp { topic, partition }) = (self.consumer.clone(), self.tp.clone());
             let high = tokio::task::spawn_blocking(move || {
@@ -166,12 +178,7 @@ impl Partition {
                 Err(e) => tracing::warn!(error = %e, "Watermark query failed."),
             }
         }
-        let Some(target) = *target else { return };
-        // The checkpoint, not the position: at an idle moment it is moved past the markers
-        // read, so it reaches the watermark exactly when everything before it is applied.
-        if target == 0 || self.progress.checkpoint.load(Ordering::SeqCst) >= target {
-            self.progress.set_caught_up();
-        }
+        *target
     }
 
     /// The batch starting at `first` was folded, through `next`: its offsets count as read
@@ -243,6 +250,11 @@ impl MarkerRetry {
     /// A batch committed now: the markers wait for the partition to be idle a while.
     pub(super) fn batch_committed(&mut self) {
         self.quiet_until = Some(Instant::now() + MARKERS_AFTER);
+    }
+
+    /// Whether [`MARKERS_AFTER`] has passed since the last batch committed (or none has).
+    pub(super) fn quiet(&self) -> bool {
+        self.quiet_until.is_none_or(|t| Instant::now() >= t)
     }
 }
 
