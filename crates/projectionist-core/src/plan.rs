@@ -300,6 +300,9 @@ pub fn plan<'a>(
         stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
     let mut unparked = None;
     let declared: Vec<Declared> = tables.iter().map(Declared::of).collect();
+    // Per event, kept from one to the next (cleared) so as not to allocate for each.
+    let mut targets: Vec<usize> = Vec::new();
+    let mut verdicts: Vec<(&str, Verdict)> = Vec::new();
 
     for (index, (event, effect)) in events.iter().enumerate() {
         let fail = |problem: String| PlanError { index, problem, disagreement: false };
@@ -309,8 +312,10 @@ pub fn plan<'a>(
             Effect::Writes(w) => *w,
             Effect::Ignored | Effect::Custom | Effect::Poison => &[],
         };
-        let targets =
-            writes.iter().map(|w| check(tables, event, w).map_err(fail)).collect::<Result<Vec<usize>, _>>()?;
+        targets.clear();
+        for w in writes {
+            targets.push(check(tables, event, w).map_err(fail)?);
+        }
 
         // Classify against every gate the aggregate owns in this projection.
         let (gated, aggregate_gated) = owned.entry(event.aggregate_type).or_insert_with(|| {
@@ -330,7 +335,7 @@ pub fn plan<'a>(
             outcomes.push(Outcome::Parked);
             continue;
         }
-        let mut verdicts: Vec<(&str, Verdict)> = Vec::with_capacity(gated.len() + 1);
+        verdicts.clear();
         for &t in gated {
             let table = &tables[t];
             let state = rows.entry((t, event.aggregate_id)).or_insert_with(|| {
