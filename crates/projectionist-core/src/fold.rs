@@ -23,8 +23,9 @@ use crate::{Outcome, Table};
 /// and one update carrying every later change.
 #[derive(Debug, Default)]
 pub struct Fold {
-    /// Per table name, per key.
-    rows: HashMap<&'static str, HashMap<String, Pending, Hasher>, Hasher>,
+    /// Per table name (a projection has a few: found by a scan, most often by the name's
+    /// address alone), per key. Cleared, the maps keep their room for the next fold.
+    rows: Vec<(&'static str, HashMap<String, Pending, Hasher>)>,
     len: usize,
 }
 
@@ -107,12 +108,14 @@ impl Fold {
 
     /// Forgets what is held (once written).
     pub fn clear(&mut self) {
-        self.rows.clear();
+        for (_, rows) in &mut self.rows {
+            rows.clear();
+        }
         self.len = 0;
     }
 
     fn get(&self, table: &str, key: &str) -> Option<&Pending> {
-        self.rows.get(table)?.get(key)
+        self.rows.iter().find(|(name, _)| same_name(name, table))?.1.get(key)
     }
 
     /// The version row `key` of `table` has once what is held is written; `None`: the fold
@@ -178,7 +181,14 @@ impl Fold {
         }
         for row in &plan.rows {
             let (Some(version), Some(declared)) = (row.version, declared(&row.table)) else { continue };
-            let table = self.rows.entry(row.table.name()).or_default();
+            let name = row.table.name();
+            let table = match self.rows.iter().position(|(held, _)| same_name(held, name)) {
+                Some(i) => &mut self.rows[i].1,
+                None => {
+                    self.rows.push((name, HashMap::default()));
+                    &mut self.rows.last_mut().expect("just pushed").1
+                }
+            };
             let pending = match table.get_mut(row.key) {
                 Some(pending) => pending,
                 None => {
@@ -242,6 +252,12 @@ impl Fold {
             (!rows.is_empty()).then(|| rows.into_iter().map(|(_, r)| r).collect())
         })
     }
+}
+
+/// Whether two table names are the same: most often the same `&'static str`, compared by
+/// address without reading it.
+fn same_name(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
 }
 
 impl Part {
