@@ -95,13 +95,17 @@ fn main() {
                     (event, Effect::Writes(p.writes.writes()))
                 })
                 .collect();
-            // The versions as a rebuild reads them: from its fold, for the rows it holds.
+            // The versions as a rebuild reads them (`read_stored`): each key of the batch once,
+            // from its fold, for the rows it holds.
             let mut stored = Stored::default();
+            let mut ids: Vec<&str> = events.iter().map(|(e, _)| e.aggregate_id).collect();
+            ids.sort_unstable();
+            ids.dedup();
             for table in tables {
                 let held = stored.rows.entry(table.name()).or_default();
-                for (event, _) in &events {
-                    if let Some(v) = fold.version(table.name(), event.aggregate_id) {
-                        held.insert(event.aggregate_id.to_owned(), v);
+                for id in &ids {
+                    if let Some(v) = fold.version(table.name(), id) {
+                        held.insert((*id).to_owned(), v);
                     }
                 }
             }
