@@ -187,7 +187,11 @@ fn random_stream(seed: u64, poison: bool) -> Vec<RawEnvelope> {
                     4..=5 if poison && rng.gen_bool(0.15) => {
                         Wire::Snap { s: if rng.gen_bool(0.5) { "refused".into() } else { "nul\u{0}".into() } }
                     }
-                    4..=5 => Wire::Snap { s: format!("s{v}") },
+                    // Text as `COPY` must escape it (a rebuild writes new rows so), and as not.
+                    4..=5 => {
+                        let text = ["s", "tab\t", "back\\slash ", "line\nbreak\r", "\\N", "é ✓ "][rng.gen_range(0..6)];
+                        Wire::Snap { s: format!("{text}{v}") }
+                    }
                     6..=7 => Wire::Bump { bucket: format!("b{}", rng.gen_range(0..4)), n: rng.gen_range(1..9) },
                     8 => Wire::Nothing {},
                     _ => Wire::Noise {},

@@ -551,6 +551,36 @@ impl Declared {
     }
 }
 
+/// A table's columns as `COPY … FROM STDIN` takes their values: for a bulk load of new rows,
+/// where `COPY` stores what the JSON path (`jsonb_populate_record`) stores.
+pub struct CopyColumns(Declared);
+
+impl CopyColumns {
+    /// `table`'s columns, read from its declarations.
+    pub fn of(table: &Table) -> Self {
+        Self(Declared::of(table))
+    }
+
+    /// Whether `value`, given to `column` as its text (a string's content, a number's or a
+    /// boolean's JSON text, `NULL` for null), is stored as the JSON path stores it: the type's
+    /// text input reads both. Not for `json` and `jsonb` columns (the JSON path stores the
+    /// value, its text normalised), nor for numbers and booleans into text columns (a number's
+    /// text there is PostgreSQL's rendering of it), nor for types not known here.
+    pub fn takes(&self, column: &str, value: &Value) -> bool {
+        let known = self.0.column(column).known;
+        match value {
+            Value::Null => true,
+            Value::String(_) => matches!(known, Some(Known::Text | Known::Timestamptz | Known::Uuid)),
+            Value::Number(_) => matches!(
+                known,
+                Some(Known::BigInt | Known::Int | Known::SmallInt | Known::Float | Known::Numeric { .. })
+            ),
+            Value::Bool(_) => known == Some(Known::Bool),
+            Value::Array(_) | Value::Object(_) => false,
+        }
+    }
+}
+
 /// What a column's declaration says of the values it surely takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ColumnType {
