@@ -56,7 +56,7 @@ pub enum Effect<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct Stored {
     /// Per gated table name: key → version.
-    pub rows: HashMap<&'static str, HashMap<String, i64>>,
+    pub rows: HashMap<&'static str, Versions, foldhash::fast::RandomState>,
     /// Per (aggregate type, aggregate id): the aggregate version.
     pub aggregates: HashMap<(String, String), i64>,
     /// `None`: parking is off, a gap is [`Outcome::Gap`]. `Some`: a gap parks its aggregate
@@ -66,6 +66,9 @@ pub struct Stored {
     /// With parking on, a gap is still [`Outcome::Gap`] (only dead letters park).
     pub gaps_halt: bool,
 }
+
+/// A table's stored versions, by key (looked up for each event of a batch).
+pub type Versions = HashMap<String, i64, foldhash::fast::RandomState>;
 
 /// A parked aggregate: its events past the version it waits for are held, not applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -922,7 +925,7 @@ mod tests {
         let adds = [ACC.write(&env("a", 2)).add("balance", 5)];
         let set = [ACC.write(&env("a", 3)).set("balance", 0)];
         let mut stored = Stored::default();
-        stored.rows.insert("acc", HashMap::from([("a".to_owned(), 1)]));
+        stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
         let events = [(r("a", 2), Effect::Writes(&adds)), (r("a", 3), Effect::Writes(&set))];
         assert_eq!(plan(&[ACC], &stored, &events).unwrap().superseded, vec![ACC], "adds never summed");
     }
@@ -958,7 +961,7 @@ mod tests {
         let old = [ACC.write(&env("b", 2)).add("balance", 1000)];
         let w4 = [ACC.write(&env("b", 5)).add("balance", -5).set("owner", "bob")];
         let mut stored = Stored::default();
-        stored.rows.insert("acc", HashMap::from([("b".to_owned(), 3)]));
+        stored.rows.insert("acc", Versions::from_iter([("b".to_owned(), 3)]));
         let events = [
             (r("a", 1), Effect::Writes(&w1)),
             (r("a", 1), Effect::Writes(&w1)),
@@ -1022,7 +1025,7 @@ mod tests {
     fn an_ignored_event_moves_the_gate_and_a_gap_stops_nothing_else() {
         let w3 = [ACC.write(&env("a", 3)).add("balance", 1)];
         let mut stored = Stored::default();
-        stored.rows.insert("acc", HashMap::from([("a".to_owned(), 1)]));
+        stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
         let events = [
             (r("a", 2), Effect::Ignored),
             (r("a", 3), Effect::Writes(&w3)),
@@ -1047,7 +1050,7 @@ mod tests {
         let w = |id: &str, v: i64| vec![ACC.write(&env(id, v)).add("balance", v)];
         let (a2, a3, a4, b1) = (w("a", 2), w("a", 3), w("a", 4), w("b", 1));
         let mut stored = Stored { parked: Some(HashMap::new()), ..Stored::default() };
-        stored.rows.insert("acc", HashMap::from([("a".to_owned(), 1)]));
+        stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
         let events = [
             (r("a", 3), Effect::Writes(&a3)),
             (r("a", 4), Effect::Writes(&a4)),
@@ -1067,7 +1070,7 @@ mod tests {
         // Parked before the plan, waiting for 5: later versions are held, earlier ones
         // classified as ever; a gap below the awaited version lowers it.
         let mut parked = stored.clone();
-        parked.rows.insert("acc", HashMap::from([("a".to_owned(), 2)]));
+        parked.rows.insert("acc", Versions::from_iter([("a".to_owned(), 2)]));
         parked.parked = Some(HashMap::from([(key.clone(), super::Parked { waiting_for: 5, dead_letter: false })]));
         let events = [(r("a", 6), Effect::Ignored), (r("a", 3), Effect::Writes(&a3)), (r("a", 5), Effect::Ignored)];
         let p = plan(&[ACC], &parked, &events).unwrap();
@@ -1144,7 +1147,7 @@ mod tests {
     #[test]
     fn gates_that_disagree_and_keys_that_cannot_be_stored_are_errors() {
         let mut stored = Stored::default();
-        stored.rows.insert("acc", HashMap::from([("a".to_owned(), 2)]));
+        stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 2)]));
         stored.aggregates.insert(("account".into(), "a".into()), 1);
         let err = plan(&[ACC, STATS], &stored, &[(r("a", 2), Effect::Ignored)]).unwrap_err();
         assert!(err.problem.contains("disagree") && err.disagreement, "{err}");
