@@ -58,7 +58,7 @@ impl Write {
 
     fn push(mut self, column: &'static str, op: Op, value: impl Serialize) -> Self {
         if self.error.is_none() {
-            match serde_json::to_value(value) {
+            match value.serialize(ValueSerializer) {
                 Ok(value) => self.changes.push(Change { column, op, value }),
                 Err(e) => {
                     self.error =
@@ -159,5 +159,182 @@ impl From<Write> for Writes {
 impl FromIterator<Write> for Writes {
     fn from_iter<I: IntoIterator<Item = Write>>(iter: I) -> Self {
         Self { writes: iter.into_iter().collect(), custom: false }
+    }
+}
+
+/// `serde_json::to_value`, but a value serialised as a string of its `Display` (a timestamp,
+/// a UUID, a decimal) is formatted into room made for it once, not grown a few characters
+/// at a time: each event's `updated_at` goes through here.
+struct ValueSerializer;
+
+type Json = serde_json::value::Serializer;
+
+macro_rules! forward {
+    ($($method:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(fn $method(self, $($arg: $ty),*) -> Result<Value, serde_json::Error> {
+            serde_json::value::Serializer.$method($($arg),*)
+        })*
+    };
+}
+
+impl serde::Serializer for ValueSerializer {
+    type Ok = Value;
+    type Error = serde_json::Error;
+    type SerializeSeq = <Json as serde::Serializer>::SerializeSeq;
+    type SerializeTuple = <Json as serde::Serializer>::SerializeTuple;
+    type SerializeTupleStruct = <Json as serde::Serializer>::SerializeTupleStruct;
+    type SerializeTupleVariant = <Json as serde::Serializer>::SerializeTupleVariant;
+    type SerializeMap = <Json as serde::Serializer>::SerializeMap;
+    type SerializeStruct = <Json as serde::Serializer>::SerializeStruct;
+    type SerializeStructVariant = <Json as serde::Serializer>::SerializeStructVariant;
+
+    forward! {
+        serialize_bool(v: bool);
+        serialize_i8(v: i8);
+        serialize_i16(v: i16);
+        serialize_i32(v: i32);
+        serialize_i64(v: i64);
+        serialize_i128(v: i128);
+        serialize_u8(v: u8);
+        serialize_u16(v: u16);
+        serialize_u32(v: u32);
+        serialize_u64(v: u64);
+        serialize_u128(v: u128);
+        serialize_f32(v: f32);
+        serialize_f64(v: f64);
+        serialize_char(v: char);
+        serialize_str(v: &str);
+        serialize_bytes(v: &[u8]);
+        serialize_none();
+        serialize_unit();
+        serialize_unit_struct(name: &'static str);
+        serialize_unit_variant(name: &'static str, index: u32, variant: &'static str);
+    }
+
+    fn serialize_some<T: ?Sized + Serialize>(self, value: &T) -> Result<Value, serde_json::Error> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<Value, serde_json::Error> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        name: &'static str,
+        index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<Value, serde_json::Error> {
+        serde_json::value::Serializer.serialize_newtype_variant(name, index, variant, value)
+    }
+
+    fn serialize_seq(self, len: Option<usize>) -> Result<Self::SerializeSeq, serde_json::Error> {
+        serde_json::value::Serializer.serialize_seq(len)
+    }
+
+    fn serialize_tuple(self, len: usize) -> Result<Self::SerializeTuple, serde_json::Error> {
+        serde_json::value::Serializer.serialize_tuple(len)
+    }
+
+    fn serialize_tuple_struct(
+        self,
+        name: &'static str,
+        len: usize,
+    ) -> Result<Self::SerializeTupleStruct, serde_json::Error> {
+        serde_json::value::Serializer.serialize_tuple_struct(name, len)
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        name: &'static str,
+        index: u32,
+        variant: &'static str,
+        len: usize,
+    ) -> Result<Self::SerializeTupleVariant, serde_json::Error> {
+        serde_json::value::Serializer.serialize_tuple_variant(name, index, variant, len)
+    }
+
+    fn serialize_map(self, len: Option<usize>) -> Result<Self::SerializeMap, serde_json::Error> {
+        serde_json::value::Serializer.serialize_map(len)
+    }
+
+    fn serialize_struct(self, name: &'static str, len: usize) -> Result<Self::SerializeStruct, serde_json::Error> {
+        serde_json::value::Serializer.serialize_struct(name, len)
+    }
+
+    fn serialize_struct_variant(
+        self,
+        name: &'static str,
+        index: u32,
+        variant: &'static str,
+        len: usize,
+    ) -> Result<Self::SerializeStructVariant, serde_json::Error> {
+        serde_json::value::Serializer.serialize_struct_variant(name, index, variant, len)
+    }
+
+    fn collect_str<T: ?Sized + std::fmt::Display>(self, value: &T) -> Result<Value, serde_json::Error> {
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(40);
+        write!(text, "{value}").map_err(serde::ser::Error::custom)?;
+        Ok(Value::String(text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ValueSerializer;
+    use serde::Serialize;
+    use serde_json::{json, Value};
+
+    #[derive(Serialize)]
+    enum Shape {
+        Unit,
+        Newtype(i32),
+        Tuple(i32, String),
+        Struct { at: chrono::DateTime<chrono::Utc> },
+    }
+
+    #[derive(Serialize)]
+    struct Wrapped(uuid::Uuid);
+
+    fn both<T: Serialize>(value: T) -> (Value, Value) {
+        (value.serialize(ValueSerializer).unwrap(), serde_json::to_value(&value).unwrap())
+    }
+
+    #[test]
+    fn values_are_what_serde_json_makes_of_them() {
+        let at = chrono::DateTime::parse_from_rfc3339("2026-11-26T07:15:00.123456Z").unwrap().to_utc();
+        let id = uuid::Uuid::from_u128(0x6f1c_2a8e_8d0b_4c1e_9a57_2f4d_1c3b_5e70);
+        let (ours, theirs) = both(at);
+        assert_eq!(ours, theirs);
+        assert_eq!(ours, json!("2026-11-26T07:15:00.123456Z"));
+        assert_eq!(both(Wrapped(id)).0, both(Wrapped(id)).1);
+        assert_eq!(both(Some(at)).0, both(Some(at)).1);
+        assert_eq!(both(None::<i64>).0, Value::Null);
+        for (ours, theirs) in [
+            both(true),
+            both(-7_i8),
+            both(u64::MAX),
+            both(i128::from(i64::MIN)),
+            both(0.1_f64),
+            both('x'),
+            both("text"),
+            both(()),
+            both(vec![1, 2, 3]),
+            both((1, "two")),
+            both(std::collections::BTreeMap::from([("k", at)])),
+            both(Shape::Unit),
+            both(Shape::Newtype(4)),
+            both(Shape::Tuple(5, "six".into())),
+            both(Shape::Struct { at }),
+            both(json!({"nested": [1, {"a": null}]})),
+        ] {
+            assert_eq!(ours, theirs);
+        }
     }
 }
