@@ -568,12 +568,14 @@ impl CopyColumns {
     /// boolean's JSON text, `NULL` for null), is stored as the JSON path stores it: the type's
     /// text input reads both. Not for `json` and `jsonb` columns (the JSON path stores the
     /// value, its text normalised), nor for numbers and booleans into text columns (a number's
-    /// text there is PostgreSQL's rendering of it), nor for types not known here.
+    /// text there is PostgreSQL's rendering of it), nor for `-0.0` (the JSON path reads it as
+    /// a `numeric`, which has no negative zero), nor for types not known here.
     pub fn takes(&self, column: &str, value: &Value) -> bool {
         let known = self.0.column(column).known;
         match value {
             Value::Null => true,
             Value::String(_) => matches!(known, Some(Known::Text | Known::Timestamptz | Known::Uuid)),
+            Value::Number(n) if n.as_f64().is_some_and(|f| f == 0.0 && f.is_sign_negative()) => false,
             Value::Number(_) => matches!(
                 known,
                 Some(Known::BigInt | Known::Int | Known::SmallInt | Known::Float | Known::Numeric { .. })
@@ -909,6 +911,46 @@ mod tests {
         assert!(!ColumnType::of(None).surely_fits(&json!(1)), "an undeclared column");
         assert!(!ColumnType::of(None).surely_fits(&Value::Null), "an undeclared column");
         assert!(fits("uuid", json!("67e55044-10b1-426f-9247-bb680e5fe0c8")) && !fits("uuid", json!("x")));
+    }
+
+    #[test]
+    fn copy_takes_only_values_whose_text_is_stored_as_the_json_path_stores_it() {
+        use serde_json::json;
+        const T: Table = Table::upsert("t", "id").columns(&[
+            ("name", "text"),
+            ("at", "timestamptz NOT NULL"),
+            ("n", "bigint"),
+            ("f", "double precision"),
+            ("d", "numeric(10,2)"),
+            ("ok", "boolean"),
+            ("doc", "jsonb"),
+            ("other", "inet"),
+        ]);
+        let copy = CopyColumns::of(&T);
+        for (column, value) in [
+            ("name", json!("tab\there")),
+            ("name", Value::Null),
+            ("at", json!("2026-11-26T07:00:00Z")),
+            ("n", json!(-12)),
+            ("f", json!(0.1)),
+            ("f", json!(0.0)),
+            ("d", json!(1.25)),
+            ("ok", json!(true)),
+        ] {
+            assert!(copy.takes(column, &value), "{column} takes {value}");
+        }
+        for (column, value) in [
+            ("name", json!(1.5)),
+            ("name", json!(false)),
+            ("f", json!(-0.0)),
+            ("doc", json!({"a": 1})),
+            ("doc", json!("text")),
+            ("other", json!("10.0.0.1")),
+            ("missing", json!("x")),
+            ("n", json!([1])),
+        ] {
+            assert!(!copy.takes(column, &value), "{column} does not take {value}");
+        }
     }
 
     #[test]
