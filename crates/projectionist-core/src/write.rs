@@ -170,8 +170,8 @@ struct ValueSerializer;
 type Json = serde_json::value::Serializer;
 
 macro_rules! forward {
-    ($($method:ident($($arg:ident: $ty:ty),*);)*) => {
-        $(fn $method(self, $($arg: $ty),*) -> Result<Value, serde_json::Error> {
+    ($($method:ident($($arg:ident: $ty:ty),*) -> $ok:ty;)*) => {
+        $(fn $method(self, $($arg: $ty),*) -> Result<$ok, serde_json::Error> {
             serde_json::value::Serializer.$method($($arg),*)
         })*
     };
@@ -189,26 +189,35 @@ impl serde::Serializer for ValueSerializer {
     type SerializeStructVariant = <Json as serde::Serializer>::SerializeStructVariant;
 
     forward! {
-        serialize_bool(v: bool);
-        serialize_i8(v: i8);
-        serialize_i16(v: i16);
-        serialize_i32(v: i32);
-        serialize_i64(v: i64);
-        serialize_i128(v: i128);
-        serialize_u8(v: u8);
-        serialize_u16(v: u16);
-        serialize_u32(v: u32);
-        serialize_u64(v: u64);
-        serialize_u128(v: u128);
-        serialize_f32(v: f32);
-        serialize_f64(v: f64);
-        serialize_char(v: char);
-        serialize_str(v: &str);
-        serialize_bytes(v: &[u8]);
-        serialize_none();
-        serialize_unit();
-        serialize_unit_struct(name: &'static str);
-        serialize_unit_variant(name: &'static str, index: u32, variant: &'static str);
+        serialize_bool(v: bool) -> Value;
+        serialize_i8(v: i8) -> Value;
+        serialize_i16(v: i16) -> Value;
+        serialize_i32(v: i32) -> Value;
+        serialize_i64(v: i64) -> Value;
+        serialize_i128(v: i128) -> Value;
+        serialize_u8(v: u8) -> Value;
+        serialize_u16(v: u16) -> Value;
+        serialize_u32(v: u32) -> Value;
+        serialize_u64(v: u64) -> Value;
+        serialize_u128(v: u128) -> Value;
+        serialize_f32(v: f32) -> Value;
+        serialize_f64(v: f64) -> Value;
+        serialize_char(v: char) -> Value;
+        serialize_str(v: &str) -> Value;
+        serialize_bytes(v: &[u8]) -> Value;
+        serialize_none() -> Value;
+        serialize_unit() -> Value;
+        serialize_unit_struct(name: &'static str) -> Value;
+        serialize_unit_variant(name: &'static str, index: u32, variant: &'static str) -> Value;
+        serialize_seq(len: Option<usize>) -> Self::SerializeSeq;
+        serialize_tuple(len: usize) -> Self::SerializeTuple;
+        serialize_tuple_struct(name: &'static str, len: usize) -> Self::SerializeTupleStruct;
+        serialize_tuple_variant(name: &'static str, index: u32, variant: &'static str, len: usize)
+            -> Self::SerializeTupleVariant;
+        serialize_map(len: Option<usize>) -> Self::SerializeMap;
+        serialize_struct(name: &'static str, len: usize) -> Self::SerializeStruct;
+        serialize_struct_variant(name: &'static str, index: u32, variant: &'static str, len: usize)
+            -> Self::SerializeStructVariant;
     }
 
     fn serialize_some<T: ?Sized + Serialize>(self, value: &T) -> Result<Value, serde_json::Error> {
@@ -231,50 +240,6 @@ impl serde::Serializer for ValueSerializer {
         value: &T,
     ) -> Result<Value, serde_json::Error> {
         serde_json::value::Serializer.serialize_newtype_variant(name, index, variant, value)
-    }
-
-    fn serialize_seq(self, len: Option<usize>) -> Result<Self::SerializeSeq, serde_json::Error> {
-        serde_json::value::Serializer.serialize_seq(len)
-    }
-
-    fn serialize_tuple(self, len: usize) -> Result<Self::SerializeTuple, serde_json::Error> {
-        serde_json::value::Serializer.serialize_tuple(len)
-    }
-
-    fn serialize_tuple_struct(
-        self,
-        name: &'static str,
-        len: usize,
-    ) -> Result<Self::SerializeTupleStruct, serde_json::Error> {
-        serde_json::value::Serializer.serialize_tuple_struct(name, len)
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        name: &'static str,
-        index: u32,
-        variant: &'static str,
-        len: usize,
-    ) -> Result<Self::SerializeTupleVariant, serde_json::Error> {
-        serde_json::value::Serializer.serialize_tuple_variant(name, index, variant, len)
-    }
-
-    fn serialize_map(self, len: Option<usize>) -> Result<Self::SerializeMap, serde_json::Error> {
-        serde_json::value::Serializer.serialize_map(len)
-    }
-
-    fn serialize_struct(self, name: &'static str, len: usize) -> Result<Self::SerializeStruct, serde_json::Error> {
-        serde_json::value::Serializer.serialize_struct(name, len)
-    }
-
-    fn serialize_struct_variant(
-        self,
-        name: &'static str,
-        index: u32,
-        variant: &'static str,
-        len: usize,
-    ) -> Result<Self::SerializeStructVariant, serde_json::Error> {
-        serde_json::value::Serializer.serialize_struct_variant(name, index, variant, len)
     }
 
     fn collect_str<T: ?Sized + std::fmt::Display>(self, value: &T) -> Result<Value, serde_json::Error> {
