@@ -56,7 +56,7 @@ pub enum Effect<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct Stored {
     /// Per gated table name: key → version.
-    pub rows: HashMap<&'static str, Versions, foldhash::fast::RandomState>,
+    pub rows: Map<&'static str, Versions>,
     /// Per (aggregate type, aggregate id): the aggregate version.
     pub aggregates: HashMap<(String, String), i64>,
     /// `None`: parking is off, a gap is [`Outcome::Gap`]. `Some`: a gap parks its aggregate
@@ -68,7 +68,7 @@ pub struct Stored {
 }
 
 /// A table's stored versions, by key (looked up for each event of a batch).
-pub type Versions = HashMap<String, i64, foldhash::fast::RandomState>;
+pub type Versions = Map<String, i64>;
 
 /// A parked aggregate: its events past the version it waits for are held, not applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -205,10 +205,10 @@ pub(crate) async fn write_fold(conn: &mut PgConnection, tables: &[Table], fold: 
 }
 
 /// Whether `row` is a new row whose every value `COPY` stores as the JSON path would: an
-/// insert into a gated table, each column set to a value [`CopyColumns::takes`].
+/// insert into a gated table (it carries a version), each column set to a value
+/// [`CopyColumns::takes`].
 fn copyable(columns: &CopyColumns, row: &RowWrite<'_>) -> bool {
     row.kind == RowKind::Insert
-        && row.table.is_gated()
         && row.version.is_some()
         && row.columns.iter().all(|c| c.deltas.is_empty() && c.base.is_some_and(|v| columns.takes(c.column, v)))
 }
@@ -220,11 +220,11 @@ fn copyable(columns: &CopyColumns, row: &RowWrite<'_>) -> bool {
 async fn copy_rows(conn: &mut PgConnection, rows: &[&RowWrite<'_>]) -> Result<()> {
     let mut shapes: Vec<(Vec<&'static str>, Vec<u8>, usize)> = Vec::new();
     for row in rows {
-        let columns: Vec<&'static str> = row.columns.iter().map(|c| c.column).collect();
-        let i = match shapes.iter().position(|(c, ..)| *c == columns) {
+        let columns = || row.columns.iter().map(|c| c.column);
+        let i = match shapes.iter().position(|(c, ..)| c.iter().copied().eq(columns())) {
             Some(i) => i,
             None => {
-                shapes.push((columns, Vec::new(), 0));
+                shapes.push((columns().collect(), Vec::new(), 0));
                 shapes.len() - 1
             }
         };
