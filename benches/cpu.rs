@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bank_accounts::{AccountEvent, BankAccounts};
 use projectionist::fold::Fold;
-use projectionist::plan::{plan, Effect, EventRef, Stored};
+use projectionist::plan::{plan_unordered, Effect, EventRef, Stored};
 use projectionist::postgres::PgProjection;
 use projectionist::{Envelope, EventDecoder, LazyEnvelope, Projection, Writes};
 
@@ -109,7 +109,7 @@ fn main() {
                     }
                 }
             }
-            let planned = plan(tables, &stored, &events).expect("the bench's batches plan");
+            let planned = plan_unordered(tables, &stored, &events).expect("the bench's batches plan");
             let planned_at = Instant::now();
             assert!(fold.absorb(tables, &planned), "the bench's batches fold");
             if fold.len() >= FOLD_ROWS {

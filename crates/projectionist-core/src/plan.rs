@@ -289,6 +289,27 @@ pub fn plan<'a>(
     stored: &Stored,
     events: &'a [(EventRef<'a>, Effect<'a>)],
 ) -> Result<Plan<'a>, PlanError> {
+    plan_rows(tables, stored, events, true)
+}
+
+/// As [`plan`], with [`Plan::rows`] in no order but one (a row's insert before its update):
+/// what a rebuild's fold takes (see [`Fold::absorb`](crate::fold::Fold::absorb)), which
+/// writes nothing in the plan's order. Sorting each batch's rows by key is a few percent of
+/// what a rebuild spends per event.
+pub fn plan_unordered<'a>(
+    tables: &[Table],
+    stored: &Stored,
+    events: &'a [(EventRef<'a>, Effect<'a>)],
+) -> Result<Plan<'a>, PlanError> {
+    plan_rows(tables, stored, events, false)
+}
+
+fn plan_rows<'a>(
+    tables: &[Table],
+    stored: &Stored,
+    events: &'a [(EventRef<'a>, Effect<'a>)],
+    ordered_rows: bool,
+) -> Result<Plan<'a>, PlanError> {
     // Keyed by what the events hold (no key copied per event); ordered at the end.
     let mut rows: Map<(usize, &'a str), RowState<'a>> = Map::default();
     // Per aggregate (type, id): the version stored, and the version it moves to.
@@ -466,9 +487,11 @@ pub fn plan<'a>(
     }
     // Per table, inserts and merges before the updates that may build on them; then by
     // key, so that concurrent writers lock rows in one order.
-    ordered.sort_unstable_by(|(t, a), (u, b)| {
-        (t, a.kind == RowKind::Update, &a.key).cmp(&(u, b.kind == RowKind::Update, &b.key))
-    });
+    if ordered_rows {
+        ordered.sort_unstable_by(|(t, a), (u, b)| {
+            (t, a.kind == RowKind::Update, &a.key).cmp(&(u, b.kind == RowKind::Update, &b.key))
+        });
+    }
     plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
     for ((aggregate_type, aggregate_id), (stored, current)) in marks {
         if let (Some(version), true) = (current, current != stored) {

@@ -11,8 +11,8 @@ use std::io::Write as _;
 
 use projectionist_core::fold::Fold;
 use projectionist_core::plan::{
-    aggregate_gated, plan, rounds, AggregateWrite, CopyColumns, Effect, EventRef, Parked, Plan, RowKind, RowWrite,
-    Stored, Versions,
+    aggregate_gated, plan, plan_unordered, rounds, AggregateWrite, CopyColumns, Effect, EventRef, Parked, Plan,
+    PlanError, RowKind, RowWrite, Stored, Versions,
 };
 use projectionist_core::{Outcome, Table};
 use serde::Serialize;
@@ -143,7 +143,7 @@ async fn plan_run<'a>(
     let mut stored = read_stored(conn, projection, tables, events, parking.sole_writer, None).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
-    let planned = |events| planned(tables, &stored, events);
+    let planned = |events| planned(events, plan(tables, &stored, events));
     let mut plan = planned(events)?;
     // A gap ends the run: what precedes it is written, nothing at or after it.
     if let Some(gap) = plan.outcomes.iter().position(|o| matches!(o, Outcome::Gap { .. })) {
@@ -177,7 +177,8 @@ pub(crate) async fn fold(
         return Ok(None);
     }
     let stored = read_stored(conn, projection, tables, events, true, Some(fold)).await?;
-    let plan = planned(tables, &stored, events)?;
+    // Folded, the rows are written in the fold's order, not the plan's.
+    let plan = planned(events, plan_unordered(tables, &stored, events))?;
     Ok(fold.absorb(tables, &plan).then_some(plan.outcomes))
 }
 
@@ -376,8 +377,11 @@ impl Runs {
 }
 
 /// The plan of `events`, or the error naming the event that cannot be planned.
-fn planned<'a>(tables: &[Table], stored: &Stored, events: &'a [(EventRef<'a>, Effect<'a>)]) -> Result<Plan<'a>> {
-    plan(tables, stored, events).map_err(|e| {
+fn planned<'a>(
+    events: &[(EventRef<'_>, Effect<'_>)],
+    plan: std::result::Result<Plan<'a>, PlanError>,
+) -> Result<Plan<'a>> {
+    plan.map_err(|e| {
         let event = &events[e.index].0;
         if e.disagreement {
             Error::Conflict { detail: format!("{} v{}: {}", aggregate(event), event.version, e.problem) }
