@@ -923,6 +923,38 @@ async fn parking_past_its_bounds_halts_naming_the_bound(pool: PgPool) {
     assert!(held <= 2, "never more held than the bound: {held}");
 }
 
+/// The bounds are checked for every aggregate a batch parks or holds events of, at once:
+/// the halt names the aggregate past the bound, not the first one the batch held events of;
+/// and past the aggregates parked, the bound on those.
+#[sqlx::test(migrations = false)]
+async fn parking_bounds_name_the_aggregate_past_them(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let opened = |id| e(id, 1, &AccountEvent::AccountOpened { owner: id.into() });
+    let deposit = |id, v| e(id, v, &AccountEvent::MoneyDeposited { amount: 1 });
+    // acc-a waits for its version 2 with one event held, acc-b with three.
+    let events = [opened("acc-a"), deposit("acc-a", 3), opened("acc-b"), deposit("acc-b", 3), deposit("acc-b", 4)];
+    let events = [&events[..], &[deposit("acc-b", 5)]].concat();
+    for (held, parked, bound) in [(2, 10, "over max_held_per_aggregate (2)"), (10, 1, "over max_parked_aggregates (1)")]
+    {
+        projectionist::postgres::reset(&pool, &BankAccounts).await.unwrap();
+        sqlx::raw_sql("TRUNCATE projectionist_parked, projectionist_held").execute(&pool).await.unwrap();
+        let topic = rand_test_topic("bounds");
+        topics::create_topics(&brokers(), &[&topic], 1, 1).await.unwrap();
+        produce(&topic, &events).await;
+        let mut config = config();
+        config.max_held_per_aggregate = held;
+        config.max_parked_aggregates = parked;
+        let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
+        let halts = report.halts();
+        assert_eq!(halts.len(), 1, "{halts:?}");
+        assert!(halts[0].contains(bound), "names the bound: {}", halts[0]);
+        if held == 2 {
+            assert!(halts[0].contains("acc-b") && !halts[0].contains("acc-a"), "names acc-b: {}", halts[0]);
+        }
+    }
+}
+
 /// With a dead-letter topic, each dead letter is also produced there once its batch
 /// commits: the message's own key and payload, with where it was read and why it failed in
 /// `projectionist.*` headers.

@@ -583,22 +583,28 @@ async fn mark(conn: &mut PgConnection, id: i64, resolution: &str, note: Option<&
     Ok(())
 }
 
-/// How many aggregates `projection` has parked, and how many events it holds for `aggregate`:
-/// for the bounds on parking, in the batch's transaction.
+/// How many aggregates `projection` has parked, and how many events it holds for each of
+/// `aggregates` (in their order): for the bounds on parking, in the batch's transaction, in
+/// one round trip whatever the batch held.
 pub async fn bounds_in(
     conn: &mut PgConnection,
     projection: &str,
-    (aggregate_type, aggregate_id): (&str, &str),
-) -> Result<(i64, i64)> {
-    Ok(sqlx::query_as(
+    aggregates: &[(&str, &str)],
+) -> Result<(i64, Vec<i64>)> {
+    let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.iter().copied().unzip();
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
         "SELECT (SELECT count(*) FROM projectionist_parked WHERE projection = $1), \
-         (SELECT count(*) FROM projectionist_held WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3)",
+         (SELECT count(*) FROM projectionist_held h WHERE h.projection = $1 AND h.aggregate_type = a.t \
+         AND h.aggregate_id = a.i) \
+         FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS a(t, i, n) ORDER BY a.n",
     )
     .bind(projection)
-    .bind(aggregate_type)
-    .bind(aggregate_id)
-    .fetch_one(conn)
-    .await?)
+    .bind(types)
+    .bind(ids)
+    .fetch_all(conn)
+    .await?;
+    let parked = rows.first().map_or(0, |(parked, _)| *parked);
+    Ok((parked, rows.into_iter().map(|(_, held)| held).collect()))
 }
 
 #[cfg(test)]

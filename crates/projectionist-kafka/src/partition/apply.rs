@@ -391,35 +391,50 @@ impl Partition {
         prepared: &Prepared,
         outcomes: &[Outcome],
     ) -> projectionist_postgres::Result<()> {
+        // Each aggregate the batch parked or held events of, at its first such event.
         let mut checked = std::collections::HashSet::new();
+        let mut aggregates = Vec::new();
         for (index, _) in
             outcomes.iter().enumerate().filter(|(_, o)| matches!(o, Outcome::Parked | Outcome::DeadLettered))
         {
             let Some((aggregate_type, aggregate_id, _)) = prepared.aggregate(index) else { continue };
-            if !checked.insert((aggregate_type, aggregate_id)) {
-                continue;
+            if checked.insert((aggregate_type, aggregate_id)) {
+                aggregates.push((index, (aggregate_type, aggregate_id)));
             }
-            let (parked, held) =
-                projectionist_postgres::park::bounds_in(tx, self.name(), (aggregate_type, aggregate_id)).await?;
-            let bound = |problem: String| projectionist_postgres::Error::Bound {
+        }
+        if aggregates.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<(&str, &str)> = aggregates.iter().map(|(_, a)| *a).collect();
+        let (parked, held) = projectionist_postgres::park::bounds_in(tx, self.name(), &keys).await?;
+        let bound = |(index, (aggregate_type, aggregate_id)): (usize, (&str, &str)), problem: String| {
+            projectionist_postgres::Error::Bound {
                 index,
                 aggregate: format!("{aggregate_type}/{aggregate_id}"),
                 problem,
-            };
-            if parked as u64 > self.bounds.parked_aggregates {
-                return Err(bound(format!(
+            }
+        };
+        if parked as u64 > self.bounds.parked_aggregates {
+            return Err(bound(
+                aggregates[0],
+                format!(
                     "{parked} aggregates would be parked, over max_parked_aggregates ({}): resolve them (`parked`, \
                      `dead-letters list`) or raise it (--max-parked-aggregates)",
                     self.bounds.parked_aggregates
-                )));
-            }
-            if held as u64 > self.bounds.held_per_aggregate {
-                return Err(bound(format!(
+                ),
+            ));
+        }
+        if let Some((&at, held)) =
+            aggregates.iter().zip(held).find(|(_, held)| *held as u64 > self.bounds.held_per_aggregate)
+        {
+            return Err(bound(
+                at,
+                format!(
                     "{held} events would be held for it, over max_held_per_aggregate ({}): resolve what it waits for \
                      (`parked`) or raise it (--max-held-per-aggregate)",
                     self.bounds.held_per_aggregate
-                )));
-            }
+                ),
+            ));
         }
         Ok(())
     }
