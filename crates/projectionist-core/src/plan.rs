@@ -310,7 +310,7 @@ fn plan_rows<'a>(
     events: &'a [(EventRef<'a>, Effect<'a>)],
     ordered_rows: bool,
 ) -> Result<Plan<'a>, PlanError> {
-    // Keyed by what the events hold (no key copied per event); ordered at the end.
+    // Keyed by what the events hold (no key copied per event); ordered at the end if asked.
     let mut rows: Map<(usize, &'a str), RowState<'a>> = Map::default();
     // Per aggregate (type, id): the version stored, and the version it moves to.
     let mut marks: Map<(&'a str, &'a str), Moves> = Map::default();
