@@ -35,8 +35,9 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// A bank-account stream of at least about `deliveries` deliveries: 1 to 45 events per account (23 on
-/// average), 10 % of them delivered twice and 5 % re-sent under a fresh id (26.4 per account).
+/// A bank-account stream of at least about `deliveries` deliveries: 1 to 45 events per
+/// account (23 on average), 10 % of them delivered twice and 5 % re-sent under a fresh id
+/// (26.4 per account).
 fn stream(deliveries: usize) -> Vec<RawEnvelope> {
     let accounts = (deliveries / 26).max(10);
     let distinct = bank_accounts::generate::stream(accounts, 45, 7);

@@ -933,8 +933,14 @@ async fn parking_bounds_name_the_aggregate_past_them(pool: PgPool) {
     let opened = |id| e(id, 1, &AccountEvent::AccountOpened { owner: id.into() });
     let deposit = |id, v| e(id, v, &AccountEvent::MoneyDeposited { amount: 1 });
     // acc-a waits for its version 2 with one event held, acc-b with three.
-    let events = [opened("acc-a"), deposit("acc-a", 3), opened("acc-b"), deposit("acc-b", 3), deposit("acc-b", 4)];
-    let events = [&events[..], &[deposit("acc-b", 5)]].concat();
+    let events = [
+        opened("acc-a"),
+        deposit("acc-a", 3),
+        opened("acc-b"),
+        deposit("acc-b", 3),
+        deposit("acc-b", 4),
+        deposit("acc-b", 5),
+    ];
     for (held, parked, bound) in [(2, 10, "over max_held_per_aggregate (2)"), (10, 1, "over max_parked_aggregates (1)")]
     {
         projectionist::postgres::reset(&pool, &BankAccounts).await.unwrap();
