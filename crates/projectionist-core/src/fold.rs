@@ -90,6 +90,18 @@ impl Column {
         compact(declared, self);
     }
 
+    /// Takes `c` in place of what is held, as [`Column::of`] would, keeping a string's room
+    /// (a column set by every event, such as an `updated_at`, then costs no allocation).
+    fn replace(&mut self, declared: &Declared, c: &ColumnWrite<'_>) {
+        match (&mut self.base, c.base) {
+            (Some(Value::String(held)), Some(Value::String(new))) => held.clone_from(new),
+            (base, new) => *base = new.cloned(),
+        }
+        self.deltas.clear();
+        self.deltas.extend(c.deltas.iter().map(|d| (*d).clone()));
+        self.settle(declared);
+    }
+
     fn write(&self) -> ColumnWrite<'_> {
         ColumnWrite { column: self.column, base: self.base.as_ref(), deltas: self.deltas.iter().collect() }
     }
@@ -218,7 +230,7 @@ impl Fold {
                         held.deltas.extend(c.deltas.iter().map(|d| (*d).clone()));
                         held.settle(declared);
                     }
-                    Some(held) => *held = Column::of(declared, c),
+                    Some(held) => held.replace(declared, c),
                     None => part.columns.push(Column::of(declared, c)),
                 }
             }
