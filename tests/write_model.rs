@@ -6,14 +6,16 @@
 //! two writers applying overlapping batches at once apply each event once; a projection
 //! mixing writes and custom SQL works; a swap waits for a batch in flight without a deadlock.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use common::{dead_lettered, emptied, run, run_folded};
+
 use order_status::OrderStatus;
 use projectionist::postgres::park::{Source, SourceMessage};
-use projectionist::postgres::{
-    apply_batch, apply_batch_in, checked_tables, migrate, reset, Folding, Mode, PgConnection, PgProjection, Policy,
-};
+use projectionist::postgres::{apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection, Policy};
 use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::{dump_tables, envelope, interleave, with_redeliveries, ProjectionTest};
 use rand::rngs::StdRng;
@@ -220,43 +222,6 @@ fn random_stream(seed: u64, poison: bool) -> Vec<RawEnvelope> {
     stream
 }
 
-/// Applies `stream` on an emptied read model (nothing parked) in random batches, in `mode`,
-/// with `policy`; returns each event's outcome and the tables.
-async fn run(
-    pool: &PgPool,
-    projection: &dyn PgProjection,
-    stream: &[RawEnvelope],
-    (mode, policy): (Mode, Policy),
-    seed: u64,
-) -> (Vec<Outcome>, serde_json::Value) {
-    emptied(pool, projection).await;
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut outcomes = Vec::new();
-    let mut rest = stream;
-    while !rest.is_empty() {
-        let (batch, tail) = rest.split_at(rng.gen_range(1..=80).min(rest.len()));
-        outcomes.extend(
-            apply_batch_in(pool, projection, batch, mode, policy)
-                .await
-                .unwrap_or_else(|e| panic!("{} {mode:?}: {e}", projection.name())),
-        );
-        rest = tail;
-    }
-    (outcomes, dump_tables(pool, projection).await)
-}
-
-/// Empties `projection`'s read model and what it parked and dead-lettered.
-async fn emptied(pool: &PgPool, projection: &dyn PgProjection) {
-    reset(pool, projection).await.unwrap();
-    for table in ["projectionist_parked", "projectionist_held", "projectionist_dead_letters"] {
-        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
-            .bind(projection.name())
-            .execute(pool)
-            .await
-            .unwrap();
-    }
-}
-
 /// An independent oracle for the transition-only shape: each aggregate's total is the sum
 /// over its first contiguous run of versions, each counted once.
 fn expected_totals(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)> {
@@ -360,79 +325,12 @@ async fn with_gaps_parked_and_poison_dead_lettered_batches_equal_the_per_event_p
     }
 }
 
-/// Applies `stream` on an emptied read model in random batches as a rebuild's bulk load does
-/// (see `Folding`): each batch folded in memory when it can be, else written as usual after
-/// what the fold holds; the fold written at random points and at the end.
-async fn run_folded(
-    pool: &PgPool,
-    projection: &dyn PgProjection,
-    stream: &[RawEnvelope],
-    policy: Policy,
-    (seed, max_batch): (u64, usize),
-) -> (Vec<Outcome>, serde_json::Value, usize) {
-    emptied(pool, projection).await;
-    let checked = checked_tables(pool, projection).await.unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    let mut folding = Folding::default();
-    let (mut rng, mut outcomes, mut folded) = (StdRng::seed_from_u64(seed), Vec::new(), 0);
-    let mut rest = stream;
-    while !rest.is_empty() {
-        let (batch, tail) = rest.split_at(rng.gen_range(1..=max_batch).min(rest.len()));
-        let mut done = 0;
-        while done < batch.len() {
-            let mut prepared = projection.prepare(batch[done..].to_vec());
-            let messages =
-                batch[done..].iter().map(|raw| SourceMessage { payload: raw.to_json(), ..Default::default() });
-            prepared.set_source(Source { messages: messages.collect(), ..Source::default() });
-            prepared.set_checked(checked.clone());
-            prepared.set_sole_writer();
-            loop {
-                if let Some(written) = projection.fold(&mut conn, &prepared, &mut folding).await.unwrap() {
-                    assert_eq!(written.outcomes.len(), batch.len() - done, "a folded batch is folded whole");
-                    (done, folded) = (batch.len(), folded + 1);
-                    outcomes.extend(written.outcomes);
-                    if rng.gen_bool(0.2) {
-                        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                        projection.write_folded(&mut tx, &folding).await.unwrap();
-                        tx.commit().await.unwrap();
-                        folding.written(false);
-                    }
-                    break;
-                }
-                let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                projection.write_folded(&mut tx, &folding).await.unwrap();
-                match projection.write(&mut tx, &prepared, Mode::Batch, policy.on_gap).await {
-                    Ok(written) => {
-                        tx.commit().await.unwrap();
-                        folding.written(true);
-                        done += written.outcomes.len();
-                        outcomes.extend(written.outcomes);
-                        break;
-                    }
-                    Err(e) => {
-                        tx.rollback().await.unwrap();
-                        let index = e.event_index().unwrap_or_else(|| panic!("{}: {e}", projection.name()));
-                        prepared.poison(index, e).unwrap();
-                    }
-                }
-            }
-        }
-        rest = tail;
-    }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    projection.write_folded(&mut tx, &folding).await.unwrap();
-    tx.commit().await.unwrap();
-    // As a rebuild does once its tables have grown.
-    projectionist::postgres::analyze(&mut conn, projection).await.unwrap();
-    (outcomes, dump_tables(pool, projection).await, folded)
-}
-
 /// A transition table whose columns are added to and set, never both: what folds across
 /// batches (a row created by an event that leaves columns to their defaults, then added to).
 const TALLIES: Table = Table::transition("wm_tallies", "id").aggregate_type(THING).columns(&[
     ("n", "bigint NOT NULL DEFAULT 100"),
     ("tag", "text"),
-    ("frac", "numeric(10,2) NOT NULL DEFAULT 0.5"),
+    ("frac", "numeric NOT NULL DEFAULT 0.5"),
     ("maybe", "bigint"),
     ("ratio", "double precision"),
 ]);
@@ -553,18 +451,6 @@ async fn folded_batches_equal_the_per_event_path(pool: PgPool) {
         assert_eq!(outcomes, batched, "seed {seed}: bank accounts' outcomes differ");
         assert!(n > stream.len() / 80, "seed {seed}: {n} batches folded");
     }
-}
-
-/// The dead letters of `projection`: aggregate, version and reason, in order.
-async fn dead_lettered(pool: &PgPool, projection: &str) -> Vec<(String, String, i64, String)> {
-    sqlx::query_as(
-        "SELECT aggregate_type, aggregate_id, version, reason FROM projectionist_dead_letters WHERE projection = $1 \
-         ORDER BY 1, 2, 3, 4",
-    )
-    .bind(projection)
-    .fetch_all(pool)
-    .await
-    .unwrap()
 }
 
 /// Snaps of `refused` are values `wm_snaps` refuses, as a CHECK constraint a projection's
@@ -714,7 +600,6 @@ async fn writes_and_custom_sql_mix_in_one_batch(pool: PgPool) {
 /// Writes `events` as one batch of `projection` read from partition 0 of `topic`, in the
 /// caller's transaction, as the engine does (parked aggregates read first).
 async fn write_in(conn: &mut PgConnection, projection: &Shaped, events: Vec<RawEnvelope>) {
-    use projectionist::postgres::park::{Source, SourceMessage};
     let messages: Vec<SourceMessage> =
         events.iter().map(|e| SourceMessage { payload: e.to_json(), ..SourceMessage::default() }).collect();
     let mut prepared = projection.prepare(events);

@@ -159,11 +159,19 @@ impl Fold {
             let Some(declared) = declared(&row.table) else { return false };
             // Every value surely taken: folded, a value refused could not be blamed on its
             // event (the batch is written as usual instead, which names it).
+            // Adds only where a chain of them sums as its steps would (not `numeric(p, s)`).
             let fits = |c: &ColumnWrite<'_>| {
                 let column = declared.column(c.column);
-                c.base.is_none_or(|v| column.surely_fits(v)) && c.deltas.iter().all(|d| column.surely_fits(d))
+                c.base.is_none_or(|v| column.surely_fits(v))
+                    && (c.deltas.is_empty() || column.chains_exactly())
+                    && c.deltas.iter().all(|d| column.surely_fits(d))
             };
             if !row.columns.iter().all(fits) {
+                return false;
+            }
+            // An insert without a NOT NULL column that has no default is refused: not folded,
+            // so that nothing later completes it.
+            if row.kind == RowKind::Insert && declared.required().any(|r| !row.columns.iter().any(|c| c.column == r)) {
                 return false;
             }
             let held = self.get(row.table.name(), row.key);

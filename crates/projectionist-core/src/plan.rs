@@ -115,6 +115,15 @@ impl<'a> ColumnWrite<'a> {
         !self.deltas.is_empty() || self.base.is_some_and(|v| !declared.column(self.column).surely_fits(v))
     }
 
+    /// Whether adding to this write would sum a chain of steps PostgreSQL takes one by one,
+    /// where the sum may differ from the steps: a `numeric(p, s)` rounds and checks each
+    /// stored step, so 50 + 60 − 60 is refused in `numeric(4, 2)` one event at a time.
+    /// Integers are summed exactly with each step's range checked (see the writer), and
+    /// `double precision` and unconstrained `numeric` add in order as the steps would.
+    fn is_chained_by_an_add(&self, declared: &Declared) -> bool {
+        (self.base.is_some() || !self.deltas.is_empty()) && !declared.column(self.column).chains_exactly()
+    }
+
     fn apply(&mut self, change: &'a Change) {
         match change.op {
             Op::Set => {
@@ -268,8 +277,11 @@ impl<'a> RowState<'a> {
             if absolute && column.base.is_none() && column.deltas.is_empty() {
                 column.base = Some(&change.value);
             } else {
-                if change.op == Op::Set && !self.superseded {
-                    self.superseded = column.might_be_refused(declared);
+                if !self.superseded {
+                    self.superseded = match change.op {
+                        Op::Set => column.might_be_refused(declared),
+                        Op::Add => column.is_chained_by_an_add(declared),
+                    };
                 }
                 column.apply(change);
             }
@@ -334,6 +346,14 @@ fn plan_rows<'a>(
         check_key("aggregate_type", event.aggregate_type).map_err(fail)?;
         let writes = match effect {
             Effect::Writes(w) => *w,
+            Effect::Custom if !aggregate_gated(tables, event.aggregate_type) => {
+                return Err(fail(format!(
+                    "an event of aggregate type {:?} is applied in apply(), but no custom or fan-in table \
+                     declares that type: declare it with aggregate_types(..), so that its duplicates are \
+                     told apart",
+                    event.aggregate_type
+                )));
+            }
             Effect::Ignored | Effect::Custom | Effect::Poison => &[],
         };
         targets.clear();
@@ -525,6 +545,13 @@ pub fn rounds(events: &[(EventRef<'_>, Effect<'_>)], checked: &[Table]) -> Vec<u
     cuts
 }
 
+/// The columns of `table` its declarations make NOT NULL with no default: a row inserted
+/// without them is refused, and the planner never completes such an insert with a later
+/// event's values.
+pub fn required_columns(table: &Table) -> Vec<&'static str> {
+    Declared::of(table).required().collect()
+}
+
 /// Whether events of `aggregate_type` are gated by the aggregate's version: when a fan-in
 /// or custom table of the projection takes them.
 pub fn aggregate_gated(tables: &[Table], aggregate_type: &str) -> bool {
@@ -544,9 +571,17 @@ fn coalesce<'a>(
     if rest.iter().any(|c| c.base.is_none() && !first.iter().any(|f| f.column == c.column)) {
         return (first, rest);
     }
+    // An insert without a value for a NOT NULL column that has no default is refused alone,
+    // as it is one event at a time: what follows it is not folded in.
+    if declared.required().any(|column| !first.iter().any(|f| f.column == column)) {
+        return (first, rest);
+    }
     for c in rest {
         match first.iter_mut().find(|f| f.column == c.column) {
-            Some(f) if c.base.is_none() => f.deltas.extend(c.deltas),
+            Some(f) if c.base.is_none() => {
+                *superseded |= f.is_chained_by_an_add(declared);
+                f.deltas.extend(c.deltas)
+            }
             Some(f) => {
                 *superseded |= f.might_be_refused(declared);
                 *f = c;
@@ -574,6 +609,11 @@ impl Declared {
 
     pub(crate) fn column(&self, column: &str) -> ColumnType {
         self.0.iter().find(|(name, _)| *name == column).map_or(ColumnType::of(None), |(_, ty)| *ty)
+    }
+
+    /// The columns a row cannot be inserted without: `NOT NULL` with no default.
+    pub(crate) fn required(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.0.iter().filter(|(_, ty)| ty.not_null && !ty.has_default).map(|(name, _)| *name)
     }
 }
 
@@ -618,6 +658,8 @@ pub(crate) struct ColumnType {
     known: Option<Known>,
     /// `NOT NULL` or `PRIMARY KEY`.
     not_null: bool,
+    /// A `DEFAULT`, or a value PostgreSQL makes (`GENERATED`, `IDENTITY`, a `serial` type).
+    has_default: bool,
     /// A `CHECK` or `REFERENCES` of its own: no value but `NULL` surely fits.
     constrained: bool,
 }
@@ -643,7 +685,7 @@ impl ColumnType {
     /// The declaration `declared` (`None`: not declared) classified.
     fn of(declared: Option<&str>) -> Self {
         let Some(declared) = declared else {
-            return Self { declared: false, known: None, not_null: false, constrained: false };
+            return Self { declared: false, known: None, not_null: false, has_default: false, constrained: false };
         };
         let has =
             |needle: &str| declared.as_bytes().windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle.as_bytes()));
@@ -692,6 +734,7 @@ impl ColumnType {
             declared: true,
             known: KNOWN.iter().find(|(name, _)| is(name)).map(|(_, known)| *known).or_else(numeric),
             not_null: has("not null") || has("primary key"),
+            has_default: has("default") || has("generated") || has("serial"),
             constrained: has("check") || has("references"),
         }
     }
@@ -705,6 +748,14 @@ impl ColumnType {
             Known::SmallInt => Some((i16::MIN.into(), i16::MAX.into())),
             _ => None,
         }
+    }
+
+    /// Whether adds to the column may be summed before PostgreSQL sees them: integers (the
+    /// writer checks each step's range) and the types that add in order as the steps would
+    /// (`double precision`, unconstrained `numeric`). Not `numeric(p, s)`, which rounds and
+    /// checks each stored step, nor a type not known here.
+    pub(crate) fn chains_exactly(self) -> bool {
+        !self.constrained && matches!(self.known, Some(Known::BigInt | Known::Int | Known::SmallInt | Known::Float))
     }
 
     /// Whether `value` surely fits the column: what PostgreSQL's input of the type takes
@@ -734,10 +785,20 @@ impl ColumnType {
                 n.as_f64().is_some_and(|v| v.abs() < 10_f64.powi(int_digits.min(300) as i32) - 1.0)
             }
             (Some(Known::Timestamptz), Value::String(s)) => surely_a_timestamptz(s),
-            (Some(Known::Uuid), Value::String(s)) => uuid::Uuid::parse_str(s).is_ok(),
+            (Some(Known::Uuid), Value::String(s)) => surely_a_uuid(s),
             _ => false,
         }
     }
+}
+
+/// Whether PostgreSQL surely takes `s` as a `uuid`: the canonical form only, 32 hex digits in
+/// groups of 8-4-4-4-12 (PostgreSQL refuses forms other parsers take, such as `urn:uuid:…`).
+fn surely_a_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| if matches!(i, 8 | 13 | 18 | 23) { *c == b'-' } else { c.is_ascii_hexdigit() })
 }
 
 /// Whether PostgreSQL surely takes `s` as a `timestamptz`: an RFC 3339 timestamp of years 1
@@ -800,6 +861,16 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
         (Gate::Custom, _) => return Err(format!("table {name} is custom: write it in apply, not project")),
         (Gate::FanIn, Target::Aggregate { .. }) => {
             return Err(format!("table {name} is fan-in: use row(key), not write(event)"))
+        }
+        // A fan-in row is gated by its writer's aggregate version, kept only for the types the
+        // table declares: an event of another type would be applied again on each redelivery.
+        (Gate::FanIn, _) if !write.table.owns(event.aggregate_type) => {
+            return Err(format!(
+                "table {name} takes events of aggregate types {:?}, not {:?}: declare the type with \
+                 aggregate_types(..), so that the event's duplicates are told apart",
+                write.table.aggregate_types_declared(),
+                event.aggregate_type
+            ));
         }
         (Gate::FanIn, Target::Row(key)) => check_key("row key", key).map_err(|e| format!("table {name}: {e}"))?,
         (Gate::Upsert | Gate::Transition, Target::Row(_)) => {
@@ -934,6 +1005,48 @@ mod tests {
         assert!(!ColumnType::of(None).surely_fits(&json!(1)), "an undeclared column");
         assert!(!ColumnType::of(None).surely_fits(&Value::Null), "an undeclared column");
         assert!(fits("uuid", json!("67e55044-10b1-426f-9247-bb680e5fe0c8")) && !fits("uuid", json!("x")));
+        // Forms a UUID parser takes and PostgreSQL's input does not, or that only some take.
+        for other in [
+            "urn:uuid:67e55044-10b1-426f-9247-bb680e5fe0c8",
+            "67e5504410b1426f9247bb680e5fe0c8",
+            "{67e55044-10b1-426f-9247-bb680e5fe0c8}",
+        ] {
+            assert!(!fits("uuid", json!(other)), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_state_between_that_postgres_could_refuse_is_not_coalesced_away() {
+        use serde_json::json;
+        const T: Table = Table::transition("t", "id").aggregate_type("account").columns(&[
+            ("owner", "text"),
+            ("x", "text NOT NULL"),
+            ("d", "numeric(4,2) NOT NULL DEFAULT 0"),
+            ("n", "bigint NOT NULL DEFAULT 0"),
+        ]);
+        let plan_of = |writes: &[Vec<Write>]| {
+            let events: Vec<(EventRef<'_>, Effect<'_>)> =
+                writes.iter().enumerate().map(|(i, w)| (r("a", i as i64 + 1), Effect::Writes(w))).collect();
+            let p = plan(&[T], &Stored::default(), &events).unwrap();
+            (p.rows.iter().map(|r| r.kind).collect::<Vec<_>>(), p.superseded)
+        };
+        // NOT NULL without a default: v1's insert without `x` is refused alone, v2 not folded in.
+        let (kinds, _) =
+            plan_of(&[vec![T.write(&env("a", 1)).set("owner", "o")], vec![T.write(&env("a", 2)).set("x", "y")]]);
+        assert_eq!(kinds, vec![RowKind::Insert, RowKind::Update]);
+        let (kinds, _) =
+            plan_of(&[vec![T.write(&env("a", 1)).set("x", "o")], vec![T.write(&env("a", 2)).set("x", "y")]]);
+        assert_eq!(kinds, vec![RowKind::Insert], "x set by the insert: folded");
+        // numeric(4,2): 50 + 60 overflows one event at a time, whatever follows: in rounds.
+        let adds = |first: Write| {
+            vec![vec![first], vec![T.write(&env("a", 2)).add("d", 60)], vec![T.write(&env("a", 3)).add("d", -60)]]
+        };
+        let (_, superseded) = plan_of(&adds(T.write(&env("a", 1)).set("x", "o").set("d", json!(50))));
+        assert_eq!(superseded, vec![T], "a numeric(p, s) chain is written step by step");
+        let (_, superseded) = plan_of(&adds(T.write(&env("a", 1)).set("x", "o").add("d", json!(50))));
+        assert_eq!(superseded, vec![T], "adds after an add too");
+        let ints = |c| vec![vec![T.write(&env("a", 1)).set("x", "o").add(c, 5)], vec![T.write(&env("a", 2)).add(c, 6)]];
+        assert!(plan_of(&ints("n")).1.is_empty(), "integers: summed, each step's range checked by the writer");
     }
 
     #[test]
@@ -1077,9 +1190,11 @@ mod tests {
     fn an_event_moves_only_the_gates_its_aggregate_type_owns() {
         let customer = EventRef { aggregate_type: "customer", aggregate_id: "a", version: 3 };
         let w = [ACC.write(&env("a", 1)).set("owner", "ann")];
-        let events = [(customer, Effect::Ignored), (r("a", 1), Effect::Writes(&w)), (customer, Effect::Custom)];
+        let events = [(customer, Effect::Ignored), (r("a", 1), Effect::Writes(&w))];
         let p = plan(&[ACC], &Stored::default(), &events).unwrap();
-        assert_eq!(p.outcomes, vec![Outcome::Ignored, Outcome::Applied, Outcome::Applied]);
+        assert_eq!(p.outcomes, vec![Outcome::Ignored, Outcome::Applied]);
+        // Applied in `apply` with no custom table to gate it: its duplicates would apply again.
+        assert!(plan(&[ACC], &Stored::default(), &[(customer, Effect::Custom)]).is_err());
         assert_eq!((p.rows.len(), p.rows[0].version), (1, Some(1)));
         let wrong = [ACC.write(&env("a", 3))];
         let err = plan(&[ACC], &Stored::default(), &[(customer, Effect::Writes(&wrong))]).unwrap_err();
@@ -1207,6 +1322,23 @@ mod tests {
                 plan(&[ACC, SNAP, STATS], &Stored::default(), &[(r("a", 1), Effect::Writes(&writes))]).unwrap_err();
             assert!(err.to_string().contains(want) && err.index == 0, "{err} / {want}");
         }
+    }
+
+    #[test]
+    fn events_whose_duplicates_could_not_be_told_apart_are_refused() {
+        // A fan-in or custom table gates its writers by their aggregate's version, kept for
+        // the types it declares: a writer of another type would count each redelivery.
+        const NUMS: Table = Table::fan_in("nums", "k").aggregate_type("num").columns(&[("n", "bigint")]);
+        const LOG: Table = Table::custom("log", "CREATE TABLE log (id text)").aggregate_type("num");
+        let writes = [NUMS.row("k").add("n", 1)];
+        let err = plan(&[NUMS], &Stored::default(), &[(r("a", 1), Effect::Writes(&writes))]).unwrap_err();
+        assert!(err.to_string().contains("not \"account\""), "{err}");
+        let err = plan(&[LOG], &Stored::default(), &[(r("a", 1), Effect::Custom)]).unwrap_err();
+        assert!(err.to_string().contains("no custom or fan-in table declares that type"), "{err}");
+        // Declared, both are gated: the redelivery is a duplicate.
+        let events = [(r("a", 1), Effect::Custom), (r("a", 1), Effect::Custom)];
+        let outcomes = plan(&[Table::custom("log", "").aggregate_type("account")], &Stored::default(), &events);
+        assert_eq!(outcomes.unwrap().outcomes, vec![Outcome::Applied, Outcome::Duplicate]);
     }
 
     #[test]

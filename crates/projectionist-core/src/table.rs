@@ -101,7 +101,7 @@ impl Table {
 
     /// Whether `other` is this declaration (`==`, without comparing the columns one by one
     /// when both are copies of one `const` and so share them).
-    pub(crate) fn same(&self, other: &Table) -> bool {
+    pub fn same(&self, other: &Table) -> bool {
         let Self { name, key, version, gate, columns, ddl, owners } = *other;
         let columns = std::ptr::eq(self.columns, columns) || self.columns == columns;
         columns

@@ -18,7 +18,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::batch::{self, ParkedMap, RunContext};
 use crate::park::{self, DeadLetter, HeldRow, Hold, Source, SourceMessage};
-use crate::{Error, Ident, Result};
+use crate::{Checks, Error, Ident, Result};
 
 /// How a batch is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,9 +131,9 @@ pub struct Prepared {
     /// Events held for parked aggregates found poison when their aggregate resumed, by id
     /// in `projectionist_held`: dead-lettered when they drain.
     held_poison: HashMap<i64, Error>,
-    /// The projection's tables PostgreSQL checks beyond their types, when the caller knows
-    /// them (see [`Prepared::set_checked`]).
-    checked: Option<Vec<Table>>,
+    /// What PostgreSQL checks of the projection's tables beyond their declarations, when
+    /// the caller knows it (see [`Prepared::set_checked`]).
+    checked: Option<Checks>,
     /// Whether the caller is the only writer of the tables (see [`Prepared::set_sole_writer`]).
     sole_writer: bool,
 }
@@ -297,13 +297,14 @@ impl Prepared {
         self.source = Some(source);
     }
 
-    /// Sets which of the projection's tables PostgreSQL checks beyond their columns' types
-    /// (a CHECK constraint, a domain-typed column: [`checked_tables`]), as the caller last
-    /// read them, so that writing the batch does not ask the catalog. A run that writes a
-    /// row of such a table twice is written in rounds, so that every state between is
-    /// checked. Unset, the catalog is asked once per run that writes a row twice.
-    pub fn set_checked(&mut self, tables: Vec<Table>) {
-        self.checked = Some(tables);
+    /// Sets what PostgreSQL checks of the projection's tables beyond their declarations
+    /// ([`checked_tables`]), as the caller last read it, so that writing the batch does not
+    /// ask the catalog. A run that writes a row of a table checked row by row twice is
+    /// written in rounds, one that writes a table checked across rows event by event (see
+    /// [`Checks`]), and a rebuild folds only where nothing is checked. Unset, the catalog is
+    /// asked once per run.
+    pub fn set_checked(&mut self, checks: Checks) {
+        self.checked = Some(checks);
     }
 
     /// Says that no one else writes the projection's tables while this batch is written (as
@@ -463,7 +464,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             && source.undecodable.is_empty()
             && prepared.events.iter().all(|e| matches!(e.step, Step::Writes(_) | Step::Ignored(_)))
             && tables.iter().all(Table::is_gated)
-            && prepared.checked.as_ref().is_some_and(Vec::is_empty);
+            && prepared.checked.as_ref().is_some_and(Checks::is_empty);
         if !foldable {
             return Ok(None);
         }
@@ -499,7 +500,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         crate::rebuild::share_swap_lock(conn, name).await?;
         let gaps_halt = on_gap == OnGap::Halt;
         // What every run of the batch starts from, besides the parked aggregates.
-        let context = (gaps_halt, prepared.checked.as_deref(), prepared.sole_writer);
+        let context = (gaps_halt, prepared.checked.as_ref(), prepared.sole_writer);
         let mut parked = match source {
             Some(source) => Some(park::read(conn, name, &source.topic, source.partition).await?),
             None => None,
@@ -686,7 +687,7 @@ trait WriteEvents: Projection<PgConnection> {
         events: &[&PreparedEvent],
         mode: Mode,
         parked: &mut Option<ParkedMap>,
-        (gaps_halt, checked, sole_writer): (bool, Option<&[Table]>, bool),
+        (gaps_halt, checked, sole_writer): (bool, Option<&Checks>, bool),
         changes: &mut HashMap<(String, String), Option<Parked>>,
     ) -> Result<(Vec<Outcome>, bool, Option<(String, String)>)> {
         let name = Projection::name(self);
@@ -829,11 +830,11 @@ fn check_declarations(projection: &str, tables: &[Table]) -> Result<()> {
     Ok(())
 }
 
-/// Of `projection`'s tables, those PostgreSQL checks beyond their columns' types: with a
-/// CHECK constraint, or a column of a domain type (see [`Prepared::set_checked`]).
-pub async fn checked_tables(pool: &PgPool, projection: &dyn PgProjection) -> Result<Vec<Table>> {
+/// What PostgreSQL checks of `projection`'s tables beyond their declarations (see
+/// [`Checks`] and [`Prepared::set_checked`]).
+pub async fn checked_tables(pool: &PgPool, projection: &dyn PgProjection) -> Result<Checks> {
     let mut conn = pool.acquire().await?;
-    batch::checked(&mut conn, projection.tables()).await
+    crate::checks::read(&mut conn, projection.tables()).await
 }
 
 /// A shared, type-erased projection.

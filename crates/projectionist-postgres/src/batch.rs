@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 
+use crate::checks::{self, Checks};
 use crate::{Error, Ident, Mode, Result};
 
 /// Whether the database refused a statement for a value in it — a data exception (class
@@ -42,10 +43,9 @@ pub(crate) type ParkedMap = HashMap<(String, String), Parked>;
 pub(crate) struct RunContext<'a> {
     pub parked: Option<&'a ParkedMap>,
     pub gaps_halt: bool,
-    /// The projection's tables PostgreSQL checks beyond their types (CHECK constraints,
-    /// domains), when known (see [`crate::Prepared::set_checked`]); `None`: asked of the
-    /// catalog when a run needs to know.
-    pub checked: Option<&'a [Table]>,
+    /// What PostgreSQL checks of the projection's tables beyond their declarations, when
+    /// known (see [`crate::Prepared::set_checked`]); `None`: asked of the catalog.
+    pub checked: Option<&'a Checks>,
     /// No one else writes the tables (see [`crate::Prepared::set_sole_writer`]): rows are
     /// read without row locks.
     pub sole_writer: bool,
@@ -84,7 +84,19 @@ pub(crate) async fn apply(
     mode: Mode,
     parking: RunContext<'_>,
 ) -> Result<Ran> {
-    if mode == Mode::PerEvent {
+    // Rows checked against other rows (a unique index, a foreign key): whether one is
+    // refused depends on the order of writes across rows, which only the events' own order
+    // keeps.
+    let read;
+    let checked = match parking.checked {
+        Some(known) => known,
+        None => {
+            read = checks::read(conn, tables).await?;
+            &read
+        }
+    };
+    let parking = RunContext { checked: Some(checked), ..parking };
+    if mode == Mode::PerEvent || (!checked.ordered.is_empty() && writes_any(events, |t| checked.is_ordered(t))) {
         return apply_per_event(conn, projection, tables, events, parking).await;
     }
     let mut savepoint = conn.begin().await?;
@@ -120,11 +132,8 @@ async fn apply_set_based(
     // Where coalescing a row's writes would keep a state from PostgreSQL's checks (a table
     // with CHECK constraints, a value that might be refused written over), rounds.
     let mut in_rounds = plan.superseded.clone();
-    match parking.checked {
-        Some(known) => in_rounds.extend(plan.rewritten.iter().filter(|t| known.contains(t)).copied()),
-        None if !plan.rewritten.is_empty() => in_rounds.extend(checked(conn, &plan.rewritten).await?),
-        None => {}
-    }
+    let checked = parking.checked.expect("read by apply");
+    in_rounds.extend(plan.rewritten.iter().filter(|t| checked.in_rounds(t)).copied());
     let cuts = if in_rounds.is_empty() { Vec::new() } else { rounds(events, &in_rounds) };
     if !cuts.is_empty() {
         return apply_rounds(conn, projection, tables, events, parking, &cuts).await;
@@ -283,20 +292,9 @@ async fn write_row_writes<'r, 'a: 'r>(
     Ok(())
 }
 
-/// Of `tables`, those PostgreSQL checks beyond their columns' types: with a CHECK
-/// constraint, or a column of a domain type (which may have its own).
-pub(crate) async fn checked(conn: &mut PgConnection, tables: &[Table]) -> Result<Vec<Table>> {
-    let names = tables.iter().map(|t| Ident::new(t.name()).map(|i| i.to_string())).collect::<Result<Vec<_>>>()?;
-    let found: Vec<i64> = sqlx::query_scalar(
-        "SELECT i FROM unnest($1::text[]) WITH ORDINALITY AS n(name, i) \
-         WHERE EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conrelid = n.name::regclass AND c.contype = 'c') \
-         OR EXISTS (SELECT 1 FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid \
-                    WHERE a.attrelid = n.name::regclass AND a.attnum > 0 AND NOT a.attisdropped AND ty.typtype = 'd')",
-    )
-    .bind(&names)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(found.into_iter().map(|i| tables[i as usize - 1]).collect())
+/// Whether any event of `events` writes a table `matches` picks.
+fn writes_any(events: &[(EventRef<'_>, Effect<'_>)], matches: impl Fn(&Table) -> bool) -> bool {
+    events.iter().any(|(_, effect)| matches!(effect, Effect::Writes(w) if w.iter().any(|w| matches(w.table()))))
 }
 
 /// A run whose rows of checked tables are written more than once, written in rounds (see
@@ -331,15 +329,14 @@ struct Runs {
     parked: Option<ParkedMap>,
     parks: HashMap<(String, String), Option<Parked>>,
     gaps_halt: bool,
-    checked: Option<Vec<Table>>,
+    checked: Option<Checks>,
     sole_writer: bool,
 }
 
 impl Runs {
     fn new(parking: RunContext<'_>, per_event: bool) -> Self {
         let ran = Ran { per_event, ..Ran::default() };
-        let (parked, gaps_halt, checked) =
-            (parking.parked.cloned(), parking.gaps_halt, parking.checked.map(<[Table]>::to_vec));
+        let (parked, gaps_halt, checked) = (parking.parked.cloned(), parking.gaps_halt, parking.checked.cloned());
         Self { ran, parked, parks: HashMap::new(), gaps_halt, checked, sole_writer: parking.sole_writer }
     }
 
@@ -348,7 +345,7 @@ impl Runs {
         RunContext {
             parked: self.parked.as_ref(),
             gaps_halt: self.gaps_halt,
-            checked: self.checked.as_deref(),
+            checked: self.checked.as_ref(),
             sole_writer: self.sole_writer,
         }
     }

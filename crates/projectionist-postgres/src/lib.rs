@@ -3,6 +3,7 @@
 mod apply;
 mod batch;
 pub mod checkpoint;
+mod checks;
 mod drift;
 mod error;
 mod ident;
@@ -15,6 +16,7 @@ pub use apply::{
     analyze, apply_batch, apply_batch_in, checked_tables, create_schema, reset, validate, Folding, Mode, PgProjection,
     Policy, Prepared, SharedProjection, Written,
 };
+pub use checks::Checks;
 pub use drift::{check_tables, Drift};
 pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};
 pub use ident::Ident;

@@ -91,12 +91,12 @@ pub(crate) struct Partition {
     pub progress: Arc<Progress>,
 }
 
-/// The projection's tables PostgreSQL checks beyond their columns' types (CHECK constraints,
-/// domains), read at most once a minute and shared by its partitions, so that a batch does
+/// What PostgreSQL checks of the projection's tables beyond their declarations (CHECK
+/// constraints, domains, unique indexes, foreign keys: `Checks`), read at most once a minute and shared by its partitions, so that a batch does
 /// not ask the catalog (see `Prepared::set_checked`): a constraint added while the engine
 /// runs counts within a minute.
 #[derive(Default)]
-pub(crate) struct Checked(std::sync::Mutex<Option<(Instant, Vec<projectionist_core::Table>)>>);
+pub(crate) struct Checked(std::sync::Mutex<Option<(Instant, projectionist_postgres::Checks)>>);
 
 impl Checked {
     const EVERY: Duration = Duration::from_secs(60);
@@ -107,7 +107,7 @@ impl Checked {
         &self,
         pool: &PgPool,
         projection: &dyn projectionist_postgres::PgProjection,
-    ) -> Option<Vec<projectionist_core::Table>> {
+    ) -> Option<projectionist_postgres::Checks> {
         if let Some((at, tables)) = &*self.0.lock().expect("checked lock") {
             if at.elapsed() < Self::EVERY {
                 return Some(tables.clone());
