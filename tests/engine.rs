@@ -1642,6 +1642,49 @@ async fn a_wait_for_an_event_returns_once_its_batch_commits_with_the_row_visible
     assert!(at_once.is_ok(), "{at_once:?}");
 }
 
+/// A wait for an event the checkpoint passed but the read model does not hold is never told
+/// it is applied: a held event is `Parked` until its predecessor arrives (then applied), a
+/// dead-lettered one `DeadLettered`.
+#[sqlx::test(migrations = false)]
+async fn a_wait_for_a_parked_or_dead_lettered_event_says_so(pool: PgPool) {
+    use projectionist::postgres::wait::{Fate, Waiter};
+    use projectionist::postgres::Error;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("wait-fate");
+    let e = bank_accounts::generate::envelope;
+    produce_one(&topic, &e("acc-p", 1, &AccountEvent::AccountOpened { owner: "p".into() })).await;
+    let (partition, held) = produce_one(&topic, &e("acc-p", 3, &AccountEvent::MoneyDeposited { amount: 3 })).await;
+    let mut poison = e("acc-d", 1, &AccountEvent::AccountOpened { owner: "d".into() });
+    poison.data = serde_json::json!({ "owner": 5 });
+    let (poison_partition, poison_offset) = produce_one(&topic, &poison).await;
+    let engine = || run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]));
+    assert!(engine().await.halts().is_empty());
+    let waiter = Waiter::new(pool.clone()).await.unwrap();
+    let timeout = Duration::from_secs(10);
+    match waiter.wait_for_offset("bank_accounts", &topic, partition, held, timeout).await {
+        Err(Error::NotApplied { fate: Fate::Parked { aggregate_id, version: 3, .. }, .. }) => {
+            assert_eq!(aggregate_id, "acc-p");
+        }
+        other => panic!("expected the held event to be parked, got {other:?}"),
+    }
+    match waiter.wait_for_offset("bank_accounts", &topic, poison_partition, poison_offset, timeout).await {
+        Err(Error::NotApplied { fate: Fate::DeadLettered { error, .. }, .. }) => {
+            assert!(error.contains("does not decode"), "{error}")
+        }
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+    // Its predecessor arrives: the held event applies, and the wait says so.
+    produce_one(&topic, &e("acc-p", 2, &AccountEvent::MoneyDeposited { amount: 2 })).await;
+    assert!(engine().await.halts().is_empty());
+    let waited = waiter.wait_for_offset("bank_accounts", &topic, partition, held, timeout).await;
+    assert!(waited.is_ok(), "{waited:?}");
+    let balance: i64 = sqlx::query_scalar("SELECT balance FROM bank_accounts WHERE account_id = 'acc-p'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(balance, 5);
+}
+
 /// A wait past where the projection stands returns when its timeout passes, with an error
 /// saying where the projection stands.
 #[sqlx::test(migrations = false)]

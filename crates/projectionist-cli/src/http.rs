@@ -131,9 +131,12 @@ async fn ready(State(probes): State<Probes>) -> Response {
 
 /// `GET /wait?projection=P&topic=T&partition=N&offset=O[&timeout_ms=MS]`, or
 /// `GET /wait?projection=P&aggregate_type=A&aggregate_id=I&version=V[&timeout_ms=MS]`: 200
-/// once P has applied the event at offset O of T/N (its checkpoint is past it), or the
-/// aggregate's rows stand at version V or beyond; 504 when `timeout_ms` (default 5000, at
-/// most 30000) passes first; both with a JSON body saying where P stands. 400 on bad input.
+/// once P has applied the event at offset O of T/N (its checkpoint is past it and the event
+/// is in the read model), or the aggregate's rows stand at version V or beyond; past the
+/// checkpoint but not applied: 202 when the event is held behind its parked aggregate, 409
+/// when it was dead-lettered (or that dead letter discarded), the body's `fate` saying which;
+/// 504 when `timeout_ms` (default 5000, at most 30000) passes first; each with a JSON body
+/// saying where P stands or what became of the event. 400 on bad input.
 async fn wait(State(probes): State<Probes>, Query(query): Query<HashMap<String, String>>) -> Response {
     let Some(waits) = probes.waits else {
         return reply(StatusCode::NOT_FOUND, "text/plain", "no waits here: /wait is served by `run`\n".to_owned());
@@ -163,13 +166,26 @@ async fn wait(State(probes): State<Probes>, Query(query): Query<HashMap<String, 
         }
     };
     waiting.decrement(1.0);
-    use projectionist_postgres::wait::Position;
+    use projectionist_postgres::wait::{Fate, Position};
     let stands = |position: &Position| match position {
         Position::Offset { next_offset } => serde_json::json!({ "next_offset": next_offset }),
         Position::Version { version } => serde_json::json!({ "version": version }),
     };
     let (status, body) = match waited {
         Ok(position) => (StatusCode::OK, serde_json::json!({ "applied": true, "stands": stands(&position) })),
+        // Past the checkpoint, but not in the read model: held (it may still apply) or a
+        // dead letter (it applies only if an operator retries it).
+        Err(projectionist_postgres::Error::NotApplied { fate, .. }) => {
+            let status = match fate {
+                Fate::Parked { .. } => StatusCode::ACCEPTED,
+                Fate::DeadLettered { .. } | Fate::Discarded { .. } => StatusCode::CONFLICT,
+            };
+            let mut body = serde_json::json!({ "applied": false, "error": fate.to_string() });
+            if let (Some(body), serde_json::Value::Object(fate)) = (body.as_object_mut(), serde_json::json!(fate)) {
+                body.extend(fate);
+            }
+            (status, body)
+        }
         Err(projectionist_postgres::Error::WaitTimeout { position, .. }) => (
             StatusCode::GATEWAY_TIMEOUT,
             serde_json::json!({ "applied": false, "stands": stands(&position), "error": "timed out" }),

@@ -22,6 +22,15 @@ pub enum Error {
         /// Where the projection stood when it gave up.
         position: crate::wait::Position,
     },
+    /// A wait for an event found it past the checkpoint but not in the read model: parked,
+    /// dead-lettered or discarded (see [`crate::wait::Fate`]).
+    #[error("{wanted}: not applied, {fate}")]
+    NotApplied {
+        /// What it waited for.
+        wanted: String,
+        /// What became of the event.
+        fate: crate::wait::Fate,
+    },
     /// The engine's migrations cannot run on this database (its history names a migration
     /// this build does not know, or one of them failed).
     #[error("migration refused: {0}")]

@@ -24,6 +24,9 @@ use crate::apply::PgProjection;
 use crate::error::{Error, Result};
 use crate::Ident;
 
+mod fate;
+pub use fate::Fate;
+
 /// The channel batches notify on: a JSON object per batch and partition, `{"schema",
 /// "projection", "topic", "partition", "next_offset"}` (the schema the checkpoint was written
 /// in: a rebuild's shadow is not the live read model).
@@ -259,10 +262,31 @@ impl Waiter {
 
     /// Waits until `projection` has applied and committed the message at `offset` of
     /// `topic`'s `partition` (the offset a producer's delivery report gives for the event):
-    /// its checkpoint, the next offset to read, is past it. Returns at once when it is
-    /// already; [`Error::WaitTimeout`], saying where the projection stands, when `timeout`
-    /// passes first.
+    /// its checkpoint, the next offset to read, is past it, and the event is in the read
+    /// model. Returns at once when it is already; [`Error::NotApplied`], saying what became
+    /// of it, when the checkpoint passed it but it was parked, dead-lettered or discarded;
+    /// [`Error::WaitTimeout`], saying where the projection stands, when `timeout` passes
+    /// first.
     pub async fn wait_for_offset(
+        &self,
+        projection: &str,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        timeout: Duration,
+    ) -> Result<Position> {
+        let position = self.wait_for_checkpoint(projection, topic, partition, offset, timeout).await?;
+        match fate::of(&self.inner.pool, projection, topic, partition, offset).await? {
+            None => Ok(position),
+            Some(fate) => {
+                let wanted = format!("{projection} to apply offset {offset} of {topic}/{partition}");
+                Err(Error::NotApplied { wanted, fate })
+            }
+        }
+    }
+
+    /// Waits until `projection`'s checkpoint on `topic`/`partition` is past `offset`.
+    async fn wait_for_checkpoint(
         &self,
         projection: &str,
         topic: &str,

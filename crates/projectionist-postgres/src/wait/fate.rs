@@ -1,0 +1,95 @@
+//! What became of an event whose offset a projection's checkpoint has passed: applied, or
+//! (parked, dead-lettered, discarded) kept out of the read model, so that a waiter is never
+//! told an event is there when it is not.
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::Result;
+
+/// An event past the checkpoint that is not in the read model, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "fate", rename_all = "kebab-case")]
+pub enum Fate {
+    /// Held behind its parked aggregate: it applies once the version the aggregate waits
+    /// for arrives (or its dead letter is resolved).
+    Parked {
+        /// The aggregate's type.
+        aggregate_type: String,
+        /// The aggregate's id.
+        aggregate_id: String,
+        /// The event's version.
+        version: i64,
+        /// Why the aggregate is parked (`parked` lists it).
+        reason: String,
+    },
+    /// A dead letter, open: it applies only if an operator retries it.
+    DeadLettered {
+        /// The dead letter's id (`dead-letters show`).
+        id: i64,
+        /// Why it could not be applied.
+        error: String,
+    },
+    /// A dead letter an operator discarded: its version was skipped on purpose.
+    Discarded {
+        /// The dead letter's id.
+        id: i64,
+    },
+}
+
+impl std::fmt::Display for Fate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fate::Parked { aggregate_type, aggregate_id, version, reason } => {
+                write!(f, "held: {aggregate_type}/{aggregate_id} v{version} is parked ({reason})")
+            }
+            Fate::DeadLettered { id, error } => write!(f, "dead-lettered as dead letter {id}: {error}"),
+            Fate::Discarded { id } => write!(f, "dead-lettered, then discarded (dead letter {id})"),
+        }
+    }
+}
+
+/// What became of the message at `offset` of `topic`/`partition`, read by `projection`, once
+/// its checkpoint is past it: `None` when it is in the read model (applied, a duplicate, or a
+/// dead letter an operator retried).
+pub(crate) async fn of(
+    pool: &PgPool,
+    projection: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<Option<Fate>> {
+    let letter: Option<(i64, Option<String>, String)> = sqlx::query_as(
+        "SELECT id, resolution, error FROM projectionist_dead_letters \
+         WHERE projection = $1 AND topic = $2 AND partition = $3 AND \"offset\" = $4",
+    )
+    .bind(projection)
+    .bind(topic)
+    .bind(partition)
+    .bind(offset)
+    .fetch_optional(pool)
+    .await?;
+    match letter {
+        Some((id, None, error)) => return Ok(Some(Fate::DeadLettered { id, error })),
+        Some((id, Some(resolution), _)) if resolution == "discarded" => return Ok(Some(Fate::Discarded { id })),
+        Some(_) => return Ok(None),
+        None => {}
+    }
+    let held: Option<(String, String, i64, Option<String>)> = sqlx::query_as(
+        "SELECT h.aggregate_type, h.aggregate_id, h.version, p.reason FROM projectionist_held h \
+         LEFT JOIN projectionist_parked p USING (projection, aggregate_type, aggregate_id) \
+         WHERE h.projection = $1 AND h.topic = $2 AND h.partition = $3 AND h.\"offset\" = $4",
+    )
+    .bind(projection)
+    .bind(topic)
+    .bind(partition)
+    .bind(offset)
+    .fetch_optional(pool)
+    .await?;
+    Ok(held.map(|(aggregate_type, aggregate_id, version, reason)| Fate::Parked {
+        aggregate_type,
+        aggregate_id,
+        version,
+        reason: reason.unwrap_or_else(|| "resuming".to_owned()),
+    }))
+}
