@@ -1072,7 +1072,11 @@ async fn a_held_event_refused_when_its_aggregate_resumes_is_dead_lettered_itself
     let producer: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
     let payload = refused.to_json();
-    let headers = OwnedHeaders::new().insert(Header { key: "trace", value: Some(&[0u8, 255, 7][..]) });
+    // A header's value as read: bytes, empty, or none at all (null), each kept apart.
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "trace", value: Some(&[0u8, 255, 7][..]) })
+        .insert(Header { key: "empty", value: Some(&[][..]) })
+        .insert(Header { key: "null", value: None::<&[u8]> });
     producer.send(BaseRecord::to(&topic).key("acc-x").payload(&payload).headers(headers)).map_err(|(e, _)| e).unwrap();
     producer.flush(Duration::from_secs(10)).unwrap();
     produce(&topic, &[e("acc-x", 4, &AccountEvent::MoneyDeposited { amount: 5 })]).await;
@@ -1096,7 +1100,13 @@ async fn a_held_event_refused_when_its_aggregate_resumes_is_dead_lettered_itself
     assert_eq!((d.reason.as_str(), d.version, d.offset), ("value", Some(3), Some(1)), "{d:#?}");
     assert!(d.error.contains("account/acc-x v3") && d.error.contains("owner_is_no_robot"), "{}", d.error);
     assert_eq!(d.payload, payload, "the exact bytes");
-    assert_eq!((d.header_names.clone(), d.header_values.clone()), (vec!["trace".to_owned()], vec![vec![0u8, 255, 7]]));
+    assert_eq!(
+        (d.header_names.clone(), d.header_values.clone()),
+        (
+            vec!["trace".to_owned(), "empty".to_owned(), "null".to_owned()],
+            vec![Some(vec![0u8, 255, 7]), Some(vec![]), None]
+        )
+    );
     let parked = list(&pool, None).await.unwrap();
     assert_eq!((parked.len(), parked[0].held, parked[0].dead_letter), (1, 1, Some(d.id)), "v4 waits behind it");
 
@@ -1109,6 +1119,19 @@ async fn a_held_event_refused_when_its_aggregate_resumes_is_dead_lettered_itself
         .unwrap();
     assert_eq!(row, (6, 4));
     assert!(list(&pool, None).await.unwrap().is_empty());
+
+    // Replayed from offset zero after a reset, the stream meets the dead letter again: the
+    // operator's discard holds (its version skipped again), nothing stays parked behind it.
+    projectionist::postgres::reset(&pool, &BankAccounts).await.unwrap();
+    let report = run(engine()).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let row: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-x'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row, (6, 4), "the replay ends where the discard left the read model");
+    assert!(list(&pool, None).await.unwrap().is_empty(), "nothing parked behind a discarded dead letter");
+    assert!(dead_letters(&pool, None, false).await.unwrap().is_empty(), "the dead letter stays discarded");
 }
 
 /// A blue/green rebuild: built beside the live tables from offset zero and swapped in, a
@@ -1319,6 +1342,179 @@ async fn folded_offsets_count_until_the_fold_is_written(pool: PgPool) {
     let folded = stats.folded.load(Ordering::Relaxed);
     assert_eq!(folded, 3 - written.unwrap_or(0) as u64, "read past the checkpoint, not written");
     assert!(folded > 0, "the overflowing deposit was folded, not written");
+}
+
+/// A dead letter discarded while a rebuild prepares its swap (after its discards were carried
+/// over, before the swap) is not undone by the swap: the swap finds it still open in the
+/// shadow and goes round again, carrying it first.
+#[sqlx::test(migrations = false)]
+async fn a_discard_made_while_a_rebuild_prepares_its_swap_is_not_undone(pool: PgPool) {
+    use projectionist::postgres::park::{dead_letters, list, resolve, Resolve};
+    use projectionist::postgres::rebuild as shadow;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("discard-swap");
+    let e = bank_accounts::generate::envelope;
+    let mut poison = e("acc-d", 2, &AccountEvent::MoneyDeposited { amount: 1 });
+    poison.data = serde_json::json!({ "amount": "a lot" });
+    let events = [
+        e("acc-d", 1, &AccountEvent::AccountOpened { owner: "d".into() }),
+        poison,
+        e("acc-d", 3, &AccountEvent::MoneyDeposited { amount: 5 }),
+    ];
+    produce(&topic, &events).await;
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    // The rebuild's shadow, read up to the live run, with the dead letter open in it.
+    shadow::prepare(&pool, &BankAccounts).await.unwrap();
+    let path = shadow::shadow_search_path(&mut pool.acquire().await.unwrap(), "bank_accounts").await.unwrap();
+    let shadow_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .after_connect(move |conn, _| {
+            let path = path.clone();
+            Box::pin(async move {
+                sqlx::query("SELECT set_config('search_path', $1, false)").bind(path).execute(conn).await?;
+                Ok(())
+            })
+        })
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let engine = Engine::new(shadow_pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]);
+    assert!(run(engine).await.halts().is_empty());
+    assert_eq!(shadow::carry_discards(&pool, &shadow_pool, &BankAccounts).await.unwrap(), 0, "nothing discarded yet");
+    // Now the operator discards it on the live side.
+    let letter = dead_letters(&pool, None, false).await.unwrap()[0].id;
+    resolve(&pool, &BankAccounts, letter, Resolve::Discard { reason: "by hand".into() }).await.unwrap();
+    let mut rounds = 0;
+    loop {
+        match shadow::swap(&pool, &BankAccounts, std::slice::from_ref(&topic)).await.unwrap() {
+            shadow::Swap::Done => break,
+            shadow::Swap::Undiscarded(ids) => {
+                assert_eq!(ids, [letter]);
+                assert_eq!(shadow::carry_discards(&pool, &shadow_pool, &BankAccounts).await.unwrap(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        rounds += 1;
+        assert!(rounds < 3, "the swap went round more than once");
+    }
+    assert!(dead_letters(&pool, None, false).await.unwrap().is_empty(), "the discard holds after the swap");
+    assert!(list(&pool, None).await.unwrap().is_empty(), "nothing parked behind it");
+    let row: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-d'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row, (5, 3), "v2 skipped, v3 applied, in the swapped-in tables");
+}
+
+/// A rollback beside a running `run` (issue 39): the live run had written into the swapped-in
+/// tables; the rollback restores the replaced ones with their older checkpoints; the live
+/// run's next checkpoint finds the checkpoint moved, commits nothing past it and reads on from
+/// it, so what it wrote after the swap is applied again to the restored tables, the dead
+/// letter it met included, and nothing is lost.
+#[sqlx::test(migrations = false)]
+async fn a_rollback_beside_a_running_run_loses_nothing(pool: PgPool) {
+    use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    use projectionist::postgres::rebuild as shadow;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("rollback-live");
+    let e = bank_accounts::generate::envelope;
+    let open = |id: &str| e(id, 1, &AccountEvent::AccountOpened { owner: id.into() });
+    let deposit = |id: &str, v, amount| e(id, v, &AccountEvent::MoneyDeposited { amount });
+    produce(&topic, &[open("acc-1"), deposit("acc-1", 2, 100)]).await;
+    let (stop_live, live_stopped) = tokio::sync::oneshot::channel::<()>();
+    let live = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
+        .register(Arc::new(BankAccounts), [topic.clone()]);
+    let live = tokio::spawn(live.run(async move {
+        let _ = live_stopped.await;
+    }));
+    let row = |id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (i64, i64)>("SELECT balance, version FROM bank_accounts WHERE account_id = $1")
+                .bind(id)
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let open_letters = || async { projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap() };
+    let until = |what: &str, deadline: std::time::Instant| {
+        assert!(std::time::Instant::now() < deadline, "{what} in time");
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while row("acc-1").await != Some((100, 2)) {
+        until("the live run applied v2", deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let folded = std::sync::atomic::AtomicU64::default();
+    let rebuilt =
+        rebuild(&pool, config(), Arc::new(BankAccounts), vec![topic.clone()], &folded, std::future::pending());
+    let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
+    assert!(matches!(rebuilt, Rebuilt::Swapped { .. }));
+
+    // The live run writes into the swapped-in tables: v3, and a new account whose v2 is poison.
+    let mut poison = deposit("acc-2", 2, 1);
+    poison.data = serde_json::json!({ "amount": "a lot" });
+    produce(&topic, &[deposit("acc-1", 3, 10), open("acc-2"), poison]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while row("acc-1").await != Some((110, 3)) || open_letters().await.is_empty() {
+        until("the live run applied v3 and dead-lettered acc-2 v2", deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shadow::rollback(&pool, &BankAccounts).await.unwrap();
+    produce(&topic, &[deposit("acc-1", 4, 1)]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while row("acc-1").await != Some((111, 4)) {
+        until("the live run read on from the rolled-back checkpoint (acc-1 at 111/v4)", deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(row("acc-2").await, Some((0, 1)), "the account opened after the swap");
+    let letters = open_letters().await;
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    assert_eq!((letters[0].aggregate_id.as_deref(), letters[0].version), (Some("acc-2"), Some(2)));
+    assert!(projectionist::postgres::park::list(&pool, None).await.unwrap().iter().all(|p| p.aggregate_id == "acc-2"));
+    let _ = stop_live.send(());
+    let report = live.await.unwrap().unwrap();
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+}
+
+/// A table changed under a running `run` (a rollback restored an older table, or it was
+/// changed by hand): the partition halts saying what is wrong and what to do, not with
+/// PostgreSQL's message alone.
+#[sqlx::test(migrations = false)]
+async fn a_table_changed_under_a_running_run_halts_saying_what_to_do(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("changed-under");
+    let e = bank_accounts::generate::envelope;
+    produce(&topic, &[e("acc-h", 1, &AccountEvent::AccountOpened { owner: "h".into() })]).await;
+    let (stop_live, live_stopped) = tokio::sync::oneshot::channel::<()>();
+    let live = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
+        .register(Arc::new(BankAccounts), [topic.clone()]);
+    let live = tokio::spawn(live.run(async move {
+        let _ = live_stopped.await;
+    }));
+    let version = || async {
+        sqlx::query_scalar::<_, i64>("SELECT version FROM bank_accounts WHERE account_id = 'acc-h'")
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while version().await != Some(1) {
+        assert!(std::time::Instant::now() < deadline, "the live run applied v1 in time");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::query("ALTER TABLE bank_accounts DROP COLUMN updated_at").execute(&pool).await.unwrap();
+    produce(&topic, &[e("acc-h", 2, &AccountEvent::MoneyDeposited { amount: 1 })]).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let _ = stop_live.send(());
+    let report = live.await.unwrap().unwrap();
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(halts[0].contains("updated_at") && halts[0].contains("`rebuild`"), "{}", halts[0]);
 }
 
 /// A rebuild while a live `run` projects a stream that keeps growing: a reader polling the

@@ -104,6 +104,16 @@ impl<M> Batcher<M> {
         std::mem::take(&mut self.buffer).len()
     }
 
+    /// The partition reads on from elsewhere (its checkpoint moved under it): nothing is in
+    /// flight any more, and what is buffered is dropped (it is read again from there).
+    /// Returns how many buffered messages were dropped.
+    pub(crate) fn restart(&mut self) -> usize {
+        self.in_flight = false;
+        self.bytes = 0;
+        self.oldest = None;
+        std::mem::take(&mut self.buffer).len()
+    }
+
     /// Whether the partition is halted.
     pub(crate) fn is_halted(&self) -> bool {
         self.halted

@@ -53,7 +53,7 @@ impl DeadLetterTopic {
     async fn produce(&self, d: &StoredDeadLetter) -> std::result::Result<(), rdkafka::error::KafkaError> {
         let mut headers = OwnedHeaders::new();
         for (key, value) in d.header_names.iter().zip(&d.header_values) {
-            headers = headers.insert(Header { key, value: Some(value.as_slice()) });
+            headers = headers.insert(Header { key, value: value.as_deref() });
         }
         let (partition, offset, id) = (d.partition.to_string(), d.offset.map(|o| o.to_string()), d.id.to_string());
         let ours = [

@@ -150,6 +150,11 @@ pub async fn rebuild(
                 m::rebuild_phase(&name, 1);
                 tracing::info!(projection = %name, round, behind = ?partitions, "The live run is ahead; catching up.");
             }
+            Swap::Undiscarded(ids) => {
+                m::rebuild_phase(&name, 1);
+                let again = "Dead letters discarded during the swap's preparation; carrying them over first.";
+                tracing::info!(projection = %name, round, dead_letters = ?ids, "{again}");
+            }
         }
     }
     Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))

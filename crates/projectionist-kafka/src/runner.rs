@@ -463,7 +463,10 @@ impl Runner {
                 );
                 continue;
             };
-            let progress = Arc::new(Progress::new(start.checkpoint(), self.caught_up_told.clone()));
+            // What the first checkpoint stored must find: the one read, also when a replay
+            // starts from the beginning past it.
+            let read = stored.as_ref().ok().and_then(|found| found.get(&tp).copied());
+            let progress = Arc::new(Progress::new(start.checkpoint(), read, self.caught_up_told.clone()));
             let partition = Partition {
                 tp: tp.clone(),
                 projection: self.projection.clone(),

@@ -146,6 +146,23 @@ struct PreparedEvent {
     step: Step,
 }
 
+impl PreparedEvent {
+    /// This event as a discarded dead letter is met again: its version skipped, nothing
+    /// written (see [`Prepared::skipping`]).
+    fn skipped(&self) -> Self {
+        PreparedEvent {
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            version: self.version,
+            occurred_at: self.occurred_at,
+            step: Step::Ignored(DISCARDED.to_owned()),
+        }
+    }
+}
+
+/// The type an event skipped as a discarded dead letter counts as ignored under.
+const DISCARDED: &str = "(discarded)";
+
 /// A problem of the whole batch, blamed on its first event: that event's aggregate id, and why.
 struct Failure {
     aggregate_id: String,
@@ -195,7 +212,7 @@ impl Prepared {
             aggregate_id: aggregate_id.to_owned(),
             version,
             occurred_at: Utc::now(),
-            step: Step::Ignored("(discarded)".to_owned()),
+            step: Step::Ignored(DISCARDED.to_owned()),
         };
         Prepared { events: vec![event], ..Prepared::default() }
     }
@@ -506,7 +523,23 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             None => None,
         };
         let mut changes: HashMap<(String, String), Option<Parked>> = HashMap::new();
-        let events: Vec<&PreparedEvent> = prepared.events.iter().collect();
+        // A poison event whose dead letter an operator discarded (met again: a replay after a
+        // reset) is skipped again, as the discard skipped it, not parked behind it for good.
+        let discarded = match source {
+            Some(source) if poison => {
+                let poisoned = prepared.events.iter().enumerate().filter(|(_, e)| e.poison().is_some());
+                let offsets = poisoned.filter_map(|(i, _)| Some((i, source.messages.get(i)?.offset?)));
+                park::discarded(conn, name, source, offsets.collect()).await?
+            }
+            _ => Vec::new(),
+        };
+        let skips: Vec<PreparedEvent> = discarded.iter().map(|&i| prepared.events[i].skipped()).collect();
+        let events: Vec<&PreparedEvent> = prepared
+            .events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| discarded.iter().position(|&d| d == i).map_or(e, |k| &skips[k]))
+            .collect();
         let mut written = Written { outcomes: Vec::with_capacity(events.len()), ..Written::default() };
         // Held events applied (their ids), and held events found poison when drained.
         let mut drained = Vec::new();
@@ -633,7 +666,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 });
             }
         }
-        let held_headers: Vec<Vec<(String, Vec<u8>)>> = held_dead.iter().map(|(h, ..)| held[*h].0.headers()).collect();
+        let held_headers: Vec<park::Headers> = held_dead.iter().map(|(h, ..)| held[*h].0.headers()).collect();
         for ((h, error, reason), headers) in held_dead.into_iter().zip(&held_headers) {
             let (row, e) = &held[h];
             dead.push(DeadLetter {
@@ -944,8 +977,10 @@ pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Resu
     Ok(())
 }
 
-/// Empties the projection's tables and forgets its aggregate versions and checkpoints, in one
-/// transaction, so the next run rebuilds it from the start of its topics.
+/// Empties the projection's tables and forgets its aggregate versions, checkpoints and what
+/// it parked and held, in one transaction, so the next run rebuilds it from the start of its
+/// topics. Its dead letters stay, with what an operator did with them: one discarded is
+/// skipped again when the replay meets it.
 ///
 /// Refuses ([`Error::Drift`]) before emptying anything when a table does not exist or is not
 /// as declared: the replay would halt on it, leaving the read model empty.
@@ -960,7 +995,11 @@ pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
             .collect::<Result<Vec<_>>>()?;
         sqlx::raw_sql(&format!("TRUNCATE {}", tables.join(", "))).execute(&mut *tx).await?;
     }
-    for table in ["projectionist_aggregate_versions", "projectionist_checkpoints"] {
+    // Parking is re-derived as the stream is read again; dead letters stay, with what an
+    // operator did with them (a discarded one is skipped again when met).
+    for table in
+        ["projectionist_aggregate_versions", "projectionist_checkpoints", "projectionist_parked", "projectionist_held"]
+    {
         sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
             .bind(projection.name())
             .execute(&mut *tx)

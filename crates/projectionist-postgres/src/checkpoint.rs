@@ -5,6 +5,8 @@
 use sqlx::{PgConnection, PgPool};
 use std::collections::HashMap;
 
+use crate::{Error, Result};
+
 /// One stored checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
@@ -18,20 +20,43 @@ pub struct Checkpoint {
     pub next_offset: i64,
 }
 
-/// Records the next offset in the caller's transaction. Once it commits, [`notify`] tells
-/// the waits for the read model (see [`crate::wait::Waiter`]).
+/// Records the next offset in the caller's transaction, where the stored checkpoint is still
+/// `expected` (`None`: none stored), the position the caller read or last stored. A
+/// checkpoint moved meanwhile by anyone else — a rebuild's swap or rollback, `run --reset`,
+/// another process given the partition — is never written past: [`Error::CheckpointMoved`]
+/// says where it stands, and the caller reads on from there (rolling back what it wrote with
+/// it, which was built on tables that are no longer the ones it read). Once it commits,
+/// [`notify`] tells the waits for the read model (see [`crate::wait::Waiter`]).
 pub async fn store(
     conn: &mut PgConnection,
     projection: &str,
     topic: &str,
     partition: i32,
+    expected: Option<i64>,
     next_offset: i64,
-) -> sqlx::Result<()> {
-    let sql = "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
-        VALUES ($1, $2, $3, $4, now()) \
-        ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()";
-    bound(sqlx::query(sql), projection, topic, partition, next_offset).execute(conn).await?;
-    Ok(())
+) -> Result<()> {
+    let sql = match expected {
+        None => {
+            "INSERT INTO projectionist_checkpoints (projection, topic, partition, next_offset, updated_at) \
+             VALUES ($1, $2, $3, $4, now()) ON CONFLICT (projection, topic, partition) DO NOTHING"
+        }
+        Some(_) => {
+            "UPDATE projectionist_checkpoints SET next_offset = $4, updated_at = now() \
+             WHERE projection = $1 AND topic = $2 AND partition = $3 AND next_offset = $5"
+        }
+    };
+    let query = bound(sqlx::query(sql), projection, topic, partition, next_offset);
+    let query = match expected {
+        Some(expected) => query.bind(expected),
+        None => query,
+    };
+    let stored = query.execute(&mut *conn).await?.rows_affected();
+    if stored == 1 {
+        return Ok(());
+    }
+    let partitions = [(topic.to_owned(), partition)];
+    let now = read_in(conn, projection, &partitions).await?.get(&partitions[0]).copied();
+    Err(Error::CheckpointMoved { expected, stored: now })
 }
 
 /// Tells the waits for the read model (see [`crate::wait::Waiter`]) that a checkpoint was
@@ -87,6 +112,14 @@ pub async fn read(
     projection: &str,
     partitions: &[(String, i32)],
 ) -> sqlx::Result<HashMap<(String, i32), i64>> {
+    read_in(&mut *pool.acquire().await?, projection, partitions).await
+}
+
+async fn read_in(
+    conn: &mut PgConnection,
+    projection: &str,
+    partitions: &[(String, i32)],
+) -> sqlx::Result<HashMap<(String, i32), i64>> {
     let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
     let parts: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
     let rows: Vec<(String, i32, i64)> = sqlx::query_as(
@@ -96,7 +129,7 @@ pub async fn read(
     .bind(projection)
     .bind(&topics)
     .bind(&parts)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?;
     Ok(rows.into_iter().map(|(t, p, o)| ((t, p), o)).collect())
 }

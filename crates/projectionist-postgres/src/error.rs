@@ -22,6 +22,17 @@ pub enum Error {
         /// Where the projection stood when it gave up.
         position: crate::wait::Position,
     },
+    /// The stored checkpoint is no longer the one the writer read or last stored: someone
+    /// else moved it (a rebuild's swap or rollback, `run --reset`, another process given the
+    /// partition). Nothing of the writer's transaction is to be committed; it reads on from
+    /// `stored` (see [`crate::checkpoint::store`]).
+    #[error("the checkpoint moved under this writer (expected {expected:?}, stored {stored:?}): reading on from it")]
+    CheckpointMoved {
+        /// Where the writer believed it stood.
+        expected: Option<i64>,
+        /// Where the checkpoint stands (`None`: removed).
+        stored: Option<i64>,
+    },
     /// A wait for an event found it past the checkpoint but not in the read model: parked,
     /// dead-lettered or discarded (see [`crate::wait::Fate`]).
     #[error("{wanted}: not applied, {fate}")]
@@ -193,8 +204,10 @@ fn describe_drift(projection: &str, drift: &[crate::Drift]) -> String {
     let missing = |d: &&crate::Drift| d.problem == crate::drift::MISSING_TABLE;
     if drift.iter().any(|d| d.fix.is_some()) {
         text.push_str(
-            "\nTo add the missing nullable columns in place, run `migrate --add-columns` (`MigrateOptions` in the \
-             library): the rows already there get NULL in them, as if no event had set them yet.",
+            "\nTo fill the missing columns from the stream, run `rebuild`: it builds the tables as declared beside \
+             the live ones from offset zero and swaps them in (docs/operations.md, \"Replaying and upgrading\"). To \
+             add them in place instead, run `migrate --add-columns` (`MigrateOptions` in the library): the rows \
+             already there get NULL in them, as if no event had set them yet; only later events fill them.",
         );
     }
     if drift.iter().any(|d| missing(&d)) {
@@ -202,9 +215,10 @@ fn describe_drift(projection: &str, drift: &[crate::Drift]) -> String {
     }
     if drift.iter().any(|d| d.fix.is_none() && !missing(&d)) {
         text.push_str(
-            "\nA table that differs otherwise must be rebuilt from the stream: drop it (or rename it to keep it), run \
-             `migrate` to create it as declared, then `run --reset` to replay the projection's topics from offset \
-             zero (docs/operations.md, \"Changing a schema\"). Or change the declaration back to what the table is.",
+            "\nA table that differs otherwise must be rebuilt from the stream: run `rebuild` (built beside the live \
+             tables and swapped in), or drop it (or rename it to keep it), run `migrate` to create it as declared, \
+             then `run --reset` to replay the projection's topics from offset zero (docs/operations.md, \"Changing \
+             a schema\"). Or change the declaration back to what the table is.",
         );
     }
     text

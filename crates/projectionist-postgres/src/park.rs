@@ -41,6 +41,10 @@ pub struct Undecodable {
     pub error: String,
 }
 
+/// A message's headers as read: names and values, a header without a value (null) kept
+/// apart from an empty one.
+pub type Headers = Vec<(String, Option<Vec<u8>>)>;
+
 /// One message of a [`Source`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SourceMessage {
@@ -50,8 +54,8 @@ pub struct SourceMessage {
     pub key: Option<Vec<u8>>,
     /// Its payload, as read.
     pub payload: Vec<u8>,
-    /// Its headers, as read.
-    pub headers: Vec<(String, Vec<u8>)>,
+    /// Its headers, as read (a header without a value: `None`, not empty).
+    pub headers: Headers,
 }
 
 /// A parked aggregate, as `parked` lists it.
@@ -172,20 +176,20 @@ pub(crate) struct HeldRow {
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
     /// Its headers, as stored (see [`headers_json`]).
-    pub headers: sqlx::types::Json<Vec<(String, String)>>,
+    pub headers: sqlx::types::Json<Vec<(String, Option<String>)>>,
 }
 
 impl HeldRow {
     /// Its headers, as read.
-    pub fn headers(&self) -> Vec<(String, Vec<u8>)> {
-        self.headers.0.iter().map(|(name, hex)| (name.clone(), from_hex(hex))).collect()
+    pub fn headers(&self) -> Headers {
+        self.headers.0.iter().map(|(name, hex)| (name.clone(), hex.as_deref().map(from_hex))).collect()
     }
 }
 
-/// Headers as `projectionist_held.headers` keeps them: `[[name, value as hex], …]`.
-fn headers_json(headers: &[(String, Vec<u8>)]) -> serde_json::Value {
+/// Headers as `projectionist_held.headers` keeps them: `[[name, value as hex or null], …]`.
+fn headers_json(headers: &[(String, Option<Vec<u8>>)]) -> serde_json::Value {
     let hex = |v: &[u8]| v.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    headers.iter().map(|(name, value)| serde_json::json!([name, hex(value)])).collect()
+    headers.iter().map(|(name, value)| serde_json::json!([name, value.as_deref().map(hex)])).collect()
 }
 
 fn from_hex(hex: &str) -> Vec<u8> {
@@ -220,7 +224,7 @@ pub(crate) struct DeadLetter<'a> {
     pub offset: Option<i64>,
     pub key: Option<&'a [u8]>,
     pub payload: &'a [u8],
-    pub headers: &'a [(String, Vec<u8>)],
+    pub headers: &'a [(String, Option<Vec<u8>>)],
     pub reason: &'static str,
     pub error: String,
 }
@@ -249,8 +253,8 @@ pub(crate) async fn save(
     let mut behind: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
     let mut letter_ids = Vec::with_capacity(dead.len());
     for d in dead {
-        let (names, values): (Vec<&str>, Vec<&[u8]>) =
-            d.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())).unzip();
+        let (names, values): (Vec<&str>, Vec<Option<&[u8]>>) =
+            d.headers.iter().map(|(n, v)| (n.as_str(), v.as_deref())).unzip();
         let (aggregate_type, aggregate_id, version) =
             d.aggregate.map_or((None, None, None), |(t, i, v)| (Some(t), Some(i), Some(v)));
         let id: i64 = sqlx::query_scalar(
@@ -388,8 +392,8 @@ pub struct StoredDeadLetter {
     pub payload: Vec<u8>,
     /// The message's header names, as read.
     pub header_names: Vec<String>,
-    /// The message's header values, as read.
-    pub header_values: Vec<Vec<u8>>,
+    /// The message's header values, as read (`None`: a header without a value).
+    pub header_values: Vec<Option<Vec<u8>>>,
     /// Its aggregate's type, when the envelope names it (parked behind it).
     pub aggregate_type: Option<String>,
     /// Its aggregate's id, when the envelope names it.
@@ -476,6 +480,31 @@ pub struct Resolved {
     pub drained: OutcomeCounts,
     /// Why it still fails, when it does.
     pub error: Option<String>,
+}
+
+/// Of the events at `offsets` (index in the batch, offset) of `source`'s partition, those
+/// whose dead letter an operator discarded: their indexes.
+pub(crate) async fn discarded(
+    conn: &mut PgConnection,
+    projection: &str,
+    source: &Source,
+    offsets: Vec<(usize, i64)>,
+) -> Result<Vec<usize>> {
+    if offsets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (indexes, offsets): (Vec<usize>, Vec<i64>) = offsets.into_iter().unzip();
+    let found: Vec<i64> = sqlx::query_scalar(
+        "SELECT \"offset\" FROM projectionist_dead_letters WHERE projection = $1 AND topic = $2 AND partition = $3 \
+         AND \"offset\" = ANY($4) AND resolution = 'discarded'",
+    )
+    .bind(projection)
+    .bind(&source.topic)
+    .bind(source.partition)
+    .bind(&offsets)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(indexes.into_iter().zip(offsets).filter(|(_, o)| found.contains(o)).map(|(i, _)| i).collect())
 }
 
 /// Retries or discards dead letter `id` of `projection`, in one transaction: its aggregate
@@ -611,9 +640,13 @@ pub async fn bounds_in(
 mod tests {
     #[test]
     fn held_headers_keep_their_bytes() {
-        let headers = vec![("trace".to_owned(), vec![0, 255, 16, b'a']), ("empty".to_owned(), vec![])];
-        let stored: Vec<(String, String)> = serde_json::from_value(super::headers_json(&headers)).unwrap();
-        let read: Vec<(String, Vec<u8>)> = stored.iter().map(|(n, h)| (n.clone(), super::from_hex(h))).collect();
+        let headers = vec![
+            ("trace".to_owned(), Some(vec![0, 255, 16, b'a'])),
+            ("empty".to_owned(), Some(vec![])),
+            ("null".to_owned(), None),
+        ];
+        let stored: Vec<(String, Option<String>)> = serde_json::from_value(super::headers_json(&headers)).unwrap();
+        let read: super::Headers = stored.iter().map(|(n, h)| (n.clone(), h.as_deref().map(super::from_hex))).collect();
         assert_eq!(read, headers);
     }
 }

@@ -209,6 +209,10 @@ pub enum Swap {
     /// The shadow is behind the live checkpoints on these partitions (topic, partition,
     /// the shadow's next offset, the live one): catch it up, then swap again.
     Behind(Vec<(String, i32, Option<i64>, i64)>),
+    /// An operator discarded these live dead letters (ids) since their discards were carried
+    /// over ([`carry_discards`]): the shadow still holds them open. Carry them, then swap again
+    /// (swapped now, the discards would be undone).
+    Undiscarded(Vec<i64>),
 }
 
 /// Swaps `projection`'s shadow in, in one transaction, once the shadow has read every
@@ -256,6 +260,19 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
     if !behind.is_empty() {
         tx.rollback().await?;
         return Ok(Swap::Behind(behind));
+    }
+    // Under the swap lock no discard can land any more (it takes the lock too).
+    let undiscarded: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT l.id FROM {engine}.projectionist_dead_letters l JOIN {shadow}.projectionist_dead_letters s \
+         USING (projection, topic, partition, \"offset\") \
+         WHERE l.projection = $1 AND l.resolution = 'discarded' AND s.resolution IS NULL ORDER BY 1"
+    ))
+    .bind(name)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !undiscarded.is_empty() {
+        tx.rollback().await?;
+        return Ok(Swap::Undiscarded(undiscarded));
     }
     sqlx::raw_sql(&format!("CREATE SCHEMA {old}")).execute(&mut *tx).await?;
     for (schema, table) in &live {

@@ -129,6 +129,9 @@ impl Partition {
                     .await;
                 let Some(result) = result else { return Applied::Abandoned };
                 match result {
+                    Err(projectionist_postgres::Error::CheckpointMoved { stored, .. }) => {
+                        return Applied::Moved(stored)
+                    }
                     Ok(Committed { counts, next_offset, gap, ignored, parking }) => {
                         outage.over();
                         this.stats.add(&counts);
@@ -261,6 +264,7 @@ impl Partition {
         let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| at[*index].offset);
         self.store_checkpoint(&mut tx, next_offset).await?;
         tx.commit().await?;
+        self.stored(next_offset);
         self.notify_checkpoint(&mut conn, next_offset).await;
         drop(conn);
         if let Some(folding) = folding.as_deref_mut() {
@@ -271,13 +275,23 @@ impl Partition {
         Ok(self.committed(prepared, written, next_offset, gap).await)
     }
 
-    async fn store_checkpoint(
+    /// Stores the checkpoint `next_offset` in `tx`, where it still stands where this process
+    /// last read or stored it: else `Error::CheckpointMoved` (a rebuild's swap or rollback,
+    /// `run --reset`, another process moved it), and the partition reads on from there
+    /// instead of writing past it. Once `tx` commits, [`Partition::stored`] says so.
+    pub(super) async fn store_checkpoint(
         &self,
         tx: &mut projectionist_postgres::PgConnection,
         next_offset: i64,
     ) -> projectionist_postgres::Result<()> {
         let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
-        Ok(projectionist_postgres::checkpoint::store(tx, name, topic, partition, next_offset).await?)
+        let expected = Some(self.progress.stored.load(std::sync::atomic::Ordering::SeqCst)).filter(|s| *s >= 0);
+        projectionist_postgres::checkpoint::store(tx, name, topic, partition, expected, next_offset).await
+    }
+
+    /// The checkpoint `next_offset` stored by this process is committed.
+    pub(super) fn stored(&self, next_offset: i64) {
+        self.progress.stored.store(next_offset, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Tells the waits for the read model that the checkpoint `next_offset` committed (see
@@ -313,6 +327,7 @@ impl Partition {
         self.projection.write_folded(&mut tx, folding).await?;
         self.store_checkpoint(&mut tx, through).await?;
         tx.commit().await?;
+        self.stored(through);
         self.notify_checkpoint(&mut conn, through).await;
         drop(conn);
         folding.written(false);
@@ -478,6 +493,10 @@ pub(crate) enum Applied {
     /// Nothing committed: the partition was stopped while the batch waited to be retried
     /// (its events are read again from the checkpoint).
     Abandoned,
+    /// Nothing committed: the checkpoint moved under this process (see
+    /// [`Partition::store_checkpoint`]); the partition reads on from where it stands
+    /// (`None`: from the start).
+    Moved(Option<i64>),
 }
 
 /// A batch's committed transaction: its outcomes, the checkpoint it stored, and the gap that
@@ -511,6 +530,12 @@ struct Parking {
 }
 
 /// Why a failure that retries did not cure stops the partition, and its kind.
+/// Whether PostgreSQL refused a statement for naming a table or column that does not exist.
+fn is_undefined(e: &sqlx::Error) -> bool {
+    let code = e.as_database_error().and_then(|d| d.code());
+    code.is_some_and(|c| c == "42703" || c == "42P01")
+}
+
 fn classify(e: &projectionist_postgres::Error, retries: u32) -> (String, HaltKind) {
     match e {
         projectionist_postgres::Error::Decode { source, .. } => (source.to_string(), HaltKind::Poison),
@@ -520,6 +545,15 @@ fn classify(e: &projectionist_postgres::Error, retries: u32) -> (String, HaltKin
         ),
         projectionist_postgres::Error::Invalid { problem, .. } => (problem.clone(), HaltKind::Error),
         other if other.is_retryable() => (format!("{other} (gave up after {retries} retries)"), HaltKind::Error),
+        // A table or column of the declarations missing: the tables changed under the run.
+        projectionist_postgres::Error::Database(d) if is_undefined(d) => (
+            format!(
+                "{e}: the projection's tables are not as this build declares them (a rollback restored older \
+                 tables, or they were changed by hand); run this build's `migrate` to see how they differ and what \
+                 to do (`rebuild`, or `migrate --add-columns`), or run the build that matches them"
+            ),
+            HaltKind::Error,
+        ),
         // A value the database refused, a failing `apply`, ...
         other => (other.to_string(), HaltKind::Error),
     }

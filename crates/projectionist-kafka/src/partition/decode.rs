@@ -42,7 +42,7 @@ impl Msg {
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
         let envelope = decode(key, payload, max_bytes);
         let headers = message.headers().map_or_else(Vec::new, |headers| {
-            headers.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec).unwrap_or_default())).collect()
+            headers.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect()
         });
         let message = SourceMessage {
             offset: Some(at.offset),

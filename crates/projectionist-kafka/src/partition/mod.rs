@@ -46,6 +46,9 @@ pub(crate) use progress::Progress;
 /// statement stuck on a lock cannot hold up the group's rebalance.
 const REVOKE_GRACE: Duration = Duration::from_secs(15);
 
+/// How long a seek to a moved checkpoint may take (see `Task::read_on_from`).
+const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the runner asks of a partition task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Order {
@@ -295,8 +298,12 @@ impl Task {
                 }
             }
         }
-        if idle && self.order == Order::Run && !self.batcher.is_halted() {
-            self.partition.checkpoint_past_markers(&mut self.markers).await;
+        // Never past what a rebuild folded and has not written (the fold was not due above):
+        // were the process to stop then, those events would be lost to the shadow.
+        if idle && self.order == Order::Run && !self.batcher.is_halted() && !self.partition.fold_held() {
+            if let Err(stored) = self.partition.checkpoint_past_markers(&mut self.markers).await {
+                self.read_on_from(stored);
+            }
         }
         if self.partition.exit_when_caught_up && idle {
             self.partition.check_caught_up(&mut self.target, self.batcher.is_halted()).await;
@@ -368,6 +375,7 @@ impl Task {
                 }
             }
             Ok(Applied::Halted(halt)) => self.halt(halt),
+            Ok(Applied::Moved(stored)) => self.read_on_from(stored),
             Err(e) => {
                 // A panic in projection code: the batch rolled back with its transaction.
                 let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
@@ -377,6 +385,36 @@ impl Task {
             }
         }
         Flow::Continue
+    }
+
+    /// The checkpoint moved under this process (a rebuild's swap or rollback, `run --reset`,
+    /// another process given the partition): nothing of the batch was committed; what is
+    /// buffered is dropped and the partition reads on from the checkpoint `stored` (`None`:
+    /// from the start), as a newly assigned partition would. A seek drops what librdkafka
+    /// had fetched past it.
+    fn read_on_from(&mut self, stored: Option<i64>) {
+        let partition = &self.partition;
+        let (topic, number) = (&partition.tp.topic, partition.tp.partition);
+        let dropped = self.batcher.restart();
+        partition.progress.checkpoint.store(stored.unwrap_or(-1), Ordering::SeqCst);
+        partition.progress.stored.store(stored.unwrap_or(-1), Ordering::SeqCst);
+        let offset = stored.map_or(rdkafka::Offset::Beginning, rdkafka::Offset::Offset);
+        tracing::warn!(
+            projection = %self.name(),
+            %topic,
+            partition = number,
+            checkpoint = ?stored,
+            dropped,
+            "The checkpoint moved under this process (a rebuild's swap or rollback, a reset, or another process); \
+             nothing of the batch was committed, reading on from the checkpoint."
+        );
+        if let Err(e) = rdkafka::consumer::Consumer::seek(&*partition.consumer, topic, number, offset, SEEK_TIMEOUT) {
+            // The partition cannot be read from there: it stops, and is read again from the
+            // checkpoint by its next owner or run.
+            let reason = format!("could not read on from the checkpoint that moved ({stored:?}): {e}");
+            let at = stored.unwrap_or(0);
+            self.halt(Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error });
+        }
     }
 
     /// Stops the partition at `halt`: what is buffered after it is dropped, and it is reported.

@@ -17,8 +17,12 @@ use crate::outage::{Throttle, LOG_EVERY};
 #[derive(Debug)]
 pub(crate) struct Progress {
     /// Next offset the checkpoint holds: the start checkpoint, then each commit's (−1 while
-    /// unknown: no checkpoint yet).
+    /// unknown: no checkpoint yet). A rebuild counts the batches it folded here before it
+    /// writes them.
     pub checkpoint: AtomicI64,
+    /// The checkpoint as this process last read or stored it (−1: none stored): what the
+    /// next store expects to find (see `projectionist_postgres::checkpoint::store`).
+    pub stored: AtomicI64,
     /// Reached the high watermark it had when assigned (or halted: it cannot move).
     caught_up: AtomicBool,
     /// Told once it catches up: the runner, which stops when every partition has
@@ -33,11 +37,12 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// A partition starting at `checkpoint` (none: from the beginning); `told` is notified
-    /// when it catches up.
-    pub(crate) fn new(checkpoint: Option<i64>, told: Arc<tokio::sync::Notify>) -> Self {
+    /// A partition starting at `checkpoint` (none: from the beginning), whose stored
+    /// checkpoint was read as `stored`; `told` is notified when it catches up.
+    pub(crate) fn new(checkpoint: Option<i64>, stored: Option<i64>, told: Arc<tokio::sync::Notify>) -> Self {
         Self {
             checkpoint: AtomicI64::new(checkpoint.unwrap_or(-1)),
+            stored: AtomicI64::new(stored.unwrap_or(-1)),
             caught_up: AtomicBool::new(false),
             told,
             folded: AtomicU64::new(0),
@@ -95,23 +100,25 @@ impl Partition {
     /// Done once the partition has been idle for [`MARKERS_AFTER`] since its last batch. A
     /// failure (PostgreSQL away, say) is tried again at a later idle moment, after a
     /// growing delay, and logged when it begins and then at most every [`LOG_EVERY`].
-    pub(super) async fn checkpoint_past_markers(&self, retry: &mut MarkerRetry) {
-        let Some(position) = self.position() else { return };
+    /// `Err` with the checkpoint stored when it moved under this process (see
+    /// [`Partition::store_checkpoint`]).
+    pub(super) async fn checkpoint_past_markers(&self, retry: &mut MarkerRetry) -> Result<(), Option<i64>> {
+        let Some(position) = self.position() else { return Ok(()) };
         if position <= self.progress.checkpoint.load(Ordering::SeqCst) {
-            return;
+            return Ok(());
         }
         let now = Instant::now();
         if retry.not_before.is_some_and(|t| now < t) || !retry.quiet() {
-            return;
+            return Ok(());
         }
         let stored = async {
             let mut conn = self.pool.acquire().await?;
-            let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
-            projectionist_postgres::checkpoint::store(&mut conn, name, topic, partition, position).await?;
+            self.store_checkpoint(&mut conn, position).await?;
             self.notify_checkpoint(&mut conn, position).await;
-            Ok::<_, sqlx::Error>(())
+            Ok::<_, projectionist_postgres::Error>(())
         };
         match stored.await {
+            Err(projectionist_postgres::Error::CheckpointMoved { stored, .. }) => return Err(stored),
             Ok(()) => {
                 tracing::debug!(
                     projection = %self.name(),
@@ -139,6 +146,7 @@ impl Partition {
                 }
             }
         }
+        Ok(())
     }
 
     /// Whether this partition reached the high watermark it had when first checked; the
@@ -265,7 +273,7 @@ mod tests {
     #[test]
     fn lag_is_zero_at_the_head_and_else_the_age_of_the_oldest_unapplied_message() {
         let now = 1_000_000;
-        let progress = Progress::new(Some(100), Arc::default());
+        let progress = Progress::new(Some(100), Some(100), Arc::default());
         assert_eq!(progress.lag(-1, 0, now), None, "head unknown yet: nothing exported");
         assert_eq!(progress.lag(100, 0, now), Some((0, Some(0.0))), "caught up");
         assert_eq!(progress.lag(90, 0, now), Some((0, Some(0.0))), "never negative");
@@ -274,14 +282,14 @@ mod tests {
         assert_eq!(progress.lag(105, 0, now), Some((5, Some(2.5))));
         progress.checkpoint.store(105, Ordering::SeqCst);
         assert_eq!(progress.lag(105, 0, now), Some((0, Some(0.0))), "applied: 0 again, whatever is remembered");
-        let fresh = Progress::new(None, Arc::default());
+        let fresh = Progress::new(None, None, Arc::default());
         assert_eq!(fresh.lag(50, 20, now), Some((30, None)), "no checkpoint: counted from the low watermark");
     }
 
     #[tokio::test]
     async fn catching_up_tells_the_runner_once() {
         let told = Arc::new(tokio::sync::Notify::new());
-        let progress = Progress::new(None, told.clone());
+        let progress = Progress::new(None, None, told.clone());
         let wait = Duration::from_millis(50);
         assert!(!progress.is_caught_up());
         assert!(tokio::time::timeout(wait, told.notified()).await.is_err(), "nothing to tell yet");
