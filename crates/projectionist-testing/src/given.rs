@@ -1,12 +1,15 @@
 //! Given / when / then over a real database.
 
 use projectionist_core::{Outcome, RawEnvelope};
-use projectionist_postgres::{apply_batch, migrate, PgPool, PgProjection};
+use projectionist_postgres::{apply_batch, apply_batch_in, migrate, Mode, PgPool, PgProjection, Policy};
 use serde_json::Value;
 
 /// A scenario for one projection: events already applied (`given`), the events under test
 /// (`when`), and what must follow (`then_*`). Runs against the pool's database, which
-/// should be fresh (e.g. from `#[sqlx::test]`).
+/// should be fresh (e.g. from `#[sqlx::test]`). The `when` events are applied with the
+/// engine's policies, as `run` applies them unless told otherwise: a gap parks its aggregate
+/// ([`Outcome::Parked`]; the held event applies once its predecessor comes), a poison event is
+/// dead-lettered; [`ProjectionTest::policy`] chooses others.
 ///
 /// ```no_run
 /// # async fn demo(
@@ -35,12 +38,22 @@ pub struct ProjectionTest<P> {
     when: Vec<RawEnvelope>,
     outcomes: Option<Vec<Outcome>>,
     rows: Vec<(String, Value)>,
+    policy: Policy,
 }
 
 impl<P: PgProjection> ProjectionTest<P> {
     /// A scenario for `projection` on `pool`'s database.
     pub fn new(pool: PgPool, projection: P) -> Self {
-        Self { pool, projection, given: Vec::new(), when: Vec::new(), outcomes: None, rows: Vec::new() }
+        let (given, when, rows) = (Vec::new(), Vec::new(), Vec::new());
+        Self { pool, projection, given, when, outcomes: None, rows, policy: Policy::default() }
+    }
+
+    /// What the `when` events do at a gap or a poison event, as `run`'s `on_gap` and
+    /// `on_poison` say (default: park, dead-letter). [`Policy::HALT`]: a gap is
+    /// [`Outcome::Gap`], a poison event fails the scenario.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// Events applied before the events under test (must not fail or gap).
@@ -83,7 +96,7 @@ impl<P: PgProjection> ProjectionTest<P> {
                 outcome[0]
             );
         }
-        let outcomes = apply_batch(&self.pool, &self.projection, &self.when)
+        let outcomes = apply_batch_in(&self.pool, &self.projection, &self.when, Mode::Batch, self.policy)
             .await
             .unwrap_or_else(|e| panic!("when events failed: {e}"));
         if let Some(expected) = &self.outcomes {

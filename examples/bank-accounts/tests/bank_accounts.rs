@@ -2,7 +2,7 @@
 
 use bank_accounts::generate::{envelope, expected, stream};
 use bank_accounts::{AccountEvent, BankAccounts};
-use projectionist::postgres::{apply_batch, migrate};
+use projectionist::postgres::{apply_batch, migrate, Policy};
 use projectionist::{Outcome, RawEnvelope};
 use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
 use serde_json::json;
@@ -31,11 +31,31 @@ async fn a_redelivered_deposit_is_counted_once(pool: PgPool) {
         .await;
 }
 
+/// As `run` does by default, an event that comes before its predecessor is parked, and
+/// applied once the predecessor comes: here in the same batch, so both report applied (one
+/// event at a time, or halting at gaps, v3 would be a gap and lost).
+#[sqlx::test(migrations = false)]
+async fn an_event_before_its_predecessor_is_parked_then_applied(pool: PgPool) {
+    ProjectionTest::new(pool, BankAccounts)
+        .given([opened("acc-1")])
+        .when([
+            envelope("acc-1", 3, &AccountEvent::MoneyDeposited { amount: 5 }),
+            envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 70 }),
+        ])
+        .then_outcomes([Outcome::Applied, Outcome::Applied])
+        .then_rows("SELECT balance, version FROM bank_accounts", json!([{"balance": 75, "version": 3}]))
+        .run()
+        .await;
+}
+
+/// Every outcome, a gap's included: with gaps halting (`on_gap = halt`), as the policy lets
+/// a scenario choose.
 #[sqlx::test(migrations = false)]
 async fn every_outcome_is_reported(pool: PgPool) {
     let mut unknown = envelope("acc-1", 3, &AccountEvent::AccountClosed {});
     unknown.event_type = "AccountRenamed".into();
     ProjectionTest::new(pool, BankAccounts)
+        .policy(Policy::HALT)
         .given([opened("acc-1"), envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 70 })])
         .when([
             envelope("acc-1", 3, &AccountEvent::MoneyWithdrawn { amount: 20 }),

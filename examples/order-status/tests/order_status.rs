@@ -52,10 +52,11 @@ async fn fan_in_totals_count_each_order_once(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn a_gap_changes_neither_table(pool: PgPool) {
+    // Parked, as `run` parks it by default: held until version 2 comes.
     ProjectionTest::new(pool, OrderStatus)
         .given([placed("o-1", "c-1", 1000)])
         .when([envelope("o-1", 3, &OrderEvent::OrderShipped {})])
-        .then_outcomes([Outcome::Gap { expected: 2, found: 3 }])
+        .then_outcomes([Outcome::Parked])
         .then_rows("SELECT status, version FROM orders", json!([{"status": "placed", "version": 1}]))
         .then_rows("SELECT orders_placed FROM customer_order_stats", json!([{"orders_placed": 1}]))
         .run()
