@@ -1344,6 +1344,121 @@ async fn folded_offsets_count_until_the_fold_is_written(pool: PgPool) {
     assert!(folded > 0, "the overflowing deposit was folded, not written");
 }
 
+/// A version that will never come (published only as a message that is no envelope, so its
+/// dead letter names no aggregate): `skip_gap` declares it lost, the held events apply, and
+/// the skip is recorded; `parked` says which way out each aggregate has.
+#[sqlx::test(migrations = false)]
+async fn a_lost_version_is_declared_lost_and_what_is_held_behind_it_applies(pool: PgPool) {
+    use projectionist::postgres::park::{dead_letters, list, resolve, skip_gap, Resolve};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("lost-version");
+    let e = bank_accounts::generate::envelope;
+    produce(&topic, &[e("acc-g", 1, &AccountEvent::AccountOpened { owner: "g".into() })]).await;
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    producer.send(BaseRecord::to(&topic).key("acc-g").payload("v2, mangled")).map_err(|(e, _)| e).unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    produce(&topic, &[e("acc-g", 3, &AccountEvent::MoneyDeposited { amount: 4 })]).await;
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    let parked = list(&pool, None).await.unwrap();
+    assert_eq!((parked.len(), parked[0].waiting_for, parked[0].dead_letter), (1, 2, None));
+    assert!(parked[0].to_resume().contains("parked skip bank_accounts account acc-g"), "{}", parked[0].to_resume());
+    // Its dead letter names no aggregate: retrying it is refused, discarding it moves nothing.
+    let letter = dead_letters(&pool, None, false).await.unwrap()[0].id;
+    assert!(resolve(&pool, &BankAccounts, letter, Resolve::Retry).await.is_err());
+    let skipped = skip_gap(&pool, &BankAccounts, "account", "acc-g", "mangled by the producer").await.unwrap();
+    assert_eq!(skipped.drained.applied, 1, "{skipped:?}");
+    let row: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-g'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(row, (4, 3));
+    assert!(list(&pool, None).await.unwrap().is_empty());
+    let recorded = dead_letters(&pool, None, true).await.unwrap();
+    let gap = recorded.iter().find(|d| d.reason == "gap").expect("the skip recorded");
+    assert_eq!((gap.version, gap.resolution.as_deref()), (Some(2), Some("discarded")));
+    assert_eq!(gap.resolution_note.as_deref(), Some("mangled by the producer"));
+    let again = skip_gap(&pool, &BankAccounts, "account", "acc-g", "twice").await.unwrap_err();
+    assert!(again.to_string().contains("not parked"), "{again}");
+}
+
+/// The bank accounts with a view over them in `schema()`.
+struct Viewed;
+
+impl Projection<PgConnection> for Viewed {
+    type Event = AccountEvent;
+
+    fn name(&self) -> &str {
+        "bank_accounts"
+    }
+
+    fn tables(&self) -> &[Table] {
+        &[bank_accounts::ACCOUNTS]
+    }
+
+    fn schema(&self) -> &[&str] {
+        &["CREATE OR REPLACE VIEW open_accounts AS SELECT account_id, balance FROM bank_accounts WHERE status = 'open'"]
+    }
+
+    fn project(&self, e: &Envelope<AccountEvent>) -> Writes {
+        BankAccounts.project(e)
+    }
+}
+
+/// Views over the read model (one from `schema()`, one made by hand over it) and grants
+/// follow the tables a swap puts in place, and back on a rollback; `--drop-old` leaves them.
+#[sqlx::test(migrations = false)]
+async fn views_and_grants_follow_a_swap_and_a_rollback(pool: PgPool) {
+    use projectionist::kafka::rebuild::{rebuild, Rebuilt};
+    use projectionist::postgres::rebuild as shadow;
+    migrate(&pool, &[&Viewed]).await.unwrap();
+    let topic = rand_test_topic("views");
+    let e = bank_accounts::generate::envelope;
+    produce(&topic, &[e("acc-v", 1, &AccountEvent::AccountOpened { owner: "v".into() })]).await;
+    produce(&topic, &[e("acc-v", 2, &AccountEvent::MoneyDeposited { amount: 7 })]).await;
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(Viewed), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    for statement in [
+        "CREATE VIEW rich_accounts AS SELECT account_id, balance FROM open_accounts WHERE balance > 0",
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'projectionist_view_reader') THEN \
+         CREATE ROLE projectionist_view_reader; END IF; END $$",
+        "GRANT SELECT ON bank_accounts, open_accounts, rich_accounts TO projectionist_view_reader",
+        // Tampered by hand: the rebuild repairs it; the replaced table keeps it.
+        "UPDATE bank_accounts SET balance = 1000 WHERE account_id = 'acc-v'",
+    ] {
+        sqlx::raw_sql(statement).execute(&pool).await.unwrap();
+    }
+    let seen = || async {
+        let balance: i64 = sqlx::query_scalar("SELECT balance FROM rich_accounts WHERE account_id = 'acc-v'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let granted: bool = sqlx::query_scalar(
+            "SELECT bool_and(has_table_privilege('projectionist_view_reader', t, 'SELECT')) \
+             FROM unnest(ARRAY['bank_accounts', 'open_accounts', 'rich_accounts']) AS t",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (balance, granted)
+    };
+    assert_eq!(seen().await, (1000, true));
+    let folded = std::sync::atomic::AtomicU64::default();
+    let rebuild = || rebuild(&pool, config(), Arc::new(Viewed), vec![topic.clone()], &folded, std::future::pending());
+    assert!(matches!(rebuild().await.unwrap(), Rebuilt::Swapped { .. }));
+    assert_eq!(seen().await, (7, true), "the views read the rebuilt table, the grants carried");
+    shadow::rollback(&pool, &Viewed).await.unwrap();
+    assert_eq!(seen().await, (1000, true), "rolled back: the views read the restored table");
+    assert!(matches!(rebuild().await.unwrap(), Rebuilt::Swapped { .. }));
+    assert!(shadow::drop_old(&pool, "bank_accounts").await.unwrap());
+    assert_eq!(seen().await, (7, true), "the replaced tables dropped, the views kept");
+}
+
 /// A dead letter discarded while a rebuild prepares its swap (after its discards were carried
 /// over, before the swap) is not undone by the swap: the swap finds it still open in the
 /// shadow and goes round again, carrying it first.

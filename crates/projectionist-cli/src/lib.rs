@@ -107,9 +107,10 @@ enum Command {
     /// Per projection and partition: stored checkpoint, broker high watermark, lag; then the
     /// aggregates parked and the events held for them.
     Status,
-    /// Aggregates parked behind a version that never arrived (a gap): why, since when, the
-    /// version each waits for and the events held for it. Publishing the missing version
-    /// resumes one (its held events are then applied in version order).
+    /// Aggregates parked behind a version that never arrived (a gap) or behind a dead letter:
+    /// why, since when, the version each waits for, the events held for it, and what resumes
+    /// it. Publishing the missing version resumes one (its held events are then applied in
+    /// version order); `parked skip` declares a version lost.
     Parked {
         /// Only this projection's.
         #[arg(long)]
@@ -117,6 +118,8 @@ enum Command {
         /// One JSON object per aggregate and line, for scripts.
         #[arg(long)]
         json: bool,
+        #[command(subcommand)]
+        action: Option<ParkedCommand>,
     },
     /// Dead letters: events that can never apply as they stand (not an envelope, data that
     /// does not decode, a value the table refuses, …), kept with their exact bytes; an
@@ -141,6 +144,25 @@ struct RebuildArgs {
     abandon: bool,
     #[command(flatten)]
     run: config::RunOptions,
+}
+
+#[derive(Subcommand)]
+enum ParkedCommand {
+    /// Declare lost the version a parked aggregate waits for (its event will never come: it
+    /// was never published, or only as a message that is no envelope): its gates move past
+    /// that version without changing its rows, as a discard does, and the events held behind
+    /// it are applied. Recorded with the reason (`dead-letters list --all`).
+    Skip {
+        /// The projection that parked it.
+        projection: String,
+        /// Its aggregate type.
+        aggregate_type: String,
+        /// Its aggregate id.
+        aggregate_id: String,
+        /// Why, as recorded.
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -279,9 +301,24 @@ impl App {
                 let pool = pool(&cli.database_url).await?;
                 status::print(&pool, &client, &self.registrations).await?;
             }
-            Command::Parked { projection, json } => {
+            Command::Parked { projection, json, action: None } => {
                 let pool = pool(&cli.database_url).await?;
                 status::print_parked(&pool, projection.as_deref(), json).await?;
+            }
+            Command::Parked {
+                action: Some(ParkedCommand::Skip { projection, aggregate_type, aggregate_id, reason }),
+                ..
+            } => {
+                let pool = pool(&cli.database_url).await?;
+                status::engine_tables(&pool).await?;
+                let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == projection) else {
+                    bail!("projection {projection} is not one this binary runs");
+                };
+                let p = registration.projection.as_ref();
+                let skipped =
+                    projectionist_postgres::park::skip_gap(&pool, p, &aggregate_type, &aggregate_id, &reason).await?;
+                let drained = skipped.drained.total();
+                println!("{aggregate_type}/{aggregate_id}: the version it waited for skipped; {drained} held event(s) applied after it");
             }
             Command::DeadLetters(DeadLettersCommand::List { projection, all, json }) => {
                 let pool = pool(&cli.database_url).await?;

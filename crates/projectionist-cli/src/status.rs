@@ -128,7 +128,9 @@ pub(crate) async fn print_parked(pool: &PgPool, projection: Option<&str>, json: 
     let parked = projectionist_postgres::park::list(pool, projection).await?;
     if json {
         for p in &parked {
-            println!("{}", serde_json::to_string(p)?);
+            let mut line = serde_json::to_value(p)?;
+            line["to_resume"] = p.to_resume().into();
+            println!("{line}");
         }
         return Ok(());
     }
@@ -149,6 +151,7 @@ pub(crate) async fn print_parked(pool: &PgPool, projection: Option<&str>, json: 
             "{:<20} {aggregate:<32} {:>11} {:>6} {versions:>13} {since:<24} {at:<25} {}",
             p.projection, p.waiting_for, p.held, p.reason
         );
+        println!("{:<20} to resume: {}", "", p.to_resume());
     }
     Ok(())
 }

@@ -65,6 +65,14 @@ pub enum Error {
         /// Why not.
         problem: String,
     },
+    /// A parked aggregate cannot be resolved as asked.
+    #[error("parked aggregate {aggregate}: {problem}")]
+    Parking {
+        /// Its type and id, `type/id`.
+        aggregate: String,
+        /// Why not.
+        problem: String,
+    },
     /// A rebuild of a projection cannot start, swap or roll back as asked.
     #[error("rebuild of projection {projection}: {problem}")]
     Rebuild {

@@ -4,6 +4,7 @@ mod apply;
 mod batch;
 pub mod checkpoint;
 mod checks;
+mod dependents;
 mod drift;
 mod error;
 mod ident;

@@ -274,6 +274,8 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
         tx.rollback().await?;
         return Ok(Swap::Undiscarded(undiscarded));
     }
+    // The views over the live tables, and the grants, go over to the new ones.
+    let dependents = crate::dependents::read(&mut tx, name, &live).await?;
     sqlx::raw_sql(&format!("CREATE SCHEMA {old}")).execute(&mut *tx).await?;
     for (schema, table) in &live {
         sqlx::raw_sql(&format!(
@@ -282,6 +284,7 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
         .execute(&mut *tx)
         .await?;
     }
+    dependents.carry(&mut tx).await?;
     for table in ENGINE_TABLES {
         sqlx::raw_sql(&format!("CREATE TABLE {old}.{table} (LIKE {engine}.{table})")).execute(&mut *tx).await?;
         sqlx::query(&format!("INSERT INTO {old}.{table} SELECT * FROM {engine}.{table} WHERE projection = $1"))
@@ -308,11 +311,15 @@ pub async fn rollback(pool: &PgPool, projection: &dyn PgProjection) -> Result<()
     let (engine, live) = live_tables(&mut conn, projection).await?;
     let mut tx = conn.begin().await?;
     hold_writers_back(&mut tx, name, &live).await?;
+    let dependents = crate::dependents::read(&mut tx, name, &live).await?;
+    let swapped_in = live.iter().map(|(schema, table)| format!("{schema}.{table}")).collect::<Vec<_>>().join(", ");
+    // The views go first: they hold on to the swapped-in tables, which are dropped.
+    dependents.drop_views(&mut tx).await?;
+    sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {swapped_in}")).execute(&mut *tx).await?;
     for (schema, table) in &live {
-        sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {schema}.{table}; ALTER TABLE {old}.{table} SET SCHEMA {schema}"))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::raw_sql(&format!("ALTER TABLE {old}.{table} SET SCHEMA {schema}")).execute(&mut *tx).await?;
     }
+    dependents.carry(&mut tx).await?;
     for table in ENGINE_TABLES {
         sqlx::query(&format!("DELETE FROM {engine}.{table} WHERE projection = $1"))
             .bind(name)
@@ -381,7 +388,28 @@ async fn live_tables(conn: &mut PgConnection, projection: &dyn PgProjection) -> 
 
 /// Removes the tables the last swap of `projection` replaced (no rollback after this).
 pub async fn drop_old(pool: &PgPool, projection: &str) -> Result<bool> {
-    drop_schema(pool, &old_schema(projection)).await
+    let old = old_schema(projection);
+    let outside: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT format('view %s', r.ev_class::regclass) FROM pg_depend d \
+         JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class t ON t.oid = d.refobjid \
+         JOIN pg_class v ON v.oid = r.ev_class \
+         WHERE d.classid = 'pg_rewrite'::regclass AND t.relnamespace = to_regnamespace($1) \
+           AND v.relnamespace <> t.relnamespace \
+         UNION SELECT format('foreign key %I of table %s', c.conname, c.conrelid::regclass) FROM pg_constraint c \
+         JOIN pg_class t ON t.oid = c.confrelid JOIN pg_class f ON f.oid = c.conrelid \
+         WHERE c.contype = 'f' AND t.relnamespace = to_regnamespace($1) AND f.relnamespace <> t.relnamespace",
+    )
+    .bind(Ident::new(&old)?.to_string())
+    .fetch_all(pool)
+    .await?;
+    if !outside.is_empty() {
+        let names = outside.join(", ");
+        return Err(problem(
+            projection,
+            format!("{names} still depend on the replaced tables in {old}: drop it first"),
+        ));
+    }
+    drop_schema(pool, &old).await
 }
 
 /// Removes `projection`'s shadow: a rebuild abandoned (the next one starts over).

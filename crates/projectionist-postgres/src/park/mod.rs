@@ -9,11 +9,11 @@ use projectionist_core::plan::Parked;
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use projectionist_core::{LazyEnvelope, OnGap, Outcome, OutcomeCounts};
-
-use crate::apply::{Mode, PgProjection, Prepared};
 use crate::batch::ParkedMap;
-use crate::{Error, Result};
+use crate::Result;
+
+mod resolve;
+pub use resolve::{resolve, skip_gap, Resolve, Resolved};
 
 /// Where a batch was read, and each of its messages as it arrived: what the events held for
 /// a parked aggregate are stored as.
@@ -83,6 +83,21 @@ pub struct ParkedAggregate {
     pub held: i64,
     /// The lowest and highest version held.
     pub held_versions: Option<(i64, i64)>,
+}
+
+impl ParkedAggregate {
+    /// What resumes it, as an operator would do it.
+    pub fn to_resume(&self) -> String {
+        match self.dead_letter {
+            Some(id) => format!(
+                "`dead-letters retry {id}` (a build that applies it), or `dead-letters discard {id} --reason …`"
+            ),
+            None => format!(
+                "publish its version {}; or, if that is lost, `parked skip {} {} {} --reason …`",
+                self.waiting_for, self.projection, self.aggregate_type, self.aggregate_id
+            ),
+        }
+    }
 }
 
 /// Every parked aggregate (of `projection`, or of all), by projection and aggregate.
@@ -418,7 +433,8 @@ pub struct StoredDeadLetter {
     pub resolution_note: Option<String>,
 }
 
-const DEAD_LETTER_COLUMNS: &str = "id, projection, topic, partition, \"offset\", key, payload, header_names, \
+pub(crate) const DEAD_LETTER_COLUMNS: &str =
+    "id, projection, topic, partition, \"offset\", key, payload, header_names, \
      header_values, aggregate_type, aggregate_id, version, reason, error, attempts, first_seen, last_seen, resolution, \
      resolved_at, resolution_note";
 
@@ -453,35 +469,6 @@ pub async fn dead_letter(pool: &PgPool, id: i64) -> Result<Option<StoredDeadLett
         .await?)
 }
 
-/// What an operator does with a dead letter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolve {
-    /// Decode and apply it again with this build of the projection (its upcasters
-    /// included), then the events held behind it, in version order.
-    Retry,
-    /// Skip its version on purpose (a loss, accepted): the gates move past it without
-    /// changing the read model, then the events held behind it are applied. The reason is
-    /// recorded.
-    Discard {
-        /// Why, as recorded.
-        reason: String,
-    },
-}
-
-/// What resolving a dead letter did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
-    /// The dead letter's event: [`Outcome::Applied`] (retried), [`Outcome::Ignored`]
-    /// (discarded), [`Outcome::Duplicate`] or [`Outcome::Stale`] (the read model was past
-    /// it already), [`Outcome::Parked`] (its predecessor is missing: now parked on that
-    /// gap), [`Outcome::DeadLettered`] (still failing: `error`, the aggregate still parked).
-    pub outcome: Outcome,
-    /// The held events applied after it.
-    pub drained: OutcomeCounts,
-    /// Why it still fails, when it does.
-    pub error: Option<String>,
-}
-
 /// Of the events at `offsets` (index in the batch, offset) of `source`'s partition, those
 /// whose dead letter an operator discarded: their indexes.
 pub(crate) async fn discarded(
@@ -505,111 +492,6 @@ pub(crate) async fn discarded(
     .fetch_all(&mut *conn)
     .await?;
     Ok(indexes.into_iter().zip(offsets).filter(|(_, o)| found.contains(o)).map(|(i, _)| i).collect())
-}
-
-/// Retries or discards dead letter `id` of `projection`, in one transaction: its aggregate
-/// resumes when its version goes through, and the events held behind it are applied in
-/// version order. The running engine may go on meanwhile: its batches wait on the rows this
-/// locks. A dead letter with no aggregate can only be discarded.
-pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, action: Resolve) -> Result<Resolved> {
-    let name = projection.name();
-    let mut tx = pool.begin().await?;
-    crate::rebuild::share_swap_lock(&mut tx, name).await?;
-    let letter: Option<StoredDeadLetter> = sqlx::query_as(&format!(
-        "SELECT {DEAD_LETTER_COLUMNS} FROM projectionist_dead_letters WHERE id = $1 AND projection = $2 FOR UPDATE"
-    ))
-    .bind(id)
-    .bind(name)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let problem = |problem: String| Error::DeadLetter { id, problem };
-    let d = letter.ok_or_else(|| problem(format!("no such dead letter of projection {name}")))?;
-    if let Some(resolution) = &d.resolution {
-        return Err(problem(format!("already {resolution}")));
-    }
-    let resolution = match &action {
-        Resolve::Retry => "retried",
-        Resolve::Discard { .. } => "discarded",
-    };
-    let note = match &action {
-        Resolve::Retry => None,
-        Resolve::Discard { reason } => Some(reason.as_str()),
-    };
-    let (Some(aggregate_type), Some(aggregate_id), Some(version)) = (&d.aggregate_type, &d.aggregate_id, d.version)
-    else {
-        if action == Resolve::Retry {
-            return Err(problem(format!(
-                "it has no usable aggregate ({}): nothing can apply it; fix its producer and discard it",
-                d.reason
-            )));
-        }
-        mark(&mut tx, id, resolution, note).await?;
-        tx.commit().await?;
-        let outcome = Outcome::Ignored;
-        return Ok(Resolved { outcome, drained: OutcomeCounts::default(), error: None });
-    };
-    // The aggregate now waits for this version (the dead letter lifted): applying it, or its
-    // skip, resumes the aggregate, and what is held behind it drains after it.
-    sqlx::query(
-        "UPDATE projectionist_parked SET dead_letter = NULL, waiting_for = $4, reason = $5 \
-         WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3",
-    )
-    .bind(name)
-    .bind(aggregate_type)
-    .bind(aggregate_id)
-    .bind(version)
-    .bind(format!("dead letter {id} being {resolution}"))
-    .execute(&mut *tx)
-    .await?;
-    let mut prepared = match &action {
-        Resolve::Retry => match LazyEnvelope::from_slice(&d.payload) {
-            Ok(envelope) => projection.prepare_lazy(vec![envelope]),
-            Err(e) => return Err(problem(format!("its payload is still not an envelope: {e}"))),
-        },
-        Resolve::Discard { .. } => Prepared::skipping(aggregate_type, aggregate_id, version),
-    };
-    let headers = d.header_names.iter().cloned().zip(d.header_values.iter().cloned()).collect();
-    let message = SourceMessage { offset: d.offset, key: d.key.clone(), payload: d.payload.clone(), headers };
-    let (topic, partition) = (d.topic.clone(), d.partition);
-    prepared.set_source(Source { topic, partition, messages: vec![message], undecodable: Vec::new() });
-    let written = loop {
-        let mut attempt = sqlx::Connection::begin(&mut *tx).await?;
-        match projection.write(&mut attempt, &prepared, Mode::Batch, OnGap::Park).await {
-            Ok(written) => {
-                attempt.commit().await?;
-                break written;
-            }
-            Err(e) => {
-                attempt.rollback().await?;
-                match e.event_index() {
-                    // Still refused: dead-lettered again, its aggregate parked behind it.
-                    Some(0) if !e.is_retryable() => prepared.poison(0, e)?,
-                    _ => return Err(e),
-                }
-            }
-        }
-    };
-    let outcome = written.outcomes.first().copied().unwrap_or(Outcome::Duplicate);
-    let error = prepared.poison_at(0).map(Error::of_the_event);
-    if outcome != Outcome::DeadLettered {
-        mark(&mut tx, id, resolution, note).await?;
-    }
-    tx.commit().await?;
-    Ok(Resolved { outcome, drained: written.drained, error })
-}
-
-/// Records what was done with dead letter `id`.
-async fn mark(conn: &mut PgConnection, id: i64, resolution: &str, note: Option<&str>) -> Result<()> {
-    sqlx::query(
-        "UPDATE projectionist_dead_letters SET resolution = $2, resolved_at = now(), resolution_note = $3 \
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(resolution)
-    .bind(note)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// How many aggregates `projection` has parked, and how many events it holds for each of

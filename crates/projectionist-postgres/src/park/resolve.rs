@@ -1,0 +1,215 @@
+//! What an operator does about a parked aggregate: retry or discard the dead letter it waits
+//! behind, or declare lost the version it waits for (a gap that will never be filled), each
+//! recorded in `projectionist_dead_letters`, in one transaction with the events held behind
+//! it applied in version order.
+
+use projectionist_core::{LazyEnvelope, OnGap, Outcome, OutcomeCounts};
+use sqlx::{PgConnection, PgPool};
+
+use super::{Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
+use crate::apply::{Mode, PgProjection, Prepared, Written};
+use crate::{Error, Result};
+
+/// What an operator does with a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolve {
+    /// Decode and apply it again with this build of the projection (its upcasters
+    /// included), then the events held behind it, in version order.
+    Retry,
+    /// Skip its version on purpose (a loss, accepted): the gates move past it without
+    /// changing the read model, then the events held behind it are applied. The reason is
+    /// recorded.
+    Discard {
+        /// Why, as recorded.
+        reason: String,
+    },
+}
+
+/// What resolving a dead letter did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The dead letter's event: [`Outcome::Applied`] (retried), [`Outcome::Ignored`]
+    /// (discarded), [`Outcome::Duplicate`] or [`Outcome::Stale`] (the read model was past
+    /// it already), [`Outcome::Parked`] (its predecessor is missing: now parked on that
+    /// gap), [`Outcome::DeadLettered`] (still failing: `error`, the aggregate still parked).
+    pub outcome: Outcome,
+    /// The held events applied after it.
+    pub drained: OutcomeCounts,
+    /// Why it still fails, when it does.
+    pub error: Option<String>,
+}
+
+/// Retries or discards dead letter `id` of `projection`, in one transaction: its aggregate
+/// resumes when its version goes through, and the events held behind it are applied in
+/// version order. The running engine may go on meanwhile: its batches wait on the rows this
+/// locks. A dead letter with no aggregate can only be discarded.
+pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, action: Resolve) -> Result<Resolved> {
+    let name = projection.name();
+    let mut tx = pool.begin().await?;
+    crate::rebuild::share_swap_lock(&mut tx, name).await?;
+    let letter: Option<StoredDeadLetter> = sqlx::query_as(&format!(
+        "SELECT {DEAD_LETTER_COLUMNS} FROM projectionist_dead_letters WHERE id = $1 AND projection = $2 FOR UPDATE"
+    ))
+    .bind(id)
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let problem = |problem: String| Error::DeadLetter { id, problem };
+    let d = letter.ok_or_else(|| problem(format!("no such dead letter of projection {name}")))?;
+    if let Some(resolution) = &d.resolution {
+        return Err(problem(format!("already {resolution}")));
+    }
+    let resolution = match &action {
+        Resolve::Retry => "retried",
+        Resolve::Discard { .. } => "discarded",
+    };
+    let note = match &action {
+        Resolve::Retry => None,
+        Resolve::Discard { reason } => Some(reason.as_str()),
+    };
+    let (Some(aggregate_type), Some(aggregate_id), Some(version)) = (&d.aggregate_type, &d.aggregate_id, d.version)
+    else {
+        if action == Resolve::Retry {
+            return Err(problem(format!(
+                "it has no usable aggregate ({}): nothing can apply it; fix its producer and discard it",
+                d.reason
+            )));
+        }
+        mark(&mut tx, id, resolution, note).await?;
+        tx.commit().await?;
+        let outcome = Outcome::Ignored;
+        return Ok(Resolved { outcome, drained: OutcomeCounts::default(), error: None });
+    };
+    // The aggregate now waits for this version (the dead letter lifted): applying it, or its
+    // skip, resumes the aggregate, and what is held behind it drains after it.
+    sqlx::query(
+        "UPDATE projectionist_parked SET dead_letter = NULL, waiting_for = $4, reason = $5 \
+         WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3",
+    )
+    .bind(name)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .bind(version)
+    .bind(format!("dead letter {id} being {resolution}"))
+    .execute(&mut *tx)
+    .await?;
+    let mut prepared = match &action {
+        Resolve::Retry => match LazyEnvelope::from_slice(&d.payload) {
+            Ok(envelope) => projection.prepare_lazy(vec![envelope]),
+            Err(e) => return Err(problem(format!("its payload is still not an envelope: {e}"))),
+        },
+        Resolve::Discard { .. } => Prepared::skipping(aggregate_type, aggregate_id, version),
+    };
+    let headers = d.header_names.iter().cloned().zip(d.header_values.iter().cloned()).collect();
+    let message = SourceMessage { offset: d.offset, key: d.key.clone(), payload: d.payload.clone(), headers };
+    let (topic, partition) = (d.topic.clone(), d.partition);
+    prepared.set_source(Source { topic, partition, messages: vec![message], undecodable: Vec::new() });
+    let written = write_resolution(&mut tx, projection, &mut prepared).await?;
+    let outcome = written.outcomes.first().copied().unwrap_or(Outcome::Duplicate);
+    let error = prepared.poison_at(0).map(Error::of_the_event);
+    if outcome != Outcome::DeadLettered {
+        mark(&mut tx, id, resolution, note).await?;
+    }
+    tx.commit().await?;
+    Ok(Resolved { outcome, drained: written.drained, error })
+}
+
+/// Records what was done with dead letter `id`.
+async fn mark(conn: &mut PgConnection, id: i64, resolution: &str, note: Option<&str>) -> Result<()> {
+    sqlx::query(
+        "UPDATE projectionist_dead_letters SET resolution = $2, resolved_at = now(), resolution_note = $3 \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(resolution)
+    .bind(note)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Writes `prepared` (one event: a dead letter's, or a version skipped) with parking on, in
+/// `tx`: the aggregate resumes and what is held behind it drains. An event still refused is
+/// dead-lettered again.
+async fn write_resolution(
+    tx: &mut PgConnection,
+    projection: &dyn PgProjection,
+    prepared: &mut Prepared,
+) -> Result<Written> {
+    loop {
+        let mut attempt = sqlx::Connection::begin(&mut *tx).await?;
+        match projection.write(&mut attempt, prepared, Mode::Batch, OnGap::Park).await {
+            Ok(written) => {
+                attempt.commit().await?;
+                return Ok(written);
+            }
+            Err(e) => {
+                attempt.rollback().await?;
+                match e.event_index() {
+                    // Still refused: dead-lettered again, its aggregate parked behind it.
+                    Some(0) if !e.is_retryable() => prepared.poison(0, e)?,
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// Declares lost the version parked aggregate `aggregate_type`/`aggregate_id` of `projection`
+/// waits for (a gap that will never be filled: its event was never published, or only as a
+/// message that is no envelope), for `reason`: the gates move past it without changing the
+/// read model, as a discard does, and the events held behind it are applied in version
+/// order, in one transaction. Recorded as a discarded dead letter (reason `gap`, no
+/// message), so that `dead-letters list --all` shows it. An aggregate parked behind a dead
+/// letter of its own is resolved through that dead letter instead ([`resolve`]).
+pub async fn skip_gap(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    reason: &str,
+) -> Result<Resolved> {
+    let name = projection.name();
+    let mut tx = pool.begin().await?;
+    crate::rebuild::share_swap_lock(&mut tx, name).await?;
+    let parked: Option<(i64, Option<i64>, String, i32)> = sqlx::query_as(
+        "SELECT waiting_for, dead_letter, topic, partition FROM projectionist_parked \
+         WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE",
+    )
+    .bind(name)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let problem = |problem: String| Error::Parking { aggregate: format!("{aggregate_type}/{aggregate_id}"), problem };
+    let (version, letter, topic, partition) =
+        parked.ok_or_else(|| problem(format!("it is not parked by projection {name} (`parked` lists them)")))?;
+    if let Some(id) = letter {
+        return Err(problem(format!(
+            "it waits behind dead letter {id}: `dead-letters retry {id}`, or `dead-letters discard {id} --reason …`"
+        )));
+    }
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO projectionist_dead_letters (projection, topic, partition, payload, aggregate_type, \
+         aggregate_id, version, reason, error, resolution, resolved_at, resolution_note) \
+         VALUES ($1, $2, $3, '', $4, $5, $6, 'gap', $7, 'discarded', now(), $8) RETURNING id",
+    )
+    .bind(name)
+    .bind(&topic)
+    .bind(partition)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .bind(version)
+    .bind(format!("version {version} never arrived: declared lost"))
+    .bind(reason)
+    .fetch_one(&mut *tx)
+    .await?;
+    let mut prepared = Prepared::skipping(aggregate_type, aggregate_id, version);
+    let message = SourceMessage::default();
+    prepared.set_source(Source { topic, partition, messages: vec![message], undecodable: Vec::new() });
+    let written = write_resolution(&mut tx, projection, &mut prepared).await?;
+    tx.commit().await?;
+    tracing::info!(projection = name, aggregate_type, aggregate_id, version, record = id, "A lost version skipped.");
+    let outcome = written.outcomes.first().copied().unwrap_or(Outcome::Duplicate);
+    Ok(Resolved { outcome, drained: written.drained, error: None })
+}
