@@ -47,6 +47,29 @@ async fn run(engine: Engine) -> projectionist::kafka::RunReport {
         .unwrap()
 }
 
+/// A `run` of the bank accounts that does not stop when caught up, until told to.
+struct Live {
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<projectionist::kafka::Result<projectionist::kafka::RunReport>>,
+}
+
+impl Live {
+    fn start(pool: &PgPool, topic: &str) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let engine = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
+            .register(Arc::new(BankAccounts), [topic.to_owned()]);
+        let run = tokio::spawn(engine.run(async move {
+            let _ = stopped.await;
+        }));
+        Self { stop, run }
+    }
+
+    async fn stop(self) -> projectionist::kafka::RunReport {
+        let _ = self.stop.send(());
+        self.run.await.unwrap().unwrap()
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn two_projections_run_in_one_process_with_their_own_checkpoints(pool: PgPool) {
     migrate(&pool, &[&BankAccounts, &OrderStatus]).await.unwrap();
@@ -1539,12 +1562,7 @@ async fn a_rollback_beside_a_running_run_loses_nothing(pool: PgPool) {
     let open = |id: &str| e(id, 1, &AccountEvent::AccountOpened { owner: id.into() });
     let deposit = |id: &str, v, amount| e(id, v, &AccountEvent::MoneyDeposited { amount });
     produce(&topic, &[open("acc-1"), deposit("acc-1", 2, 100)]).await;
-    let (stop_live, live_stopped) = tokio::sync::oneshot::channel::<()>();
-    let live = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
-        .register(Arc::new(BankAccounts), [topic.clone()]);
-    let live = tokio::spawn(live.run(async move {
-        let _ = live_stopped.await;
-    }));
+    let live = Live::start(&pool, &topic);
     let row = |id: &'static str| {
         let pool = pool.clone();
         async move {
@@ -1591,8 +1609,7 @@ async fn a_rollback_beside_a_running_run_loses_nothing(pool: PgPool) {
     assert_eq!(letters.len(), 1, "{letters:#?}");
     assert_eq!((letters[0].aggregate_id.as_deref(), letters[0].version), (Some("acc-2"), Some(2)));
     assert!(projectionist::postgres::park::list(&pool, None).await.unwrap().iter().all(|p| p.aggregate_id == "acc-2"));
-    let _ = stop_live.send(());
-    let report = live.await.unwrap().unwrap();
+    let report = live.stop().await;
     assert!(report.halts().is_empty(), "{:?}", report.halts());
 }
 
@@ -1605,12 +1622,7 @@ async fn a_table_changed_under_a_running_run_halts_saying_what_to_do(pool: PgPoo
     let topic = rand_test_topic("changed-under");
     let e = bank_accounts::generate::envelope;
     produce(&topic, &[e("acc-h", 1, &AccountEvent::AccountOpened { owner: "h".into() })]).await;
-    let (stop_live, live_stopped) = tokio::sync::oneshot::channel::<()>();
-    let live = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
-        .register(Arc::new(BankAccounts), [topic.clone()]);
-    let live = tokio::spawn(live.run(async move {
-        let _ = live_stopped.await;
-    }));
+    let live = Live::start(&pool, &topic);
     let version = || async {
         sqlx::query_scalar::<_, i64>("SELECT version FROM bank_accounts WHERE account_id = 'acc-h'")
             .fetch_optional(&pool)
@@ -1625,8 +1637,7 @@ async fn a_table_changed_under_a_running_run_halts_saying_what_to_do(pool: PgPoo
     sqlx::query("ALTER TABLE bank_accounts DROP COLUMN updated_at").execute(&pool).await.unwrap();
     produce(&topic, &[e("acc-h", 2, &AccountEvent::MoneyDeposited { amount: 1 })]).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let _ = stop_live.send(());
-    let report = live.await.unwrap().unwrap();
+    let report = live.stop().await;
     let halts = report.halts();
     assert_eq!(halts.len(), 1, "{halts:?}");
     assert!(halts[0].contains("updated_at") && halts[0].contains("`rebuild`"), "{}", halts[0]);
@@ -1652,12 +1663,7 @@ async fn a_rebuild_swaps_in_while_a_live_run_projects_a_growing_stream(pool: PgP
             .unwrap()
             .unwrap_or(0)
     };
-    let (stop_live, live_stopped) = tokio::sync::oneshot::channel::<()>();
-    let live = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
-        .register(Arc::new(BankAccounts), [topic.clone()]);
-    let live = tokio::spawn(live.run(async move {
-        let _ = live_stopped.await;
-    }));
+    let live = Live::start(&pool, &topic);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while offsets().await < first.len() as i64 {
         assert!(std::time::Instant::now() < deadline, "the live run applied the first part");
@@ -1714,8 +1720,7 @@ async fn a_rebuild_swaps_in_while_a_live_run_projects_a_growing_stream(pool: PgP
     stop.store(true, Ordering::SeqCst);
     let (polls, drops) = reader.await.unwrap();
     assert!(polls > 0 && drops.is_empty(), "the reader saw the read model shrink: {drops:?} ({polls} polls)");
-    let _ = stop_live.send(());
-    let report = live.await.unwrap().unwrap();
+    let report = live.stop().await;
     assert!(report.halts().is_empty(), "{:?}", report.halts());
     let rows: Vec<(String, String, i64, String, i64)> =
         sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
