@@ -1408,6 +1408,56 @@ async fn a_lost_version_is_declared_lost_and_what_is_held_behind_it_applies(pool
     assert!(again.to_string().contains("not parked"), "{again}");
 }
 
+/// An aggregate's missing version that arrives on another partition (a topic whose
+/// partitions were increased, another producer's partitioner) resumes the aggregate parked
+/// on the first: its held event applies, and so do its later events, wherever they land.
+#[sqlx::test(migrations = false)]
+async fn a_version_that_arrives_on_another_partition_resumes_its_parked_aggregate(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("other-partition");
+    topics::create_topics(&brokers(), &[&topic], 2, 1).await.unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let send = |partition: i32, event: RawEnvelope| {
+        let payload = event.to_json();
+        let record = BaseRecord::to(&topic).partition(partition).key(&event.aggregate_id).payload(&payload);
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        producer.flush(Duration::from_secs(10)).unwrap();
+    };
+    let e = bank_accounts::generate::envelope;
+    let deposit = |v, amount| e("acc-m", v, &AccountEvent::MoneyDeposited { amount });
+    send(0, e("acc-m", 1, &AccountEvent::AccountOpened { owner: "m".into() }));
+    send(0, deposit(3, 3));
+    assert!(run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]))
+        .await
+        .halts()
+        .is_empty());
+    let parked = projectionist::postgres::park::list(&pool, None).await.unwrap();
+    assert_eq!((parked.len(), parked[0].waiting_for, parked[0].held), (1, 2, 1), "v3 held on partition 0");
+    let row = || async {
+        sqlx::query_as::<_, (i64, i64)>("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-m'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    send(1, deposit(2, 2));
+    let live = Live::start(&pool, &topic);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while row().await != (5, 3) {
+        assert!(std::time::Instant::now() < deadline, "v2 applied on partition 1 resumed acc-m: {:?}", row().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(projectionist::postgres::park::list(&pool, None).await.unwrap().is_empty());
+    send(0, deposit(4, 4));
+    send(1, deposit(5, 5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while row().await != (14, 5) {
+        assert!(std::time::Instant::now() < deadline, "v4 and v5 applied: {:?}", row().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(live.stop().await.halts().is_empty());
+}
+
 /// The bank accounts with a view over them in `schema()`.
 struct Viewed;
 

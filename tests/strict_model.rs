@@ -1,6 +1,6 @@
 //! The write model where PostgreSQL checks more than the declared types say: a NOT NULL
 //! column without a default, `numeric(p, s)` (overflow and rounding at each step), the text
-//! forms of `uuid`, `inet` and `date` PostgreSQL takes or refuses, a unique index and a
+//! forms of `uuid`, `inet`, `date` and `time` PostgreSQL takes or refuses, a unique index and a
 //! foreign key added by `schema()`, and a fan-in table written by two aggregate types. On
 //! random streams with every delivery anomaly, applied set-based in random batches, one event
 //! at a time and folded as a rebuild folds, the tables and the dead letters are the same.
@@ -42,6 +42,7 @@ enum Ev {
     Tagged {
         u: String,
         on: String,
+        at: String,
     },
     /// A card of an account (an upsert; a foreign key to the account where linked).
     Issued {
@@ -67,6 +68,7 @@ const fn accounts(name: &'static str) -> Table {
         ("email", "text"),
         ("u", "uuid"),
         ("on_day", "date"),
+        ("at_time", "time"),
     ])
 }
 
@@ -125,7 +127,7 @@ impl Projection<PgConnection> for Strict {
                 };
             }
             Ev::Email { email } => accounts.write(e).set("email", email).into(),
-            Ev::Tagged { u, on } => accounts.write(e).set("u", u).set("on_day", on).into(),
+            Ev::Tagged { u, on, at } => accounts.write(e).set("u", u).set("on_day", on).set("at_time", at).into(),
             Ev::Issued { account, addr } => cards.write(e).set("account", account).set("addr", addr).into(),
         };
         match daily {
@@ -170,7 +172,8 @@ fn random_stream(seed: u64) -> Vec<RawEnvelope> {
                         ],
                     );
                     let on = pick(&mut rng, &["2026-11-26", "20261127", "Nov 28 2026", "2026-02-30", "soon"]);
-                    Ev::Tagged { u, on }
+                    let at = pick(&mut rng, &["12:30", "23:59:59.5", "allballs", "24:00", "25:00", "noon"]);
+                    Ev::Tagged { u, on, at }
                 }
             };
             history.push(envelope(ACCOUNT, &id, v, &event));
@@ -236,6 +239,6 @@ async fn batched_folded_and_per_event_agree_where_postgres_checks_more_than_type
             assert!(refused[shape].contains(w), "{shape}: no refusal for {w}");
         }
     };
-    all("strict_plain", &["not-null", "numeric field overflow", "uuid", "inet", "date"]);
+    all("strict_plain", &["not-null", "numeric field overflow", "uuid", "inet", "date", "time"]);
     all("strict_linked", &["unique constraint", "foreign key constraint", "not-null", "numeric field overflow"]);
 }

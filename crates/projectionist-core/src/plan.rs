@@ -179,9 +179,10 @@ pub struct Plan<'a> {
     /// Aggregates parked or resumed by the plan, with their state at its end (`None`:
     /// resumed), by aggregate.
     pub parks: Vec<((String, String), Option<Parked>)>,
-    /// The plan ended early, right after an event that resumed its aggregate (this one):
-    /// `outcomes` is shorter than the events. The caller applies the aggregate's held
-    /// events in version order, then plans the rest.
+    /// The plan ended early, right after an event that resumed its aggregate (this one), or
+    /// right before an event of an aggregate whose parking was stale (the version it waited
+    /// for was applied since, on another partition): `outcomes` is shorter than the events.
+    /// The caller applies the aggregate's held events in version order, then plans the rest.
     pub unparked: Option<(String, String)>,
     /// The tables where a row is written by more than one event of the plan (its writes
     /// coalesced into one, so that PostgreSQL sees only the row's last state): where a
@@ -374,6 +375,21 @@ fn plan_rows<'a>(
             None if parked_before.is_empty() => None,
             None => parked_before.get(&mark_key).copied(),
         };
+        // Parked before this plan, but the version it waits for was applied since (it arrived
+        // on another partition): the parking is stale. The aggregate resumes here, before
+        // this event, so that its held events apply first, then this event is planned again.
+        if let Some(p) = parked.filter(|_| !parks.contains_key(&mark_key)) {
+            let rows_now = gated.iter().map(|&t| row(&mut rows, stored, tables, t, event.aggregate_id).current);
+            let mut gate = rows_now.max().flatten();
+            if aggregate_gated {
+                gate = gate.max(mark(&mut marks, stored, mark_key).1);
+            }
+            if gate.is_some_and(|at| at >= p.waiting_for) {
+                parks.insert(mark_key, None);
+                unparked = Some((event.aggregate_type.to_owned(), event.aggregate_id.to_owned()));
+                break;
+            }
+        }
         let held = |p: Parked| event.version > p.waiting_for || (p.dead_letter && event.version == p.waiting_for);
         if parked.is_some_and(held) {
             outcomes.push(Outcome::Parked);
@@ -382,10 +398,7 @@ fn plan_rows<'a>(
         verdicts.clear();
         for &t in gated {
             let table = &tables[t];
-            let state = rows.entry((t, event.aggregate_id)).or_insert_with(|| {
-                let stored = stored.rows.get(table.name()).and_then(|m| m.get(event.aggregate_id)).copied();
-                RowState { stored, current: stored, ..RowState::default() }
-            });
+            let state = row(&mut rows, stored, tables, t, event.aggregate_id);
             let verdict = match table.gate() {
                 Gate::Transition => transition(state.current, event.version),
                 _ => upsert(state.current, event.version, targets.contains(&t)),
@@ -393,11 +406,7 @@ fn plan_rows<'a>(
             verdicts.push((table.name(), verdict));
         }
         if aggregate_gated {
-            let mark = marks.entry(mark_key).or_insert_with(|| {
-                let owned = (event.aggregate_type.to_owned(), event.aggregate_id.to_owned());
-                let stored = stored.aggregates.get(&owned).copied();
-                (stored, stored)
-            });
+            let mark = mark(&mut marks, stored, mark_key);
             verdicts.push(("the aggregate's version", transition(mark.1, event.version)));
         }
         let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
@@ -522,6 +531,32 @@ fn plan_rows<'a>(
     plan.aggregates
         .sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
     Ok(plan)
+}
+
+/// The state of row `key` of table `t` in the plan: as stored where the plan has not moved it.
+fn row<'s, 'a>(
+    rows: &'s mut Map<(usize, &'a str), RowState<'a>>,
+    stored: &Stored,
+    tables: &[Table],
+    t: usize,
+    key: &'a str,
+) -> &'s mut RowState<'a> {
+    rows.entry((t, key)).or_insert_with(|| {
+        let stored = stored.rows.get(tables[t].name()).and_then(|m| m.get(key)).copied();
+        RowState { stored, current: stored, ..RowState::default() }
+    })
+}
+
+/// The aggregate version of `key` (type, id) in the plan: where it was stored, where it is.
+fn mark<'s, 'a>(
+    marks: &'s mut Map<(&'a str, &'a str), Moves>,
+    stored: &Stored,
+    key: (&'a str, &'a str),
+) -> &'s mut Moves {
+    marks.entry(key).or_insert_with(|| {
+        let stored = stored.aggregates.get(&(key.0.to_owned(), key.1.to_owned())).copied();
+        (stored, stored)
+    })
 }
 
 /// Where to cut `events` so that no row of the `checked` tables is written twice within a
@@ -1223,6 +1258,25 @@ mod tests {
             ]
         );
         assert_eq!((p.rows[0].expected, p.rows[0].version), (Some(1), Some(3)));
+    }
+
+    #[test]
+    fn a_parking_whose_version_was_applied_elsewhere_resumes_before_the_event() {
+        // Parked waiting for 2, but v2 was applied since (on another partition): the plan
+        // ends before a4, resuming the aggregate so that its held events apply first.
+        let (b1, a4) = ([ACC.write(&env("b", 1))], [ACC.write(&env("a", 4)).add("balance", 4)]);
+        let key = ("account".to_owned(), "a".to_owned());
+        let mut stored = Stored::default();
+        stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 2)]));
+        stored.parked = Some(HashMap::from([(key.clone(), super::Parked { waiting_for: 2, dead_letter: false })]));
+        let events = [(r("b", 1), Effect::Writes(&b1)), (r("a", 4), Effect::Writes(&a4))];
+        let p = plan(&[ACC], &stored, &events).unwrap();
+        assert_eq!(p.outcomes, vec![Outcome::Applied], "b1, then the plan ends before a4");
+        assert_eq!((p.unparked, p.parks), (Some(key.clone()), vec![(key.clone(), None)]));
+        // Still waiting (the row at 1): a4 is held as before.
+        stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
+        let p = plan(&[ACC], &stored, &events).unwrap();
+        assert_eq!((p.outcomes, p.unparked), (vec![Outcome::Applied, Outcome::Parked], None));
     }
 
     #[test]

@@ -558,7 +558,9 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             if let Some(aggregate) = unparked {
                 // The resumed aggregate's held events, in version order: those of earlier
                 // batches (stored), then those of this one, as one event at a time would.
-                let resumed_at = written.outcomes.len() - 1;
+                // The event that resumed it, or, for a stale parking, the one before which it
+                // resumed (see `Plan::unparked`).
+                let resumed_at = written.outcomes.len().saturating_sub(1);
                 let first_held = held.len();
                 let decoder = EventDecoder::<P::Event>::new();
                 let halt_on_unknown = Projection::on_unknown_type(self) == OnUnknownType::Halt;
@@ -596,7 +598,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 let mut drain: Vec<(Result<usize, usize>, &PreparedEvent)> = (first_held..held.len())
                     .map(|h| (Ok(h), &held[h].1))
                     .chain(
-                        (0..resumed_at)
+                        (0..written.outcomes.len())
                             .filter(|&i| {
                                 written.outcomes[i] == Outcome::Parked
                                     && events[i].aggregate() == (aggregate.0.as_str(), aggregate.1.as_str())
@@ -754,6 +756,8 @@ trait WriteEvents: Projection<PgConnection> {
                 let Some(Step::Custom(env)) = events.get(end).map(|e| &e.step) else { unreachable!("a custom event") };
                 let env = env.downcast_ref::<Envelope<Self::Event>>().expect("prepared by this projection");
                 let outcome = match ran.outcomes.first() {
+                    // Its aggregate's stale parking resumed before it: planned again after the drain.
+                    None if ran.unparked.is_some() => return Ok((outcomes, per_event, ran.unparked)),
                     Some(Outcome::Applied) => self.apply(conn, env).await.map_err(|error| Error::Apply {
                         projection: name.into(),
                         index: end,

@@ -142,6 +142,8 @@ struct Task {
     /// The high watermark to reach (`exit_when_caught_up`), once read.
     target: Option<i64>,
     markers: MarkerRetry,
+    /// When its parked aggregates were last checked for a stale parking.
+    swept: Instant,
 }
 
 /// Whether the loop goes on.
@@ -173,6 +175,7 @@ impl Partition {
             revoke_deadline: None,
             target: None,
             markers: MarkerRetry::new(),
+            swept: Instant::now(),
         };
         match begin {
             Begin::Run => {}
@@ -304,6 +307,11 @@ impl Task {
             if let Err(stored) = self.partition.checkpoint_past_markers(&mut self.markers).await {
                 self.read_on_from(stored);
             }
+        }
+        let running = idle && self.order == Order::Run && !self.batcher.is_halted();
+        if running && self.partition.folding.is_none() && self.swept.elapsed() >= progress::SWEEP_EVERY {
+            self.swept = Instant::now();
+            self.partition.resume_stale().await;
         }
         if self.partition.exit_when_caught_up && idle {
             self.partition.check_caught_up(&mut self.target, self.batcher.is_halted()).await;

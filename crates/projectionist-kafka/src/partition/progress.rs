@@ -227,6 +227,37 @@ impl Partition {
     }
 }
 
+/// How often an idle partition checks its parked aggregates for a parking gone stale (see
+/// [`Partition::resume_stale`]).
+pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+impl Partition {
+    /// Resumes the aggregates this partition parked whose awaited version was applied on
+    /// another partition since (see `projectionist_postgres::park::resume_stale`): without
+    /// it, an aggregate with no later event on this partition would stay parked. A failure
+    /// is logged and tried again at the next sweep.
+    pub(super) async fn resume_stale(&self) {
+        let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
+        match projectionist_postgres::park::resume_stale(&self.pool, self.projection.as_ref(), topic, partition).await {
+            Ok(0) => {}
+            Ok(resumed) => tracing::info!(
+                projection = %name,
+                %topic,
+                partition,
+                resumed,
+                "Parked aggregates resumed: the version each waited for was applied on another partition."
+            ),
+            Err(e) => tracing::warn!(
+                projection = %name,
+                %topic,
+                partition,
+                error = %e,
+                "Cannot check the parked aggregates for versions applied elsewhere; trying again later."
+            ),
+        }
+    }
+}
+
 /// Offsets from the `checkpoint` (−1: none yet, then from the batch's `first`) to `next`.
 fn moved(checkpoint: i64, first: i64, next: i64) -> u64 {
     let from = if checkpoint >= 0 { checkpoint } else { first };

@@ -13,7 +13,7 @@ use crate::batch::ParkedMap;
 use crate::Result;
 
 mod resolve;
-pub use resolve::{resolve, skip_gap, Resolve, Resolved};
+pub use resolve::{resolve, resume_stale, skip_gap, Resolve, Resolved};
 
 /// Where a batch was read, and each of its messages as it arrived: what the events held for
 /// a parked aggregate are stored as.

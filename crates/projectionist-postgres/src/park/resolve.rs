@@ -1,14 +1,15 @@
-//! What an operator does about a parked aggregate: retry or discard the dead letter it waits
-//! behind, or declare lost the version it waits for (a gap that will never be filled), each
-//! recorded in `projectionist_dead_letters`, in one transaction with the events held behind
-//! it applied in version order.
+//! What resumes a parked aggregate besides the version it waits for: an operator retrying or
+//! discarding the dead letter it waits behind, or declaring lost the version it waits for (a
+//! gap that will never be filled), each recorded in `projectionist_dead_letters`; and a
+//! parking gone stale (its version applied on another partition). Each in one transaction
+//! with the events held behind it applied in version order.
 
-use projectionist_core::{LazyEnvelope, OnGap, Outcome, OutcomeCounts};
+use projectionist_core::{LazyEnvelope, OnGap, Outcome, OutcomeCounts, Table};
 use sqlx::{PgConnection, PgPool};
 
-use super::{Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
+use super::{HeldRow, Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
 use crate::apply::{Mode, PgProjection, Prepared, Written};
-use crate::{Error, Result};
+use crate::{Error, Ident, Result};
 
 /// What an operator does with a dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,4 +213,61 @@ pub async fn skip_gap(
     tracing::info!(projection = name, aggregate_type, aggregate_id, version, record = id, "A lost version skipped.");
     let outcome = written.outcomes.first().copied().unwrap_or(Outcome::Duplicate);
     Ok(Resolved { outcome, drained: written.drained, error: None })
+}
+
+/// Resumes the aggregates `projection` parked on `topic`/`partition` that can go on: the
+/// version each waits for has been applied since, or one of its held events is the next
+/// version after its gate — as happens when an aggregate's events arrive on more than one
+/// partition (a topic whose partitions were increased, another producer's partitioner), each
+/// partition parking what it reads out of order. Its own partition may never read another
+/// event of it, so each such aggregate's lowest held event is written again: the planner
+/// resumes the aggregate (its parking stale, or the event the one it waits for) and applies
+/// what is held in version order. How many resumed. One query when none can go on; run at a
+/// partition's idle moments.
+pub async fn resume_stale(pool: &PgPool, projection: &dyn PgProjection, topic: &str, partition: i32) -> Result<usize> {
+    // Where the aggregate's gates stand: its aggregate version, or its rows' (0: none yet).
+    let mut gates =
+        vec!["(SELECT v.version FROM projectionist_aggregate_versions v WHERE v.projection = p.projection \
+         AND v.aggregate_type = p.aggregate_type AND v.aggregate_id = p.aggregate_id)"
+            .to_owned()];
+    let gated: Vec<&Table> = projection.tables().iter().filter(|t| t.is_gated()).collect();
+    for (n, t) in gated.iter().enumerate() {
+        let (table, key, version) = (Ident::new(t.name())?, Ident::new(t.key())?, Ident::new(t.version())?);
+        gates.push(format!(
+            "(SELECT t.{version} FROM {table} t WHERE p.aggregate_type = ANY(${}) AND t.{key} = p.aggregate_id)",
+            n + 4
+        ));
+    }
+    let sql = format!(
+        "SELECT DISTINCT ON (h.aggregate_type, h.aggregate_id) h.id, h.version, h.topic, h.partition, h.\"offset\", \
+         h.key, h.payload, h.headers FROM projectionist_parked p \
+         CROSS JOIN LATERAL (SELECT GREATEST(0, {}) AS at) g \
+         JOIN projectionist_held h USING (projection, aggregate_type, aggregate_id) \
+         WHERE p.projection = $1 AND p.topic = $2 AND p.partition = $3 \
+           AND (g.at >= p.waiting_for OR (p.dead_letter IS NULL AND h.version <= g.at + 1)) \
+         ORDER BY h.aggregate_type, h.aggregate_id, h.version, h.id",
+        gates.join(", ")
+    );
+    let mut query = sqlx::query_as::<_, HeldRow>(&sql).bind(projection.name()).bind(topic).bind(partition);
+    for t in &gated {
+        query = query.bind(t.aggregate_types_declared().to_vec());
+    }
+    let stale = query.fetch_all(pool).await?;
+    for row in &stale {
+        // Not an envelope: left to the drain (which dead-letters it) when the aggregate resumes.
+        let Ok(envelope) = LazyEnvelope::from_slice(&row.payload) else { continue };
+        let mut prepared = projection.prepare_lazy(vec![envelope]);
+        let message = SourceMessage {
+            offset: row.offset,
+            key: row.key.clone(),
+            payload: row.payload.clone(),
+            headers: row.headers(),
+        };
+        let (topic, partition) = (row.topic.clone(), row.partition);
+        prepared.set_source(Source { topic, partition, messages: vec![message], undecodable: Vec::new() });
+        let mut tx = pool.begin().await?;
+        write_resolution(&mut tx, projection, &mut prepared).await?;
+        tx.commit().await?;
+    }
+    Ok(stale.len())
 }
