@@ -128,6 +128,8 @@ impl Partition {
                     "Checkpoint moved past transaction markers."
                 );
                 *retry = MarkerRetry::new();
+                // What the next batch's checkpoint must find (else it reads on from here).
+                self.stored(position);
                 self.advance(position, position);
             }
             Err(e) => {
