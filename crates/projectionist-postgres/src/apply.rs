@@ -319,7 +319,7 @@ impl Prepared {
     /// ask the catalog. A run that writes a row of a table checked row by row twice is
     /// written in rounds, one that writes a table checked across rows event by event (see
     /// [`Checks`]), and a rebuild folds only where nothing is checked. Unset, the catalog is
-    /// asked once per run.
+    /// asked once per batch.
     pub fn set_checked(&mut self, checks: Checks) {
         self.checked = Some(checks);
     }
@@ -516,8 +516,17 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         }
         crate::rebuild::share_swap_lock(conn, name).await?;
         let gaps_halt = on_gap == OnGap::Halt;
+        // What PostgreSQL checks of the tables: as the caller last read it, else read once here.
+        let read;
+        let checked = match &prepared.checked {
+            Some(known) => known,
+            None => {
+                read = crate::checks::read(conn, Projection::tables(self)).await?;
+                &read
+            }
+        };
         // What every run of the batch starts from, besides the parked aggregates.
-        let context = (gaps_halt, prepared.checked.as_ref(), prepared.sole_writer);
+        let context = (gaps_halt, checked, prepared.sole_writer);
         let mut parked = match source {
             Some(source) => Some(park::read(conn, name, &source.topic, source.partition).await?),
             None => None,
@@ -722,7 +731,7 @@ trait WriteEvents: Projection<PgConnection> {
         events: &[&PreparedEvent],
         mode: Mode,
         parked: &mut Option<ParkedMap>,
-        (gaps_halt, checked, sole_writer): (bool, Option<&Checks>, bool),
+        (gaps_halt, checked, sole_writer): (bool, &Checks, bool),
         changes: &mut HashMap<(String, String), Option<Parked>>,
     ) -> Result<(Vec<Outcome>, bool, Option<(String, String)>)> {
         let name = Projection::name(self);

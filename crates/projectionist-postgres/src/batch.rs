@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 
-use crate::checks::{self, Checks};
+use crate::checks::Checks;
 use crate::{Error, Ident, Mode, Result};
 
 /// Whether the database refused a statement for a value in it — a data exception (class
@@ -38,14 +38,14 @@ const PER_EVENT_TRIES: usize = 5;
 pub(crate) type ParkedMap = HashMap<(String, String), Parked>;
 
 /// What a run starts from: the parked aggregates (`None`: parking off), whether a gap still
-/// halts (then only dead letters park), and the checked tables if known.
-#[derive(Debug, Clone, Copy, Default)]
+/// halts (then only dead letters park), and what PostgreSQL checks of the tables.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct RunContext<'a> {
     pub parked: Option<&'a ParkedMap>,
     pub gaps_halt: bool,
-    /// What PostgreSQL checks of the projection's tables beyond their declarations, when
-    /// known (see [`crate::Prepared::set_checked`]); `None`: asked of the catalog.
-    pub checked: Option<&'a Checks>,
+    /// What PostgreSQL checks of the projection's tables beyond their declarations (see
+    /// [`Checks`]).
+    pub checked: &'a Checks,
     /// No one else writes the tables (see [`crate::Prepared::set_sole_writer`]): rows are
     /// read without row locks.
     pub sole_writer: bool,
@@ -87,15 +87,7 @@ pub(crate) async fn apply(
     // Rows checked against other rows (a unique index, a foreign key): whether one is
     // refused depends on the order of writes across rows, which only the events' own order
     // keeps.
-    let read;
-    let checked = match parking.checked {
-        Some(known) => known,
-        None => {
-            read = checks::read(conn, tables).await?;
-            &read
-        }
-    };
-    let parking = RunContext { checked: Some(checked), ..parking };
+    let checked = parking.checked;
     if mode == Mode::PerEvent || (!checked.ordered.is_empty() && writes_any(events, |t| checked.is_ordered(t))) {
         return apply_per_event(conn, projection, tables, events, parking).await;
     }
@@ -132,8 +124,7 @@ async fn apply_set_based(
     // Where coalescing a row's writes would keep a state from PostgreSQL's checks (a table
     // with CHECK constraints, a value that might be refused written over), rounds.
     let mut in_rounds = plan.superseded.clone();
-    let checked = parking.checked.expect("read by apply");
-    in_rounds.extend(plan.rewritten.iter().filter(|t| checked.in_rounds(t)).copied());
+    in_rounds.extend(plan.rewritten.iter().filter(|t| parking.checked.in_rounds(t)).copied());
     let cuts = if in_rounds.is_empty() { Vec::new() } else { rounds(events, &in_rounds) };
     if !cuts.is_empty() {
         return apply_rounds(conn, projection, tables, events, parking, &cuts).await;
@@ -329,14 +320,14 @@ struct Runs {
     parked: Option<ParkedMap>,
     parks: HashMap<(String, String), Option<Parked>>,
     gaps_halt: bool,
-    checked: Option<Checks>,
+    checked: Checks,
     sole_writer: bool,
 }
 
 impl Runs {
     fn new(parking: RunContext<'_>, per_event: bool) -> Self {
         let ran = Ran { per_event, ..Ran::default() };
-        let (parked, gaps_halt, checked) = (parking.parked.cloned(), parking.gaps_halt, parking.checked.cloned());
+        let (parked, gaps_halt, checked) = (parking.parked.cloned(), parking.gaps_halt, parking.checked.clone());
         Self { ran, parked, parks: HashMap::new(), gaps_halt, checked, sole_writer: parking.sole_writer }
     }
 
@@ -345,7 +336,7 @@ impl Runs {
         RunContext {
             parked: self.parked.as_ref(),
             gaps_halt: self.gaps_halt,
-            checked: self.checked.as_ref(),
+            checked: &self.checked,
             sole_writer: self.sole_writer,
         }
     }
