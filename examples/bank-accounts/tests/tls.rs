@@ -1,7 +1,9 @@
 //! TLS and SASL through the `bank-accounts` binary, against real services set up by
-//! `scripts/services.sh --tls`: PostgreSQL with `ssl = on`, a tansu broker behind a
-//! mutual-TLS terminator (KAFKA_TLS_BROKERS, certificates from KAFKA_TLS_*), and a tansu
-//! broker requiring SASL (KAFKA_SASL_BROKERS). Without them each test reports itself skipped.
+//! `scripts/services.sh --tls`: PostgreSQL with `ssl = on`, a broker listener requiring
+//! mutual TLS (KAFKA_TLS_BROKERS, certificates from KAFKA_TLS_*), and a broker listener
+//! requiring SASL (KAFKA_SASL_BROKERS; on Apache Kafka with a real user,
+//! KAFKA_SASL_TEST_USER and KAFKA_SASL_TEST_PASSWORD). Without them each test reports itself
+//! skipped.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -213,8 +215,14 @@ async fn sasl_and_oauth_secrets_never_reach_the_logs_and_bad_credentials_fail_cl
                 .env("KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET", CLIENT_SECRET)
                 .env("KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL", "http://127.0.0.1:1/token");
         }
+        let started = Instant::now();
         let (out, text) = output(run).await;
         assert_eq!(out.status.code(), Some(1), "{mechanism}: {text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{mechanism}: failed fast, not after the 20 s connect timeout: {:?}",
+            started.elapsed()
+        );
         assert!(
             text.contains(&format!("cannot connect to Kafka at {brokers}: SASL authentication failed")),
             "{mechanism}: {text}"
@@ -229,6 +237,51 @@ async fn sasl_and_oauth_secrets_never_reach_the_logs_and_bad_credentials_fail_cl
             logs.lines().filter(|l| l.contains(secret)).collect::<Vec<_>>().join("\n")
         );
     }
+}
+
+/// With a real user: a stream published and projected over SASL/SCRAM-SHA-512, then
+/// projected again from offset zero over SCRAM-SHA-256 and over PLAIN.
+#[sqlx::test(migrations = false)]
+async fn sasl_scram_and_plain_with_real_credentials_project_end_to_end(pool: PgPool) {
+    let test = "sasl_scram_and_plain_with_real_credentials_project_end_to_end";
+    let (Some(brokers), Some(user), Some(password)) =
+        (var("KAFKA_SASL_BROKERS"), var("KAFKA_SASL_TEST_USER"), var("KAFKA_SASL_TEST_PASSWORD"))
+    else {
+        skip(test, "no SASL broker with a test user: KAFKA_SASL_BROKERS/KAFKA_SASL_TEST_* unset (Apache Kafka started by scripts/test.sh has them)");
+        return;
+    };
+    let url = database_url(&pool, "");
+    let topic = format!("test.sasl.{}", uuid::Uuid::new_v4().simple());
+    let sasl = |args: &[&str], mechanism: &str| {
+        let mut c = cli(&url, &topic, args);
+        c.env("KAFKA_BROKERS", &brokers)
+            .env("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+            .env("KAFKA_SASL_MECHANISM", mechanism)
+            .env("KAFKA_SASL_USERNAME", &user)
+            .env("KAFKA_SASL_PASSWORD", &password);
+        c
+    };
+    let (out, text) = output(cli(&url, &topic, &["migrate"])).await;
+    assert!(out.status.success(), "migrate: {text}");
+    let events = generate::stream(40, 8, 9);
+    let dir = std::env::temp_dir().join(format!("projectionist-sasl-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("events.ndjson");
+    std::fs::write(&file, events.iter().map(|e| String::from_utf8(e.to_json()).unwrap() + "\n").collect::<String>())
+        .unwrap();
+    let (out, text) = output(sasl(&["publish", "--topic", &topic, file.to_str().unwrap()], "SCRAM-SHA-512")).await;
+    assert!(out.status.success() && text.contains(&format!("Published {} events", events.len())), "{text}");
+    let expected = generate::expected(&events);
+    for mechanism in ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] {
+        let (out, text) = output(sasl(&["run", "--reset", "--exit-when-caught-up"], mechanism)).await;
+        assert!(out.status.success(), "{mechanism}: {text}");
+        assert!(!text.contains(&password), "{mechanism}: the password reached the log");
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT account_id, version FROM bank_accounts").fetch_all(&pool).await.unwrap();
+        assert_eq!(rows.len(), expected.len(), "{mechanism}: every account");
+        assert!(rows.iter().all(|(id, v)| expected[id].version == *v), "{mechanism}: every version");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[sqlx::test(migrations = false)]

@@ -1,5 +1,6 @@
 //! What the bank-accounts integration tests share: the broker's address, fresh topic names,
-//! the read model as the generator's expectation, and a plain HTTP GET.
+//! the read model as the generator's expectation, a plain HTTP GET, and the skip record.
+#![allow(dead_code)] // each test binary uses a part
 
 use std::collections::BTreeMap;
 
@@ -40,4 +41,14 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     stream.read_to_string(&mut response).await.unwrap();
     let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
     (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+/// Records a skipped test where `scripts/test.sh` reports it.
+pub fn skip(test: &str, reason: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {reason}");
+    if let Ok(path) = std::env::var("PROJECTIONIST_SKIP_LOG") {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+        writeln!(f, "{test}: {reason}").unwrap();
+    }
 }
