@@ -153,6 +153,24 @@ struct Run {
     cpu_seconds: f64,
     /// A rebuild's swap, in milliseconds.
     swap_ms: Option<u64>,
+    /// What a user waits for: from the process's start to its exit.
+    start_to_exit: Duration,
+    /// From the start to its first partition assignment (start-up, group join).
+    to_assigned: Duration,
+    /// From "caught up" (`run`) or "swapped in" (`rebuild`) to the exit (consumer close).
+    closing: Duration,
+}
+
+impl Run {
+    /// Start to exit, and where the time outside the reading went.
+    fn timeline(&self) -> String {
+        format!(
+            "{:.2} s start to exit: {:.2} s to its assignment, {:.2} s from done to exit",
+            self.start_to_exit.as_secs_f64(),
+            self.to_assigned.as_secs_f64(),
+            self.closing.as_secs_f64()
+        )
+    }
 }
 
 /// The whole pipeline: the bank-accounts projector binary, from its first partition
@@ -189,6 +207,7 @@ fn projector(command: &str, db_url: &str, topic: &str, deliveries: usize, args: 
     let group = format!("bench-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     // `run` stops once caught up; `rebuild` ends with its swap.
     let until: &[&str] = if command == "run" { &["--exit-when-caught-up"] } else { &[] };
+    let started = Instant::now();
     let mut child = Command::new(&bin)
         .arg(command)
         .args(until)
@@ -218,11 +237,14 @@ fn projector(command: &str, db_url: &str, topic: &str, deliveries: usize, args: 
             std::thread::sleep(Duration::from_millis(20));
         })
     };
-    let (mut assigned, mut swap_ms) = (None, None);
+    let (mut assigned, mut swap_ms, mut done) = (None, None, None);
     for line in BufReader::new(child.stderr.take().unwrap()).lines() {
         let line = line.unwrap_or_default();
         if assigned.is_none() && line.contains("Partition assigned") {
             assigned = Some(Instant::now());
+        }
+        if line.contains("Caught up with the high watermarks; stopping.") || line.contains("Rebuild swapped in") {
+            done = Some(Instant::now());
         }
         if let Some((_, ms)) = line.split_once("swap_ms=") {
             swap_ms = ms.split_whitespace().next().and_then(|ms| ms.parse::<u64>().ok());
@@ -232,7 +254,9 @@ fn projector(command: &str, db_url: &str, topic: &str, deliveries: usize, args: 
         }
     }
     let status = child.wait().unwrap();
-    let took = assigned.expect("the projector was assigned partitions").elapsed();
+    let exited = Instant::now();
+    let assigned = assigned.expect("the projector was assigned partitions");
+    let took = assigned.elapsed();
     assert!(status.success(), "the projector failed: {status}");
     let _ = watcher.join();
     Run {
@@ -240,6 +264,9 @@ fn projector(command: &str, db_url: &str, topic: &str, deliveries: usize, args: 
         rss_mib: peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0,
         cpu_seconds: children_cpu_seconds() - cpu_before,
         swap_ms,
+        start_to_exit: exited - started,
+        to_assigned: assigned - started,
+        closing: done.map_or(Duration::ZERO, |done| exited - done),
     }
 }
 
@@ -722,7 +749,9 @@ async fn main() {
              none saw it shrink)",
             run.rate
         );
-        Some(alone.rate)
+        println!("  start to exit: run --reset {}", first_run.timeline());
+        println!("                 rebuild     {}", alone.timeline());
+        Some((alone.rate, alone.start_to_exit))
     };
 
     let (ceiling_pool, _) = fresh_database("projectionist_bench_ceiling").await;
@@ -800,9 +829,11 @@ async fn main() {
     if let Some(poison) = poison {
         println!("  0.1 % poison / clean pipeline  {:>6.2}   (>= 0.9)", poison / first);
     }
-    if let Some(rebuilt) = rebuilt {
+    if let Some((rebuilt, rebuild_took)) = rebuilt {
         println!("  rebuild / folded ceiling       {:>6.2}   (>= 0.5)", rebuilt / folded);
         println!("  rebuild / pipeline             {:>6.2}   (>= 2.5)", rebuilt / first);
+        let (run_took, rebuild_took) = (first_run.start_to_exit.as_secs_f64(), rebuild_took.as_secs_f64());
+        println!("  run --reset / rebuild, start to exit {:>6.2}   (>= 2.5)", run_took / rebuild_took);
     }
     for (label, over, target) in fresh {
         println!("  freshness p99 over the broker's, {label:<8} {over:>6.1} ms   (<= {target} ms)");

@@ -571,36 +571,6 @@ async fn a_fold_of_duplicates_alone_still_stores_its_checkpoint(pool: PgPool) {
     assert_eq!((balance, version), (7, 2));
 }
 
-/// With `warm_up` (as `rebuild` sets it), the engine opens its partitions' PostgreSQL
-/// connections while it joins its group, not on the first batches after the assignment
-/// (each one's set-up costs a batch tens of milliseconds of CPU with TLS): the pool holds
-/// one connection per partition and two more, though no event has arrived to need them.
-#[sqlx::test(migrations = false)]
-async fn the_engine_opens_its_connections_while_it_joins_its_group(pool: PgPool) {
-    migrate(&pool, &[&BankAccounts]).await.unwrap();
-    let topic = rand_test_topic("warm");
-    topics::create_topics(&brokers(), &[&topic], 3, 1).await.unwrap();
-    let options = (*pool.connect_options()).clone();
-    let own = sqlx::postgres::PgPoolOptions::new().max_connections(10).connect_with(options).await.unwrap();
-    let mut config = config().with_exit_when_caught_up(false);
-    config.warm_up = true;
-    let engine = Engine::new(own.clone(), config).register(Arc::new(BankAccounts), [topic.clone()]);
-    let readiness = engine.readiness();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(engine.run(async move {
-        let _ = stopped.await;
-    }));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !readiness.is_ready().await {
-        assert!(tokio::time::Instant::now() < deadline, "the engine never joined its group");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    wait_for("the pool to hold a connection per partition and two more", || own.size() >= 5).await;
-    stop.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
-    assert!(report.halts().is_empty(), "{:?}", report.halts());
-}
-
 /// Batches size themselves: far behind, a partition applies what it read while its
 /// previous batch committed (large batches); at the head, one new event is applied at once,
 /// in a batch of its own.

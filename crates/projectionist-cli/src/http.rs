@@ -353,7 +353,7 @@ mod tests {
             (status, body.as_str()),
             (
                 503,
-                "not ready: partitions assigned: false, postgres answers: true, waiting for postgres: false, \
+                "not ready: partitions assigned: false, broker answers: true, postgres answers: true, waiting for postgres: false, \
                  partitions halted: 0\n"
             ),
             "not ready before the engine runs"

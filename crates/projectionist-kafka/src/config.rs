@@ -129,14 +129,13 @@ pub struct EngineConfig {
     /// for its bulk load (it sets this, with `sole_writer`). Not in the settings file.
     #[serde(skip)]
     pub fold: bool,
-    /// Whether the engine opens one PostgreSQL connection per partition of its topics (and
-    /// two more, within the pool's bound) while it joins its groups, so that its first
-    /// batches do not each pay a connection's set-up: for the only member of its groups,
-    /// which is assigned every partition, as `rebuild` is (it sets this). Not in the
-    /// settings file: a `run` process sharing its partitions with others would open
-    /// connections it never uses.
+    /// Whether the engine is the only reader of its projections' topics in its groups, as
+    /// `rebuild` is behind its lock (it sets this): it reads every partition by direct
+    /// assignment, without joining a consumer group (no join to wait for, no leave on
+    /// exit). Not in the settings file: `run` processes share their partitions through the
+    /// group.
     #[serde(skip)]
-    pub warm_up: bool,
+    pub sole_reader: bool,
     /// Settings of single projections that differ from the ones above, by projection name,
     /// e.g. `{"order_status": {"on_gap": "halt"}}`; see [`ProjectionSettings`]. A name that
     /// is not registered makes [`crate::Engine::run`] refuse to start.
@@ -237,7 +236,7 @@ impl EngineConfig {
             rebuild_batch_max_bytes: default_rebuild_batch_max_bytes(),
             sole_writer: false,
             fold: false,
-            warm_up: false,
+            sole_reader: false,
             max_retries: default_max_retries(),
             retry_backoff_ms: default_retry_backoff_ms(),
             from_beginning: false,

@@ -52,16 +52,24 @@ pub(crate) struct EngineContext {
     /// The last error librdkafka or the consumer reported, for the runner's warning while
     /// no partition is assigned.
     last_error: Mutex<Option<String>>,
+    /// No broker reachable: set by librdkafka's "all brokers down", cleared by statistics
+    /// that see a broker up (read by the readiness probe).
+    unreachable: Arc<AtomicBool>,
 }
 
 impl EngineContext {
-    pub(crate) fn new(projection: String, events: mpsc::UnboundedSender<Rebalance>) -> Self {
+    pub(crate) fn new(
+        projection: String,
+        events: mpsc::UnboundedSender<Rebalance>,
+        unreachable: Arc<AtomicBool>,
+    ) -> Self {
         Self {
             projection,
             events,
             owned: Arc::default(),
             closing: AtomicBool::new(false),
             last_error: Mutex::default(),
+            unreachable,
         }
     }
 
@@ -117,15 +125,25 @@ pub(crate) fn unassign<C: Consumer<EngineContext>>(consumer: &C, parts: &[Tp]) {
 impl ClientContext for EngineContext {
     /// Logs librdkafka's error as the default does, and keeps it.
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) {
+            self.unreachable.store(true, Ordering::SeqCst);
+        }
         tracing::error!(projection = %self.projection, "librdkafka: {error}: {reason}");
         self.remember_error(format!("{error}: {reason}"));
     }
 
-    /// librdkafka's periodic statistics (`statistics.interval.ms`): the lag of every owned
+    /// librdkafka's periodic statistics (`statistics.interval.ms`): whether a broker is up,
+    /// and the lag of every owned
     /// partition, in offsets and in time, against the head a `read_committed` reader can
     /// reach (the last stable offset). Exported whether or not anything arrives, so a
     /// caught-up projection reads 0 rather than "no data".
     fn stats(&self, statistics: rdkafka::Statistics) {
+        // The brokers of the cluster (not the bootstrap addresses): is one of them up?
+        let mut learned = statistics.brokers.values().filter(|b| b.nodeid >= 0).peekable();
+        if learned.peek().is_some() {
+            let up = learned.any(|b| b.state == "UP");
+            self.unreachable.store(!up, Ordering::SeqCst);
+        }
         let owned = self.owned.lock().expect("owned lock").clone();
         let now = crate::partition::now_ms();
         for (topic, t) in &statistics.topics {

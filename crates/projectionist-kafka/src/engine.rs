@@ -11,7 +11,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use tokio::sync::{mpsc, watch};
 
-use crate::context::EngineContext;
+use crate::context::{EngineContext, Rebalance, Tp};
 use crate::outage::Outage;
 use crate::retry::Retry;
 use crate::runner::{Member, Runner, Stats};
@@ -45,15 +45,17 @@ pub struct Engine {
     registrations: Vec<Registration>,
     stats: Vec<Arc<Stats>>,
     joined: Vec<Arc<AtomicBool>>,
+    unreachable: Vec<Arc<AtomicBool>>,
 }
 
 /// Whether the engine is ready: every projection's consumer holds an assignment from its
-/// group (so the broker answered), PostgreSQL answers, no partition waits for PostgreSQL
-/// to come back and none is halted.
+/// group, the brokers answer, PostgreSQL answers, no partition waits for PostgreSQL to come
+/// back and none is halted.
 #[derive(Clone)]
 pub struct Readiness {
     pool: PgPool,
     joined: Vec<Arc<AtomicBool>>,
+    unreachable: Vec<Arc<AtomicBool>>,
     stats: Vec<Arc<Stats>>,
 }
 
@@ -62,6 +64,10 @@ pub struct Readiness {
 pub struct ReadyState {
     /// Every projection's consumer holds a partition assignment.
     pub partitions_assigned: bool,
+    /// Every projection's consumer reaches a broker of its cluster: false from librdkafka's
+    /// "all brokers down" until its statistics (every `statistics.interval.ms`, 5 s by
+    /// default) see a broker up again. The consumer reconnects by itself meanwhile.
+    pub broker_answers: bool,
     /// PostgreSQL answers `SELECT 1` within a second.
     pub postgres_answers: bool,
     /// Some partition (or checkpoint read) waits for PostgreSQL to come back: unreachable,
@@ -74,7 +80,11 @@ pub struct ReadyState {
 impl ReadyState {
     /// Assigned, PostgreSQL answering, nothing waiting, nothing halted.
     pub fn is_ready(&self) -> bool {
-        self.partitions_assigned && self.postgres_answers && !self.waiting_for_postgres && self.partitions_halted == 0
+        self.partitions_assigned
+            && self.broker_answers
+            && self.postgres_answers
+            && !self.waiting_for_postgres
+            && self.partitions_halted == 0
     }
 }
 
@@ -82,8 +92,13 @@ impl fmt::Display for ReadyState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "partitions assigned: {}, postgres answers: {}, waiting for postgres: {}, partitions halted: {}",
-            self.partitions_assigned, self.postgres_answers, self.waiting_for_postgres, self.partitions_halted
+            "partitions assigned: {}, broker answers: {}, postgres answers: {}, waiting for postgres: {}, \
+            partitions halted: {}",
+            self.partitions_assigned,
+            self.broker_answers,
+            self.postgres_answers,
+            self.waiting_for_postgres,
+            self.partitions_halted
         )
     }
 }
@@ -92,6 +107,11 @@ impl Readiness {
     /// Every projection's consumer holds a partition assignment.
     pub fn partitions_assigned(&self) -> bool {
         !self.joined.is_empty() && self.joined.iter().all(|j| j.load(Ordering::SeqCst))
+    }
+
+    /// Every projection's consumer reaches a broker (see [`ReadyState::broker_answers`]).
+    pub fn broker_answers(&self) -> bool {
+        self.unreachable.iter().all(|u| !u.load(Ordering::SeqCst))
     }
 
     /// PostgreSQL answers `SELECT 1` within a second.
@@ -114,6 +134,7 @@ impl Readiness {
     pub async fn state(&self) -> ReadyState {
         ReadyState {
             partitions_assigned: self.partitions_assigned(),
+            broker_answers: self.broker_answers(),
             postgres_answers: self.postgres_answers().await,
             waiting_for_postgres: self.waiting_for_postgres(),
             partitions_halted: self.partitions_halted(),
@@ -148,7 +169,7 @@ impl RunReport {
 impl Engine {
     /// An engine writing to `pool`.
     pub fn new(pool: PgPool, config: EngineConfig) -> Self {
-        Self { pool, config, registrations: Vec::new(), stats: Vec::new(), joined: Vec::new() }
+        Self { pool, config, registrations: Vec::new(), stats: Vec::new(), joined: Vec::new(), unreachable: Vec::new() }
     }
 
     /// Adds a projection consuming `topics`.
@@ -160,12 +181,18 @@ impl Engine {
         self.registrations.push(Registration { projection, topics: topics.into_iter().map(Into::into).collect() });
         self.stats.push(Arc::default());
         self.joined.push(Arc::default());
+        self.unreachable.push(Arc::default());
         self
     }
 
     /// A readiness probe for this engine's projections, to hand to a health endpoint.
     pub fn readiness(&self) -> Readiness {
-        Readiness { pool: self.pool.clone(), joined: self.joined.clone(), stats: self.stats.clone() }
+        Readiness {
+            pool: self.pool.clone(),
+            joined: self.joined.clone(),
+            unreachable: self.unreachable.clone(),
+            stats: self.stats.clone(),
+        }
     }
 
     /// Live counters, in registration order, to watch a run from another task.
@@ -200,14 +227,16 @@ impl Engine {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let mut report = RunReport { projections: Vec::new() };
-        let mut consumers = Vec::new();
-        for ((reg, stats), joined) in self.registrations.iter().zip(&self.stats).zip(&self.joined) {
+        for (i, reg) in self.registrations.iter().enumerate() {
+            let (stats, joined) = (&self.stats[i], &self.joined[i]);
             let name = reg.projection.name().to_owned();
             let group = self.config.group_for(&name);
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
-            let consumer = Arc::new(self.consumer(reg, &group, EngineContext::new(name.clone(), rebalances_tx))?);
-            if self.config.warm_up {
-                consumers.push((consumer.clone(), reg.topics.clone()));
+            let context = EngineContext::new(name.clone(), rebalances_tx.clone(), self.unreachable[i].clone());
+            let consumer = Arc::new(self.consumer(reg, &group, context)?);
+            if self.config.sole_reader {
+                let parts = every_partition(consumer.clone(), reg.topics.clone()).await?;
+                let _ = rebalances_tx.send(Rebalance::Assign(parts));
             }
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
             let member = Member { group, consumer, rebalances };
@@ -218,8 +247,6 @@ impl Engine {
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
-        let warming =
-            self.config.warm_up.then(|| tokio::spawn(warm_up(self.pool.clone(), consumers, self.joined.clone())));
         let all = futures_util::future::join_all(tasks);
         tokio::pin!(all);
         let results = tokio::select! {
@@ -230,9 +257,6 @@ impl Engine {
                 all.await
             }
         };
-        if let Some(warming) = warming {
-            warming.abort();
-        }
         for r in results {
             r.map_err(|e| Error::Task(e.to_string()))??;
         }
@@ -309,51 +333,24 @@ impl Engine {
             cfg.set("group.instance.id", id);
         }
         let consumer: StreamConsumer<EngineContext> = cfg.create_with_context(context)?;
-        let topics: Vec<&str> = reg.topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
+        if !self.config.sole_reader {
+            let topics: Vec<&str> = reg.topics.iter().map(String::as_str).collect();
+            consumer.subscribe(&topics)?;
+        }
         Ok(consumer)
     }
 }
 
-/// With [`EngineConfig::warm_up`]: opens the PostgreSQL connections the partitions will
-/// write through (one per partition of the engine's topics, and two more for what the
-/// engine reads beside them, within the pool's bound) while the consumers join their
-/// groups, which takes seconds on most brokers: the first batches after the
-/// assignment then find them open instead of each paying a connection's set-up (with TLS,
-/// tens of milliseconds of CPU each) on their way. Best effort: a failure here is met
-/// again, and handled, by the batches. It gives up as soon as a projection is assigned its
-/// partitions (`joined`), letting go of what it holds, so that it never keeps a batch
-/// waiting for a connection.
-async fn warm_up(
-    pool: PgPool,
-    consumers: Vec<(Arc<StreamConsumer<EngineContext>>, Vec<String>)>,
-    joined: Vec<Arc<AtomicBool>>,
-) {
-    let counted = tokio::task::spawn_blocking(move || {
-        let mut partitions = 0;
-        for (consumer, topics) in consumers {
-            for topic in topics {
-                partitions += crate::topics::partitions_of(consumer.as_ref(), &topic).ok()?.len();
-            }
+/// Every partition of `topics`, from the broker's metadata: what a sole reader assigns
+/// itself (see [`EngineConfig::sole_reader`]).
+async fn every_partition(consumer: Arc<StreamConsumer<EngineContext>>, topics: Vec<String>) -> Result<Vec<Tp>> {
+    let listed = tokio::task::spawn_blocking(move || {
+        let mut parts = Vec::new();
+        for topic in topics {
+            let partitions = crate::topics::partitions_of(consumer.as_ref(), &topic)?;
+            parts.extend(partitions.into_iter().map(|p| Tp::new(topic.as_str(), p)));
         }
-        Some(partitions)
-    })
-    .await;
-    let Ok(Some(partitions)) = counted else { return };
-    let wanted = (partitions + 2).min(pool.options().get_max_connections() as usize);
-    // Held together, so that each is a connection of its own.
-    let opening = futures_util::future::join_all((0..wanted).map(|_| pool.acquire()));
-    let assigned = async {
-        while !joined.iter().any(|j| j.load(Ordering::SeqCst)) {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    };
-    tokio::select! {
-        opened = opening => {
-            let failed = opened.iter().filter(|c| c.is_err()).count();
-            let opened = "PostgreSQL connections opened ahead of the assignment.";
-            tracing::debug!(connections = wanted - failed, failed, "{opened}");
-        }
-        () = assigned => tracing::debug!("Assigned before the PostgreSQL connections were all open; the batches open the rest."),
-    }
+        Ok(parts)
+    });
+    listed.await.map_err(|e| Error::Task(e.to_string()))?
 }

@@ -71,8 +71,8 @@ pub async fn rebuild(
     // within one in one write.
     config.sole_writer = true;
     config.fold = true;
-    // The only member of its group: every partition is its own.
-    config.warm_up = true;
+    // The only reader of its group: every partition is its own, assigned without a join.
+    config.sole_reader = true;
     if !projection.tables().iter().all(projectionist_core::Table::is_gated) {
         config.batch_max_events = config.rebuild_batch_max_events;
         config.batch_max_bytes = config.rebuild_batch_max_bytes;
