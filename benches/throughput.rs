@@ -450,7 +450,7 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
     // The projector, at the head of an empty topic.
     let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
     let mut child = Command::new(&bin)
-        .args(["run", "--metrics-addr", "off", "--kafka-property", "session.timeout.ms=6000"])
+        .args(["run", "--metrics-addr", "127.0.0.1:0", "--kafka-property", "session.timeout.ms=6000"])
         .args(["--group-id", &format!("bench-fresh-{}-{n}", std::process::id())])
         .env("DATABASE_URL", &url)
         .env("BANK_ACCOUNTS_TOPIC", &topic)
@@ -460,13 +460,18 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
         .spawn()
         .expect("the projector starts");
     let (assigned_tx, assigned_rx) = std::sync::mpsc::channel();
+    let metrics_addr: Arc<Mutex<Option<String>>> = Arc::default();
     let stderr = child.stderr.take().unwrap();
+    let addr_seen = metrics_addr.clone();
     std::thread::spawn(move || {
         let mut told = false;
         for line in BufReader::new(stderr).lines() {
             let line = line.unwrap_or_default();
             if !told && line.contains("Partition assigned") {
                 told = assigned_tx.send(()).is_ok();
+            }
+            if let Some(addr) = line.split("address=").nth(1).and_then(|a| a.split_whitespace().next()) {
+                *addr_seen.lock().unwrap() = Some(addr.to_owned());
             }
             // What went wrong, if anything, said beside the figures it explains.
             if line.contains("ERROR") || line.contains("WARN") {
@@ -582,6 +587,8 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
         .filter(|(_, committed)| *committed >= counted_from)
         .map(|(at, committed)| received[at].saturating_duration_since(*committed).as_secs_f64() * 1000.0)
         .collect();
+    let batches = metrics_addr.lock().unwrap().clone().map(|addr| batch_summary(&addr)).unwrap_or_default();
+    println!("  freshness at {rate:.0}/s: {batches}");
     let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
     let _ = child.wait();
     // Each account's versions arrive in order, redeliveries after them: the prefix sent
@@ -595,6 +602,30 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
     projector.sort_by(f64::total_cmp);
     broker.sort_by(f64::total_cmp);
     (achieved, Latencies(projector), Latencies(broker))
+}
+
+/// The projector's batches, from its `/metrics`: how many, their mean size and mean time
+/// to apply and commit.
+fn batch_summary(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else { return String::new() };
+    let _ = stream.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes());
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    let value =
+        |name: &str| text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    let (Some(count), Some(size), Some(took)) = (
+        value("projectionist_batch_size_events_count"),
+        value("projectionist_batch_size_events_sum"),
+        value("projectionist_batch_duration_seconds_sum"),
+    ) else {
+        return "batch metrics not found".to_owned();
+    };
+    format!(
+        "{count:.0} batches, {:.1} events and {:.2} ms to apply and commit each on average",
+        size / count,
+        took / count * 1000.0
+    )
 }
 
 /// Publishes `events` in one producer transaction, committed: where each went.

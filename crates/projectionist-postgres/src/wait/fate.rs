@@ -2,6 +2,8 @@
 //! (parked, dead-lettered, discarded) kept out of the read model, so that a waiter is never
 //! told an event is there when it is not.
 
+use std::collections::BTreeSet;
+
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -92,4 +94,47 @@ pub(crate) async fn of(
         version,
         reason: reason.unwrap_or_else(|| "resuming".to_owned()),
     }))
+}
+
+/// What one partition's waits know of the offsets its checkpoint passed, so that a wait asks
+/// PostgreSQL once per range of offsets, not once per event: below `below`, every offset is
+/// in the read model but those in `kept_out` (parked, dead-lettered or discarded when the
+/// range was read; [`of`] tells what they are now). An applied event stays applied, so what
+/// is known clean stays so.
+#[derive(Default)]
+pub(crate) struct Checked {
+    below: i64,
+    kept_out: BTreeSet<i64>,
+}
+
+impl Checked {
+    /// Whether `offset`, which the checkpoint has passed (it stands at `next`), may have been
+    /// kept out of the read model: reads the offsets kept out up to `next` when `offset` is
+    /// not below what is known.
+    pub(crate) async fn may_be_kept_out(
+        &mut self,
+        pool: &PgPool,
+        (projection, topic, partition): (&str, &str, i32),
+        offset: i64,
+        next: i64,
+    ) -> Result<bool> {
+        if offset >= self.below && next > self.below {
+            let kept_out: Vec<i64> = sqlx::query_scalar(
+                "SELECT \"offset\" FROM projectionist_dead_letters \
+                 WHERE projection = $1 AND topic = $2 AND partition = $3 AND \"offset\" >= $4 AND \"offset\" < $5 \
+                 UNION ALL SELECT \"offset\" FROM projectionist_held \
+                 WHERE projection = $1 AND topic = $2 AND partition = $3 AND \"offset\" >= $4 AND \"offset\" < $5",
+            )
+            .bind(projection)
+            .bind(topic)
+            .bind(partition)
+            .bind(self.below)
+            .bind(next)
+            .fetch_all(pool)
+            .await?;
+            self.kept_out.extend(kept_out);
+            self.below = next;
+        }
+        Ok(offset >= self.below || self.kept_out.contains(&offset))
+    }
 }

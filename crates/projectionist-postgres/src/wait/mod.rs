@@ -87,6 +87,9 @@ struct Inner {
     /// Per projection someone waits on a version of: the waits, read together whenever it
     /// may have moved.
     versions: Mutex<HashMap<String, Watched>>,
+    /// Per partition waited on: which offsets its checkpoint passed were kept out of the
+    /// read model (one read at a time per partition).
+    checked: Mutex<HashMap<Partition, Arc<tokio::sync::Mutex<fate::Checked>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -254,6 +257,7 @@ impl Waiter {
                 schema,
                 offsets: Mutex::new(HashMap::new()),
                 versions: Mutex::new(HashMap::new()),
+                checked: Default::default(),
                 task: tokio::spawn(listen(listening, listener, weak, poll)),
             }
         });
@@ -276,6 +280,17 @@ impl Waiter {
         timeout: Duration,
     ) -> Result<Position> {
         let position = self.wait_for_checkpoint(projection, topic, partition, offset, timeout).await?;
+        let Position::Offset { next_offset: Some(next) } = position else { return Ok(position) };
+        let may_be_kept_out = {
+            let key = (projection.to_owned(), topic.to_owned(), partition);
+            let checked = self.inner.checked.lock().expect("checked lock").entry(key).or_default().clone();
+            let at = (projection, topic, partition);
+            let mut checked = checked.lock().await;
+            checked.may_be_kept_out(&self.inner.pool, at, offset, next).await?
+        };
+        if !may_be_kept_out {
+            return Ok(position);
+        }
         match fate::of(&self.inner.pool, projection, topic, partition, offset).await? {
             None => Ok(position),
             Some(fate) => {
