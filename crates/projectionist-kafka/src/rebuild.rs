@@ -35,12 +35,13 @@ pub enum Rebuilt {
 }
 
 /// Rebuilds `projection` (consuming `topics`) beside its live tables and swaps it in (see
-/// the module). Reads in a consumer group of its own, new for each rebuild process,
-/// `<group_id>.rebuild-<start, ms since the epoch>.<projection>`: a rebuild killed and started
-/// again would otherwise wait for the killed member to leave its group (its session to
-/// expire, and on some brokers longer) before it is given the killed one's partitions. The
-/// shadow's checkpoints in PostgreSQL say where it resumes, not the group's offsets. Holds
-/// the projection's rebuild lock throughout, so that a second rebuild is refused.
+/// the module). Holds the projection's rebuild lock throughout, so that a second rebuild is
+/// refused: the only reader, it assigns itself every partition (see
+/// [`EngineConfig::sole_reader`]) and joins no group, so it waits for no join, and a rebuild
+/// killed and started again never waits for the killed member to leave. It commits offsets
+/// under a group of its own, new for each rebuild process,
+/// `<group_id>.rebuild-<start, ms since the epoch>.<projection>`; the shadow's checkpoints in
+/// PostgreSQL say where it resumes, not the group's offsets.
 ///
 /// `folded` tells, as it goes, the offsets it has read past by folding batches whose rows
 /// are not yet written with their checkpoint (up to 100,000 rows or 15 s per partition; see

@@ -10,11 +10,10 @@
 
 mod common;
 
-use common::{http_get, rand_test_topic, read_model, BIN};
+use common::{http_get, rand_test_topic, read_model, Serving, BIN};
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bank_accounts::generate;
@@ -25,8 +24,6 @@ use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Child;
 
 /// The fault tests share one broker: one at a time.
 static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -79,11 +76,7 @@ async fn publish(brokers: String, topic: String, events: Vec<RawEnvelope>, pace:
 }
 
 /// A `bank-accounts run` against `brokers`, serving /ready; its log collected.
-struct Runner {
-    child: Child,
-    log: Arc<Mutex<String>>,
-    addr: String,
-}
+struct Runner(Serving);
 
 impl Runner {
     async fn start(pool: &PgPool, brokers: &str, topic: &str) -> Self {
@@ -91,56 +84,29 @@ impl Runner {
         let db = pool.connect_options().get_database().expect("test database").to_owned();
         let url = format!("{}/{db}", base.split('?').next().unwrap().rsplit_once('/').unwrap().0);
         let group = format!("faults-{}", uuid::Uuid::new_v4().simple());
-        let mut child = tokio::process::Command::new(BIN)
-            .args(["run", "--group-id", &group, "--metrics-addr", "127.0.0.1:0", "--batch-max-events", "100"])
+        let mut run = tokio::process::Command::new(BIN);
+        run.args(["run", "--group-id", &group, "--metrics-addr", "127.0.0.1:0", "--batch-max-events", "100"])
             .args(["--kafka-property", "statistics.interval.ms=1000"])
             .env("DATABASE_URL", &url)
             .env("KAFKA_BROKERS", brokers)
             .env("BANK_ACCOUNTS_TOPIC", topic)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let collected = log.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                collected.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let started = Instant::now();
-        let addr = loop {
-            let found = log
-                .lock()
-                .unwrap()
-                .lines()
-                .find_map(|l| l.split("address=").nth(1).map(|a| a.split_whitespace().next().unwrap().to_owned()));
-            if let Some(addr) = found {
-                break addr;
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        Self { child, log, addr }
+            .env("RUST_LOG", "info");
+        Self(Serving::spawn(run).await)
     }
 
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.0.log()
     }
 
     fn assert_running(&mut self) {
-        assert!(self.child.try_wait().unwrap().is_none(), "the runner exited:\n{}", self.log());
+        assert!(self.0.child.try_wait().unwrap().is_none(), "the runner exited:\n{}", self.log());
     }
 
     /// Waits until the read model is `want` and /ready answers 200.
     async fn until_exact_and_ready(&mut self, pool: &PgPool, events: &[RawEnvelope], within: Duration) {
         let want = generate::expected(events);
         let since = Instant::now();
-        while read_model(pool).await != want || http_get(&self.addr, "/ready").await.0 != 200 {
+        while read_model(pool).await != want || http_get(&self.0.addr, "/ready").await.0 != 200 {
             self.assert_running();
             assert!(since.elapsed() < within, "not exact and ready in {within:?}:\n{}", self.log());
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -149,9 +115,9 @@ impl Runner {
 
     /// SIGTERM: exits 0, nothing halted.
     async fn stop(mut self) -> String {
-        std::process::Command::new("kill").args(["-TERM", &self.child.id().unwrap().to_string()]).status().unwrap();
+        std::process::Command::new("kill").args(["-TERM", &self.0.child.id().unwrap().to_string()]).status().unwrap();
         let status =
-            tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await.expect("stops in time").unwrap();
+            tokio::time::timeout(Duration::from_secs(60), self.0.child.wait()).await.expect("stops in time").unwrap();
         let log = self.log();
         assert!(status.success(), "exit 0: {status}\n{log}");
         assert!(!log.contains("Partition halted"), "{log}");
@@ -188,7 +154,7 @@ async fn broker_away(pool: PgPool, test: &str, away: Duration, seed: u64) {
     let mut said = None;
     while down_at.elapsed() < away {
         runner.assert_running();
-        let (status, body) = http_get(&runner.addr, "/ready").await;
+        let (status, body) = http_get(&runner.0.addr, "/ready").await;
         if status == 503 && body.contains("broker answers: false") {
             said.get_or_insert((down_at.elapsed(), body));
         }

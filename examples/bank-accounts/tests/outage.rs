@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{brokers, http_get, rand_test_topic, read_model, BIN};
+use common::{brokers, http_get, rand_test_topic, read_model, Serving, BIN};
 
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bank_accounts::generate;
@@ -21,7 +20,6 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -235,40 +233,15 @@ async fn ready_answers_503_while_the_runner_waits_for_postgres(pool: PgPool) {
     let url = format!("{server}/{}", o.get_database().expect("test database"));
     assert!(url.contains(&format!(":{}/", proxy.port)), "DATABASE_URL names its port");
     let group = format!("outage-ready-{}", uuid::Uuid::new_v4().simple());
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["run", "--group-id", &group, "--metrics-addr", "127.0.0.1:0", "--max-retries", "2"])
+    let mut run = tokio::process::Command::new(BIN);
+    run.args(["run", "--group-id", &group, "--metrics-addr", "127.0.0.1:0", "--max-retries", "2"])
         .args(["--retry-backoff-ms", "50", "--batch-max-events", "50", "--kafka-property", "session.timeout.ms=6000"])
         .env("DATABASE_URL", &url)
         .env("KAFKA_BROKERS", brokers())
         .env("BANK_ACCOUNTS_TOPIC", &topic)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let collected = log.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            collected.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
+        .env("RUST_LOG", "info");
+    let Serving { mut child, log, addr } = Serving::spawn(run).await;
     let started = Instant::now();
-    let addr = loop {
-        let found = log
-            .lock()
-            .unwrap()
-            .lines()
-            .find_map(|l| l.split("address=").nth(1).map(|a| a.split_whitespace().next().unwrap().to_owned()));
-        if let Some(addr) = found {
-            break addr;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
     let want_first = generate::expected(&first);
     while read_model(&pool).await != want_first || http_get(&addr, "/ready").await.0 != 200 {
         assert!(started.elapsed() < Duration::from_secs(60), "never caught up and ready:\n{}", log.lock().unwrap());

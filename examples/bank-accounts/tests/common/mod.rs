@@ -3,6 +3,9 @@
 #![allow(dead_code)] // each test binary uses a part
 
 use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bank_accounts::generate::ExpectedAccount;
 use sqlx::PgPool;
@@ -50,5 +53,54 @@ pub fn skip(test: &str, reason: &str) {
     if let Ok(path) = std::env::var("PROJECTIONIST_SKIP_LOG") {
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
         writeln!(f, "{test}: {reason}").unwrap();
+    }
+}
+
+/// A `bank-accounts` process started with `--metrics-addr 127.0.0.1:0`: its stderr collected,
+/// and the address its HTTP listener took.
+pub struct Serving {
+    pub child: tokio::process::Child,
+    pub log: Arc<Mutex<String>>,
+    pub addr: String,
+}
+
+impl Serving {
+    /// Spawns `command` (stderr piped, killed on drop) and waits for its listener's address.
+    pub async fn spawn(mut command: tokio::process::Command) -> Self {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let collected = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                collected.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let started = Instant::now();
+        let addr = loop {
+            let found = log
+                .lock()
+                .unwrap()
+                .lines()
+                .find_map(|l| l.split("address=").nth(1).map(|a| a.split_whitespace().next().unwrap().to_owned()));
+            if let Some(addr) = found {
+                break addr;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no metrics listener:\n{}", log.lock().unwrap());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        Self { child, log, addr }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
     }
 }
