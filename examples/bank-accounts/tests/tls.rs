@@ -5,6 +5,9 @@
 //! KAFKA_SASL_TEST_USER and KAFKA_SASL_TEST_PASSWORD). Without them each test reports itself
 //! skipped.
 
+mod common;
+
+use common::skip;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,16 +19,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_bank-accounts");
 
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// Records a skipped test where `scripts/test.sh` reports it.
-fn skip(test: &str, reason: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {reason}");
-    if let Ok(path) = std::env::var("PROJECTIONIST_SKIP_LOG") {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-        writeln!(f, "{test}: {reason}").unwrap();
-    }
 }
 
 /// The TLS broker's address and certificate files, or `None` (and a skip line).

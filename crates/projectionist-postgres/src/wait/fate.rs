@@ -102,12 +102,12 @@ pub(crate) async fn of(
 /// range was read; [`of`] tells what they are now). An applied event stays applied, so what
 /// is known clean stays so.
 #[derive(Default)]
-pub(crate) struct Checked {
+pub(crate) struct KeptOut {
     below: i64,
     kept_out: BTreeSet<i64>,
 }
 
-impl Checked {
+impl KeptOut {
     /// Whether `offset`, which the checkpoint has passed (it stands at `next`), may have been
     /// kept out of the read model: reads the offsets kept out up to `next` when `offset` is
     /// not below what is known.
