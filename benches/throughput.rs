@@ -605,7 +605,7 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
 }
 
 /// The projector's batches, from its `/metrics`: how many, their mean size and mean time
-/// to apply and commit.
+/// to apply and commit, and the share of them over 10, 25 and 50 ms.
 fn batch_summary(addr: &str) -> String {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(addr) else { return String::new() };
@@ -621,10 +621,21 @@ fn batch_summary(addr: &str) -> String {
     ) else {
         return "batch metrics not found".to_owned();
     };
+    // The share of batches over 10, 25 and 50 ms, from the exporter's histogram buckets.
+    let within = |le: &str| {
+        let bucket = format!("le=\"{le}\"");
+        let line =
+            text.lines().find(|l| l.starts_with("projectionist_batch_duration_seconds_bucket") && l.contains(&bucket));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).map_or(f64::NAN, |n| 100.0 * (1.0 - n / count))
+    };
     format!(
-        "{count:.0} batches, {:.1} events and {:.2} ms to apply and commit each on average",
+        "{count:.0} batches, {:.1} events and {:.2} ms to apply and commit each on average; over 10 ms {:.1} %, \
+         over 25 ms {:.2} %, over 50 ms {:.2} %",
         size / count,
-        took / count * 1000.0
+        took / count * 1000.0,
+        within("0.01"),
+        within("0.025"),
+        within("0.05"),
     )
 }
 

@@ -2021,6 +2021,40 @@ async fn a_wait_for_a_parked_or_dead_lettered_event_says_so(pool: PgPool) {
     assert_eq!(balance, 5);
 }
 
+/// A waiter already following a partition learns what a batch kept out from the batch's own
+/// notification (no query of its own): a held event and a dead letter are still reported so.
+#[sqlx::test(migrations = false)]
+async fn a_wait_told_by_its_batch_what_was_kept_out_says_so(pool: PgPool) {
+    use projectionist::postgres::wait::{Fate, Waiter};
+    use projectionist::postgres::Error;
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let topic = rand_test_topic("wait-told");
+    let e = bank_accounts::generate::envelope;
+    let opened = |id: &str| e(id, 1, &AccountEvent::AccountOpened { owner: id.into() });
+    let first = [produce_one(&topic, &opened("acc-p")).await, produce_one(&topic, &opened("acc-d")).await];
+    let engine = || run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]));
+    assert!(engine().await.halts().is_empty());
+    // Followed from here on: each partition's checkpoint read once.
+    let waiter = Waiter::new(pool.clone()).await.unwrap();
+    let timeout = Duration::from_secs(10);
+    for (partition, offset) in first {
+        waiter.wait_for_offset("bank_accounts", &topic, partition, offset, timeout).await.unwrap();
+    }
+    let (held_partition, held) = produce_one(&topic, &e("acc-p", 3, &AccountEvent::MoneyDeposited { amount: 3 })).await;
+    let mut poison = e("acc-d", 2, &AccountEvent::MoneyDeposited { amount: 2 });
+    poison.data = serde_json::json!({ "amount": "two" });
+    let (poison_partition, poison_offset) = produce_one(&topic, &poison).await;
+    assert!(engine().await.halts().is_empty());
+    match waiter.wait_for_offset("bank_accounts", &topic, held_partition, held, timeout).await {
+        Err(Error::NotApplied { fate: Fate::Parked { version: 3, .. }, .. }) => {}
+        other => panic!("expected the held event to be parked, got {other:?}"),
+    }
+    match waiter.wait_for_offset("bank_accounts", &topic, poison_partition, poison_offset, timeout).await {
+        Err(Error::NotApplied { fate: Fate::DeadLettered { .. }, .. }) => {}
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+}
+
 /// A wait past where the projection stands returns when its timeout passes, with an error
 /// saying where the projection stands.
 #[sqlx::test(migrations = false)]

@@ -436,7 +436,7 @@ mod tests {
         assert!(!waiting.is_finished(), "offset 5 not applied yet");
         let mut conn = pool.acquire().await.unwrap();
         projectionist_postgres::checkpoint::store(&mut conn, "http_probe", "t", 0, None, 6).await.unwrap();
-        projectionist_postgres::checkpoint::notify(&mut conn, "http_probe", "t", 0, 6).await.unwrap();
+        projectionist_postgres::checkpoint::notify(&mut conn, "http_probe", "t", 0, 6, None).await.unwrap();
         let (status, _, body) = waiting.await.unwrap();
         assert_eq!((status, body.as_str()), (200, "{\"applied\":true,\"stands\":{\"next_offset\":6}}\n"));
     }

@@ -381,6 +381,10 @@ pub struct Written {
     pub dead_letters: std::collections::BTreeMap<&'static str, u64>,
     /// The ids of those dead letters.
     pub dead_letter_ids: Vec<i64>,
+    /// The offsets of the batch's messages that are not in the read model: held behind a
+    /// parked aggregate, dead-lettered, or skipped as a discarded dead letter (what the
+    /// checkpoint's notification tells the waits: [`crate::checkpoint::Passed`]).
+    pub kept_out: Vec<i64>,
 }
 
 /// A projection over PostgreSQL with its event type erased, so the engine can hold many
@@ -712,8 +716,19 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         written.parked = changes.values().filter(|c| c.is_some()).count() as u64;
         written.resumed = changes.values().filter(|c| c.is_none()).count() as u64;
         written.dead_letter_ids = park::save(conn, name, source, &changes, &hold, &drained, &dead).await?;
+        written.kept_out = kept_out(source, &hold, &dead, &discarded);
         Ok(written)
     }
+}
+
+/// The offsets of `source`'s messages a batch kept out of the read model: those it held and
+/// dead-lettered, and those skipped as discarded dead letters (`discarded`: their indexes).
+fn kept_out(source: &Source, hold: &[Hold<'_>], dead: &[DeadLetter<'_>], discarded: &[usize]) -> Vec<i64> {
+    let ours = |d: &&DeadLetter<'_>| d.topic == source.topic && d.partition == source.partition;
+    let held = hold.iter().filter_map(|h| h.message.offset);
+    let dead = dead.iter().filter(ours).filter_map(|d| d.offset);
+    let skipped = discarded.iter().filter_map(|&i| source.messages.get(i)?.offset);
+    held.chain(dead).chain(skipped).collect()
 }
 
 impl<P: Projection<PgConnection>> WriteEvents for P {}

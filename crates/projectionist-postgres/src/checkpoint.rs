@@ -74,11 +74,30 @@ pub async fn notify(
     topic: &str,
     partition: i32,
     next_offset: i64,
+    passed: Option<Passed<'_>>,
 ) -> sqlx::Result<()> {
     let sql = "SELECT pg_notify($5, json_build_object('schema', current_schema(), 'projection', $1::text, \
-        'topic', $2::text, 'partition', $3::int, 'next_offset', $4::bigint)::text)";
-    bound(sqlx::query(sql), projection, topic, partition, next_offset).bind(crate::wait::CHANNEL).execute(conn).await?;
+        'topic', $2::text, 'partition', $3::int, 'next_offset', $4::bigint, 'from', $6::bigint, \
+        'kept_out', $7::bigint[])::text)";
+    bound(sqlx::query(sql), projection, topic, partition, next_offset)
+        .bind(crate::wait::CHANNEL)
+        .bind(passed.as_ref().map(|p| p.from))
+        .bind(passed.as_ref().map(|p| p.kept_out))
+        .execute(conn)
+        .await?;
     Ok(())
+}
+
+/// What a stored checkpoint passed, told with it to the waits so that they need not ask:
+/// the offsets from `from` (the checkpoint it replaced) up to the new one, of which those in
+/// `kept_out` were not applied (held behind a parked aggregate, dead-lettered, or skipped as
+/// a discarded dead letter) and every other one is in the read model.
+#[derive(Debug, Clone, Copy)]
+pub struct Passed<'a> {
+    /// The checkpoint replaced.
+    pub from: i64,
+    /// The offsets in the range kept out of the read model (offsets outside it are ignored).
+    pub kept_out: &'a [i64],
 }
 
 /// `query` with a checkpoint's partition and offset bound as `$1` to `$4`.

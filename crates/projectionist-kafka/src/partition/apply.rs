@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use projectionist_core::{OnPoison, OnUnknownType, Outcome, OutcomeCounts};
+use projectionist_postgres::checkpoint::Passed;
 use projectionist_postgres::park::Source;
 use projectionist_postgres::{Mode, Prepared, Written};
 use tokio::sync::watch;
@@ -262,10 +263,11 @@ impl Partition {
             _ => None,
         };
         let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| at[*index].offset);
-        self.store_checkpoint(&mut tx, next_offset).await?;
+        let from = self.store_checkpoint(&mut tx, next_offset).await?;
         tx.commit().await?;
         self.stored(next_offset);
-        self.notify_checkpoint(&mut conn, next_offset).await;
+        let passed = from.map(|from| Passed { from, kept_out: &written.kept_out });
+        self.notify_checkpoint(&mut conn, next_offset, passed).await;
         drop(conn);
         if let Some(folding) = folding.as_deref_mut() {
             folding.written(true);
@@ -278,15 +280,17 @@ impl Partition {
     /// Stores the checkpoint `next_offset` in `tx`, where it still stands where this process
     /// last read or stored it: else `Error::CheckpointMoved` (a rebuild's swap or rollback,
     /// `run --reset`, another process moved it), and the partition reads on from there
-    /// instead of writing past it. Once `tx` commits, [`Partition::stored`] says so.
+    /// instead of writing past it. Once `tx` commits, [`Partition::stored`] says so. Returns
+    /// the checkpoint replaced (`None`: none was stored).
     pub(super) async fn store_checkpoint(
         &self,
         tx: &mut projectionist_postgres::PgConnection,
         next_offset: i64,
-    ) -> projectionist_postgres::Result<()> {
+    ) -> projectionist_postgres::Result<Option<i64>> {
         let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
         let expected = Some(self.progress.stored.load(std::sync::atomic::Ordering::SeqCst)).filter(|s| *s >= 0);
-        projectionist_postgres::checkpoint::store(tx, name, topic, partition, expected, next_offset).await
+        projectionist_postgres::checkpoint::store(tx, name, topic, partition, expected, next_offset).await?;
+        Ok(expected)
     }
 
     /// The checkpoint `next_offset` stored by this process is committed.
@@ -297,9 +301,16 @@ impl Partition {
     /// Tells the waits for the read model that the checkpoint `next_offset` committed (see
     /// [`projectionist_postgres::checkpoint::notify`]). A failure is only logged: what it
     /// tells is committed, and the waits read the checkpoints again within a second.
-    pub(super) async fn notify_checkpoint(&self, conn: &mut projectionist_postgres::PgConnection, next_offset: i64) {
+    /// `passed`: what the checkpoint passed, where known, so that the waits need not ask.
+    pub(super) async fn notify_checkpoint(
+        &self,
+        conn: &mut projectionist_postgres::PgConnection,
+        next_offset: i64,
+        passed: Option<Passed<'_>>,
+    ) {
         let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
-        if let Err(e) = projectionist_postgres::checkpoint::notify(conn, name, topic, partition, next_offset).await {
+        let notified = projectionist_postgres::checkpoint::notify(conn, name, topic, partition, next_offset, passed);
+        if let Err(e) = notified.await {
             let message = "Could not notify the waits of a checkpoint; they read it again within a second.";
             tracing::debug!(projection = %name, %topic, partition, error = %e, "{message}");
         }
@@ -328,7 +339,8 @@ impl Partition {
         self.store_checkpoint(&mut tx, through).await?;
         tx.commit().await?;
         self.stored(through);
-        self.notify_checkpoint(&mut conn, through).await;
+        // What the fold wrote is not told: the waits read what it passed themselves.
+        self.notify_checkpoint(&mut conn, through, None).await;
         drop(conn);
         folding.written(false);
         self.written_fold();

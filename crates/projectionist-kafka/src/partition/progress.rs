@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use projectionist_postgres::checkpoint::Passed;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -113,8 +114,10 @@ impl Partition {
         }
         let stored = async {
             let mut conn = self.pool.acquire().await?;
-            self.store_checkpoint(&mut conn, position).await?;
-            self.notify_checkpoint(&mut conn, position).await;
+            // Past transaction markers only: nothing in the range is kept out.
+            let from = self.store_checkpoint(&mut conn, position).await?;
+            let passed = from.map(|from| Passed { from, kept_out: &[] });
+            self.notify_checkpoint(&mut conn, position, passed).await;
             Ok::<_, projectionist_postgres::Error>(())
         };
         match stored.await {

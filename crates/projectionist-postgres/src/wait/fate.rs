@@ -137,4 +137,34 @@ impl KeptOut {
         }
         Ok(offset >= self.below || self.kept_out.contains(&offset))
     }
+
+    /// The checkpoint passed the offsets from `from` to `next`, of which those in `kept_out`
+    /// were kept out (as the batch that stored it told): known without a read when what is
+    /// known ends at `from`.
+    pub(crate) fn passed(&mut self, from: i64, next: i64, kept_out: &[i64]) {
+        if self.below == from && next > from {
+            self.kept_out.extend(kept_out.iter().filter(|&&o| o >= from && o < next));
+            self.below = next;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeptOut;
+
+    #[test]
+    fn a_notified_range_is_known_only_where_what_is_known_ends() {
+        let mut known = KeptOut { below: 10, ..KeptOut::default() };
+        // Not contiguous (a notification missed, or read meanwhile): nothing learned.
+        known.passed(12, 20, &[13]);
+        assert_eq!((known.below, known.kept_out.len()), (10, 0));
+        // Contiguous: learned, keeping only the offsets within the range.
+        known.passed(10, 20, &[3, 11, 15, 20]);
+        assert_eq!(known.below, 20);
+        assert_eq!(known.kept_out.iter().copied().collect::<Vec<_>>(), vec![11, 15]);
+        // A range already known (or empty) changes nothing.
+        known.passed(20, 20, &[20]);
+        assert_eq!((known.below, known.kept_out.len()), (20, 2));
+    }
 }

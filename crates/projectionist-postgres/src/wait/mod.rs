@@ -29,8 +29,10 @@ pub use fate::Fate;
 use versions::{VersionQuery, Watched};
 
 /// The channel batches notify on: a JSON object per batch and partition, `{"schema",
-/// "projection", "topic", "partition", "next_offset"}` (the schema the checkpoint was written
-/// in: a rebuild's shadow is not the live read model).
+/// "projection", "topic", "partition", "next_offset", "from", "kept_out"}` (the schema the
+/// checkpoint was written in: a rebuild's shadow is not the live read model; `from` and
+/// `kept_out`, when not null, what the checkpoint passed: see
+/// [`crate::checkpoint::Passed`]).
 pub const CHANNEL: &str = "projectionist_checkpoint";
 
 /// How often the checkpoints are read again while anyone waits, in case a notification was
@@ -140,6 +142,10 @@ struct Notified {
     topic: String,
     partition: i32,
     next_offset: i64,
+    #[serde(default)]
+    from: Option<i64>,
+    #[serde(default)]
+    kept_out: Option<Vec<i64>>,
 }
 
 impl Waiter {
@@ -340,6 +346,16 @@ impl Inner {
         }
     }
 
+    /// Records what `key`'s checkpoint passed from `from` to `next`, as its notification
+    /// told (see [`crate::checkpoint::Passed`]), where the partition's waits follow it
+    /// from there; else (or while a read of it is under way) its waits read it themselves.
+    fn passed(&self, key: &Partition, from: i64, next: i64, kept_out: &[i64]) {
+        let Some(known) = self.kept_out.lock().expect("kept-out lock").get(key).cloned() else { return };
+        if let Ok(mut known) = known.try_lock() {
+            known.passed(from, next, kept_out);
+        };
+    }
+
     /// The highest next offset seen on `key`.
     fn next_offset(&self, key: &Partition) -> Option<i64> {
         self.offsets.lock().expect("offsets lock").get(key).and_then(|f| f.next)
@@ -466,7 +482,12 @@ async fn listen(pool: PgPool, listener: Option<PgListener>, inner: std::sync::We
         match received {
             Some(Ok(Some(notification))) => match serde_json::from_str::<Notified>(notification.payload()) {
                 Ok(n) if n.schema == inner.schema => {
-                    inner.seen_offset(&(n.projection.clone(), n.topic, n.partition), Some(n.next_offset));
+                    let key = (n.projection.clone(), n.topic, n.partition);
+                    // What the checkpoint passed, known before the waits it reaches wake.
+                    if let (Some(from), Some(kept_out)) = (n.from, &n.kept_out) {
+                        inner.passed(&key, from, n.next_offset, kept_out);
+                    }
+                    inner.seen_offset(&key, Some(n.next_offset));
                     inner.moved(&n.projection);
                 }
                 Ok(_) => {}
