@@ -111,7 +111,11 @@ impl Projection<PgConnection> for Strict {
 
     fn project(&self, e: &Envelope<Ev>) -> Writes {
         let (accounts, cards) = (self.tables[0], self.tables[1]);
-        let daily = self.tables.get(2).map(|t| t.row(e.version.to_string()).add("n", 1));
+        // A day's row, counted by each event; deleted by a rename (and made again by the next).
+        let daily = self.tables.get(2).map(|t| match &e.event {
+            Ev::Renamed { .. } => t.row(e.version.to_string()).delete(),
+            _ => t.row(e.version.to_string()).add("n", 1),
+        });
         let writes: Writes = match &e.event {
             Ev::Opened { owner, x } => match x {
                 Some(x) => accounts.write(e).set("owner", owner).set("x", x),

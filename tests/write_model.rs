@@ -32,6 +32,7 @@ enum Wire {
     Add { n: i64 },
     Snap { s: String },
     Bump { bucket: String, n: i64 },
+    Drop { bucket: String },
     Nothing {},
     Noise {},
 }
@@ -43,6 +44,7 @@ enum Ev {
     Add { n: i64 },
     Snap { s: String },
     Bump { bucket: String, n: i64 },
+    Drop { bucket: String },
     Nothing {},
 }
 
@@ -65,6 +67,9 @@ const BUCKETS: Table = Table::fan_in("wm_buckets", "bucket").columns(&[
     ("last", "text"),
     ("frac", "numeric(10,3) NOT NULL DEFAULT 1.5"),
 ]);
+/// Fan-in rows whose writes coalesce within a batch (integers only: no rounds).
+const TOTALS: Table =
+    Table::fan_in("wm_totals", "bucket").columns(&[("n", "bigint NOT NULL DEFAULT 7"), ("last", "text")]);
 const NOTES: Table = Table::custom(
     "wm_notes",
     "CREATE TABLE IF NOT EXISTS wm_notes (id text, version bigint, body text, PRIMARY KEY (id, version))",
@@ -126,14 +131,28 @@ impl Projection<PgConnection> for Shaped {
                     let row = BUCKETS.row(bucket).add("n", n).set("last", &e.aggregate_id);
                     writes = writes.and(row.add("frac", *n as f64 / 16.0));
                 }
+                if self.owns(&TOTALS) {
+                    writes = writes.and(TOTALS.row(bucket).add("n", n).set("last", &e.aggregate_id));
+                }
                 if counts {
                     writes = writes.and(COUNTS.write(e).add("total", 1));
+                }
+            }
+            Ev::Drop { bucket } => {
+                if self.owns(&BUCKETS) {
+                    writes = writes.and(BUCKETS.row(bucket).delete());
+                }
+                if self.owns(&TOTALS) {
+                    writes = writes.and(TOTALS.row(bucket).delete());
                 }
             }
             Ev::Nothing {} => {
                 // A fan-in row made by a set alone: later adds build on its defaults.
                 if self.owns(&BUCKETS) && !thing {
                     writes = writes.and(BUCKETS.row("b0").set("last", "nothing"));
+                }
+                if self.owns(&TOTALS) && !thing {
+                    writes = writes.and(TOTALS.row("b0").set("last", "nothing"));
                 }
             }
         }
@@ -160,8 +179,8 @@ impl Projection<PgConnection> for Shaped {
 const SHAPES: [Shaped; 5] = [
     Shaped { name: "transition_only", tables: &[COUNTS] },
     Shaped { name: "upsert_only", tables: &[SNAPS] },
-    Shaped { name: "fan_in_only", tables: &[BUCKETS] },
-    Shaped { name: "mixed", tables: &[COUNTS, SNAPS, BUCKETS] },
+    Shaped { name: "fan_in_only", tables: &[BUCKETS, TOTALS] },
+    Shaped { name: "mixed", tables: &[COUNTS, SNAPS, BUCKETS, TOTALS] },
     Shaped { name: "custom_mix", tables: &[COUNTS, BUCKETS, NOTES] },
 ];
 
@@ -194,6 +213,8 @@ fn random_stream(seed: u64, poison: bool) -> Vec<RawEnvelope> {
                         let text = ["s", "tab\t", "back\\slash ", "line\nbreak\r", "\\N", "é ✓ "][rng.gen_range(0..6)];
                         Wire::Snap { s: format!("{text}{v}") }
                     }
+                    // A bucket emptied now and then: deleted, and made again by the next bump.
+                    6..=7 if rng.gen_bool(0.25) => Wire::Drop { bucket: format!("b{}", rng.gen_range(0..4)) },
                     6..=7 => Wire::Bump { bucket: format!("b{}", rng.gen_range(0..4)), n: rng.gen_range(1..9) },
                     8 => Wire::Nothing {},
                     _ => Wire::Noise {},
@@ -251,6 +272,7 @@ fn expected_totals_parked(stream: &[RawEnvelope]) -> HashMap<String, (i64, i64)>
             "Add" => e.data["n"].as_i64(),
             "Bump" => e.data["n"].as_i64().map(|_| 1),
             "Snap" => e.data["s"].as_str().filter(|s| !s.contains('\0')).map(|_| 0),
+            "Drop" => e.data["bucket"].as_str().map(|_| 0),
             _ => Some(0),
         };
         arrived.entry(e.aggregate_id.clone()).or_default().entry(e.version).or_insert(add);
@@ -325,6 +347,72 @@ async fn with_gaps_parked_and_poison_dead_lettered_batches_equal_the_per_event_p
     }
 }
 
+/// A fan-in row deleted stays deleted when the stream is replayed from its start and
+/// redelivered (the aggregate version gates the delete and every write before it), and a
+/// later write creates it again as new: whether the stream is one batch, batches of three
+/// (a row's set, delete and add coalesced into a delete and an insert), of two, or one
+/// event at a time.
+#[sqlx::test(migrations = false)]
+async fn a_deleted_fan_in_row_stays_deleted_on_replay_and_a_later_write_makes_it_anew(pool: PgPool) {
+    let shape = &SHAPES[2];
+    migrate(&pool, &[shape as &dyn PgProjection]).await.unwrap();
+    let e = |id: &str, v, event: Wire| envelope(OTHER, id, v, &event);
+    let bump = |bucket: &str, n| Wire::Bump { bucket: bucket.into(), n };
+    let drop = |bucket: &str| Wire::Drop { bucket: bucket.into() };
+    let history = vec![
+        // Set, deleted, added to: nothing of the set is left, the add makes the row (in a
+        // batch of their own, coalesced; with the adds below, the table goes in rounds).
+        e("a3", 1, Wire::Nothing {}),
+        e("a3", 2, drop("b0")),
+        e("a3", 3, bump("b0", 2)),
+        e("a1", 1, bump("b1", 5)),
+        e("a2", 1, bump("b2", 3)),
+        e("a1", 2, drop("b1")),
+        e("a2", 2, drop("b2")),
+        e("a2", 3, bump("b2", 4)),
+    ];
+    // Replayed from the start, then a duplicate of each event of the history.
+    let mut stream = history.clone();
+    stream.extend(history.clone());
+    stream.extend(history.iter().rev().cloned());
+    // What the table holds after one bump of a row that is not there.
+    let fresh = [e("a2", 1, bump("b2", 4)), e("a3", 1, bump("b0", 2))];
+    let (_, anew) = run(&pool, shape, &fresh, (Mode::PerEvent, Policy::default()), 0).await;
+    let rows = [{ json!({ "bucket": "b0", "n": 2, "last": "a3" }) }, json!({ "bucket": "b2", "n": 4, "last": "a2" })];
+    assert_eq!(anew["wm_totals"], json!(rows));
+    for (mode, batch) in [(Mode::Batch, stream.len()), (Mode::Batch, 3), (Mode::Batch, 2), (Mode::PerEvent, 1)] {
+        emptied(&pool, shape).await;
+        for events in stream.chunks(batch) {
+            apply_batch_in(&pool, shape, events, mode, Policy::default()).await.unwrap();
+        }
+        let tables = dump_tables(&pool, shape).await;
+        let what = format!("{mode:?} in batches of {batch}");
+        assert_eq!(tables["wm_buckets"], anew["wm_buckets"], "{what}: b1 deleted, b2 made anew by its last bump");
+        assert_eq!(tables["wm_totals"], anew["wm_totals"], "{what}: b1 deleted, b2 made anew by its last bump");
+        let versions = json!([["other", "a1", 2], ["other", "a2", 3], ["other", "a3", 3]]);
+        assert_eq!(tables["projectionist_aggregate_versions"], versions, "{what}");
+    }
+}
+
+/// A value PostgreSQL refuses (an add past `bigint`), then its row deleted in the same
+/// batch: refused and dead-lettered as one event at a time refuses it, not coalesced away.
+#[sqlx::test(migrations = false)]
+async fn a_value_refused_before_its_row_is_deleted_is_refused_in_a_batch_too(pool: PgPool) {
+    let shape = &Shaped { name: "totals_only", tables: &[TOTALS] };
+    migrate(&pool, &[shape as &dyn PgProjection]).await.unwrap();
+    let bump = |id: &str, n| envelope(OTHER, id, 1, &Wire::Bump { bucket: "b5".into(), n });
+    let stream =
+        [bump("a1", i64::MAX - 3), bump("a2", 10), envelope(OTHER, "a3", 1, &Wire::Drop { bucket: "b5".into() })];
+    let mut seen = Vec::new();
+    for mode in [Mode::PerEvent, Mode::Batch] {
+        emptied(&pool, shape).await;
+        let outcomes = apply_batch_in(&pool, shape, &stream, mode, Policy::default()).await.unwrap();
+        seen.push((outcomes, dump_tables(&pool, shape).await, dead_lettered(&pool, shape.name).await));
+    }
+    assert_eq!(seen[0].0, vec![Outcome::Applied, Outcome::DeadLettered, Outcome::Applied]);
+    assert_eq!(seen[1], seen[0], "batched as one event at a time");
+}
+
 /// A transition table whose columns are added to and set, never both: what folds across
 /// batches (a row created by an event that leaves columns to their defaults, then added to).
 const TALLIES: Table = Table::transition("wm_tallies", "id").aggregate_type(THING).columns(&[
@@ -358,7 +446,7 @@ impl Projection<PgConnection> for Tallies {
             Ev::Add { n } => row.add("n", n).add("frac", *n as f64 / 8.0).add("maybe", n).add("ratio", *n as f64 / 3.0),
             Ev::Snap { s } => row.set("tag", s),
             Ev::Bump { n, .. } => row.add("n", n).set("tag", format!("bump {n}")),
-            Ev::Nothing {} => row,
+            Ev::Drop { .. } | Ev::Nothing {} => row,
         }
         .into()
     }

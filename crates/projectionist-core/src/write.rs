@@ -48,12 +48,13 @@ pub struct Write {
     pub(crate) table: Table,
     pub(crate) target: Target,
     pub(crate) changes: Vec<Change>,
+    pub(crate) delete: bool,
     pub(crate) error: Option<String>,
 }
 
 impl Write {
     pub(crate) fn new(table: Table, target: Target) -> Self {
-        Self { table, target, changes: Vec::new(), error: None }
+        Self { table, target, changes: Vec::new(), delete: false, error: None }
     }
 
     fn push(mut self, column: &'static str, op: Op, value: impl Serialize) -> Self {
@@ -83,6 +84,21 @@ impl Write {
     /// carries absolute values).
     pub fn add(self, column: &'static str, value: impl Serialize) -> Self {
         self.push(column, Op::Add, value)
+    }
+
+    /// Deletes the row instead: gated like any write (applied once per event, at the
+    /// aggregate's version), so that a duplicate or a replay of an earlier event never
+    /// brings it back, and a later write creates it again. Sets nothing: a delete with
+    /// `set` or `add` is refused. For now on fan-in rows only (their gate, the aggregate's
+    /// version, outlives the row); a delete of an upsert or transition table's row is refused.
+    pub fn delete(mut self) -> Self {
+        self.delete = true;
+        self
+    }
+
+    /// Whether the write deletes its row.
+    pub fn deletes(&self) -> bool {
+        self.delete
     }
 
     /// This write and `other`.

@@ -763,6 +763,8 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
             );
             (sql, shape.kind == RowKind::Insert || !columns.is_empty())
         }
+        // Deleting a row that is not there deletes nothing, as one event at a time does.
+        RowKind::Delete => (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false),
         RowKind::Update => {
             let mut sets: Vec<String> = columns
                 .iter()
