@@ -70,6 +70,14 @@ const BUCKETS: Table = Table::fan_in("wm_buckets", "bucket").columns(&[
 /// Fan-in rows whose writes coalesce within a batch (integers only: no rounds).
 const TOTALS: Table =
     Table::fan_in("wm_totals", "bucket").columns(&[("n", "bigint NOT NULL DEFAULT 7"), ("last", "text")]);
+/// Rows deleted by their aggregate's events (`Drop`): a transition table of things, an
+/// upsert table of the others.
+const LEDGER: Table = Table::transition("wm_ledger", "id")
+    .aggregate_type(THING)
+    .columns(&[("total", "bigint NOT NULL DEFAULT 0"), ("last", "text")])
+    .deletable();
+const CARDS: Table =
+    Table::upsert("wm_cards", "id").aggregate_type(OTHER).columns(&[("state", "text"), ("n", "bigint")]).deletable();
 const NOTES: Table = Table::custom(
     "wm_notes",
     "CREATE TABLE IF NOT EXISTS wm_notes (id text, version bigint, body text, PRIMARY KEY (id, version))",
@@ -104,6 +112,19 @@ impl Projection<PgConnection> for Shaped {
         let mut writes = Writes::none();
         let thing = e.aggregate_type == THING;
         let counts = self.owns(&COUNTS) && thing;
+        // Deletable rows: a thing's ledger row added to and deleted; an other's card set
+        // and deleted. Events that write neither (`Nothing`) make no row.
+        match (&e.event, thing) {
+            (Ev::Drop { .. }, true) if self.owns(&LEDGER) => writes = writes.and(LEDGER.write(e).delete()),
+            (Ev::Drop { .. }, false) if self.owns(&CARDS) => writes = writes.and(CARDS.write(e).delete()),
+            (Ev::Add { n } | Ev::Bump { n, .. }, true) if self.owns(&LEDGER) => {
+                writes = writes.and(LEDGER.write(e).add("total", n).set("last", format!("v{}", e.version)))
+            }
+            (Ev::Add { n } | Ev::Bump { n, .. }, false) if self.owns(&CARDS) => {
+                writes = writes.and(CARDS.write(e).set("n", n).set("state", format!("v{}", e.version)))
+            }
+            _ => {}
+        }
         match &e.event {
             Ev::Add { n } => {
                 if counts {
@@ -176,12 +197,13 @@ impl Projection<PgConnection> for Shaped {
     }
 }
 
-const SHAPES: [Shaped; 5] = [
+const SHAPES: [Shaped; 6] = [
     Shaped { name: "transition_only", tables: &[COUNTS] },
     Shaped { name: "upsert_only", tables: &[SNAPS] },
     Shaped { name: "fan_in_only", tables: &[BUCKETS, TOTALS] },
     Shaped { name: "mixed", tables: &[COUNTS, SNAPS, BUCKETS, TOTALS] },
     Shaped { name: "custom_mix", tables: &[COUNTS, BUCKETS, NOTES] },
+    Shaped { name: "deleting", tables: &[LEDGER, CARDS] },
 ];
 
 /// A random delivered stream: per-aggregate histories with every event type, some events
@@ -391,6 +413,63 @@ async fn a_deleted_fan_in_row_stays_deleted_on_replay_and_a_later_write_makes_it
         assert_eq!(tables["wm_totals"], anew["wm_totals"], "{what}: b1 deleted, b2 made anew by its last bump");
         let versions = json!([["other", "a1", 2], ["other", "a2", 3], ["other", "a3", 3]]);
         assert_eq!(tables["projectionist_aggregate_versions"], versions, "{what}");
+    }
+}
+
+/// A deletable table's row, deleted, stays deleted when the stream is replayed from its
+/// start and redelivered (its version is kept without it); an event that writes nothing
+/// to it moves that version without making the row; the next write makes it again (an
+/// aggregate that reopens) — in one batch, batches of two, or one event at a time. An
+/// upsert table's deleted row comes back only with a newer version, skipping as upserts do.
+#[sqlx::test(migrations = false)]
+async fn a_deleted_row_stays_deleted_on_replay_and_comes_back_with_a_later_version(pool: PgPool) {
+    let shape = &SHAPES[5];
+    migrate(&pool, &[shape as &dyn PgProjection]).await.unwrap();
+    let thing = |v, event| envelope(THING, "a1", v, &event);
+    let other = |v, event| envelope(OTHER, "o1", v, &event);
+    let drop = || Wire::Drop { bucket: String::new() };
+    let history = vec![
+        thing(1, Wire::Add { n: 5 }),
+        thing(2, Wire::Add { n: 6 }),
+        thing(3, drop()),
+        thing(4, Wire::Nothing {}),
+        other(1, Wire::Bump { bucket: String::new(), n: 1 }),
+        other(2, drop()),
+        thing(5, Wire::Add { n: 7 }),
+        // Skipping versions: an upsert's row comes back at v5.
+        other(5, Wire::Bump { bucket: String::new(), n: 5 }),
+    ];
+    let mut stream = history.clone();
+    stream.extend(history.clone());
+    stream.extend(history.iter().rev().cloned());
+    let want = json!({
+        "wm_ledger": [{ "id": "a1", "total": 7, "last": "v5", "version": 5 }],
+        "wm_cards": [{ "id": "o1", "n": 5, "state": "v5", "version": 5 }],
+    });
+    for (mode, batch) in [(Mode::Batch, stream.len()), (Mode::Batch, 3), (Mode::Batch, 2), (Mode::PerEvent, 1)] {
+        emptied(&pool, shape).await;
+        let mut outcomes = Vec::new();
+        for events in stream.chunks(batch) {
+            outcomes.extend(apply_batch_in(&pool, shape, events, mode, Policy::default()).await.unwrap());
+        }
+        let what = format!("{mode:?} in batches of {batch}");
+        let tables = dump_tables(&pool, shape).await;
+        assert_eq!(tables["wm_ledger"], want["wm_ledger"], "{what}");
+        assert_eq!(tables["wm_cards"], want["wm_cards"], "{what}");
+        let applied = outcomes.iter().filter(|o| **o == Outcome::Applied).count();
+        assert_eq!(applied, history.len(), "{what}: each event applied once: {outcomes:?}");
+    }
+    // Deleted and not made again: gone after a replay too, its events stale or duplicates,
+    // whether replayed together or the creating event alone.
+    for mode in [Mode::Batch, Mode::PerEvent] {
+        emptied(&pool, shape).await;
+        let closed = [thing(1, Wire::Add { n: 5 }), thing(2, drop())];
+        let first = apply_batch_in(&pool, shape, &closed, mode, Policy::default()).await.unwrap();
+        let again = apply_batch_in(&pool, shape, &closed, mode, Policy::default()).await.unwrap();
+        let alone = apply_batch_in(&pool, shape, &closed[..1], mode, Policy::default()).await.unwrap();
+        assert_eq!(first, vec![Outcome::Applied; 2], "{mode:?}");
+        assert_eq!((again, alone), (vec![Outcome::Stale, Outcome::Duplicate], vec![Outcome::Stale]), "{mode:?}");
+        assert_eq!(dump_tables(&pool, shape).await["wm_ledger"], json!([]), "{mode:?}");
     }
 }
 

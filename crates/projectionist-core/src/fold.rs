@@ -147,7 +147,7 @@ impl Fold {
                 .outcomes
                 .iter()
                 .all(|o| matches!(o, Outcome::Applied | Outcome::Duplicate | Outcome::Stale | Outcome::Ignored))
-            && plan.rows.iter().all(|r| r.table.is_gated() && r.kind != RowKind::Merge);
+            && plan.rows.iter().all(|r| r.table.is_gated() && matches!(r.kind, RowKind::Insert | RowKind::Update));
         if !simple {
             return false;
         }

@@ -345,8 +345,9 @@ fn plan_rows<'a>(
     // Per aggregate (type, id): the version stored, and the version it moves to.
     let mut marks: Map<(&'a str, &'a str), Moves> = Map::default();
     let mut outcomes = Vec::with_capacity(events.len());
-    // Per aggregate type: the gated tables it owns, and whether its aggregate version gates it.
-    let mut owned: Map<&str, (Vec<usize>, bool)> = Map::default();
+    // Per aggregate type: the gated tables it owns, whether its aggregate version gates it,
+    // and whether that version may skip (kept only for deletable upsert tables).
+    let mut owned: Map<&str, (Vec<usize>, bool, bool)> = Map::default();
     // Aggregates parked or resumed in this plan (`None`: resumed).
     let mut parks: Map<(&'a str, &'a str), Option<Parked>> = Map::default();
     // The aggregates parked where the plan starts, looked up by what the events hold.
@@ -380,11 +381,15 @@ fn plan_rows<'a>(
         }
 
         // Classify against every gate the aggregate owns in this projection.
-        let (gated, aggregate_gated) = owned.entry(event.aggregate_type).or_insert_with(|| {
+        let (gated, aggregate_gated, skips) = owned.entry(event.aggregate_type).or_insert_with(|| {
             let gated = (0..tables.len()).filter(|&t| tables[t].is_gated() && tables[t].owns(event.aggregate_type));
-            (gated.collect(), aggregate_gated(tables, event.aggregate_type))
+            let skips = tables
+                .iter()
+                .filter(|t| t.owns(event.aggregate_type) && (!t.is_gated() || t.is_deletable()))
+                .all(|t| t.is_deletable() && t.gate() == Gate::Upsert);
+            (gated.collect(), aggregate_gated(tables, event.aggregate_type), skips)
         });
-        let (gated, aggregate_gated) = (gated.as_slice(), *aggregate_gated);
+        let (gated, aggregate_gated, skips) = (gated.as_slice(), *aggregate_gated, *skips);
         let mark_key = (event.aggregate_type, event.aggregate_id);
         // A parked aggregate's events past the version it waits for are held.
         let parked = match parks.get(&mark_key) {
@@ -413,10 +418,15 @@ fn plan_rows<'a>(
             continue;
         }
         verdicts.clear();
+        let mut rows_at = None;
         for &t in gated {
             let table = &tables[t];
             let state = row(&mut rows, stored, tables, t, event.aggregate_id);
+            rows_at = rows_at.max(state.current);
             let verdict = match table.gate() {
+                // No row of a deletable table (never written, or deleted): the aggregate's
+                // version decides.
+                _ if table.is_deletable() && state.current.is_none() => Verdict::NoGate,
                 Gate::Transition => transition(state.current, event.version),
                 _ => upsert(state.current, event.version, targets.contains(&t)),
             };
@@ -424,7 +434,10 @@ fn plan_rows<'a>(
         }
         if aggregate_gated {
             let mark = mark(&mut marks, stored, mark_key);
-            verdicts.push(("the aggregate's version", transition(mark.1, event.version)));
+            // Not kept yet (a table declared deletable or fan-in since): where its rows stand.
+            let at = mark.1.or(rows_at);
+            let verdict = if skips { upsert(at, event.version, true) } else { transition(at, event.version) };
+            verdicts.push(("the aggregate's version", verdict));
         }
         let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
         if let (Verdict::Gap { expected, .. }, Some(_), false) = (verdict, &stored.parked, stored.gaps_halt) {
@@ -480,7 +493,15 @@ fn plan_rows<'a>(
             state.writers += 1;
             if write.delete {
                 state.delete(&declared[t]);
+                if tables[t].is_gated() {
+                    state.current = None;
+                }
             } else if tables[t].is_gated() {
+                // A deletable table's row not there: made by this event (the aggregate's
+                // version let it apply).
+                if state.current.is_none() {
+                    (state.created, state.current) = (Some(Some(event.version)), Some(event.version));
+                }
                 let creating = state.created == Some(Some(event.version));
                 state.take(&declared[t], &write.changes, creating, creating);
             } else {
@@ -518,8 +539,13 @@ fn plan_rows<'a>(
             if !state.rest.is_empty() {
                 push(RowKind::Update, None, None, state.rest);
             }
-        } else if state.current != state.stored {
+        } else if state.current != state.stored || state.deleted {
+            if state.deleted && state.stored.is_some() {
+                push(RowKind::Delete, state.stored, None, Vec::new());
+            }
             match state.created {
+                // Deleted, and not made again.
+                None if state.deleted => {}
                 None => push(RowKind::Update, state.stored, state.current, state.rest),
                 Some(created) => {
                     let (first, rest) = coalesce(&declared[t], state.first, state.rest, &mut superseded);
@@ -615,10 +641,12 @@ pub fn required_columns(table: &Table) -> Vec<&'static str> {
     Declared::of(table).required().collect()
 }
 
-/// Whether events of `aggregate_type` are gated by the aggregate's version: when a fan-in
-/// or custom table of the projection takes them.
+/// Whether events of `aggregate_type` are gated by the aggregate's version: when a fan-in,
+/// custom or [deletable](Table::deletable) table of the projection takes them.
 pub fn aggregate_gated(tables: &[Table], aggregate_type: &str) -> bool {
-    tables.iter().any(|t| matches!(t.gate(), Gate::FanIn | Gate::Custom) && t.owns(aggregate_type))
+    tables
+        .iter()
+        .any(|t| (matches!(t.gate(), Gate::FanIn | Gate::Custom) || t.is_deletable()) && t.owns(aggregate_type))
 }
 
 /// Folds what follows a row's insert into the insert where the result cannot depend on
@@ -955,11 +983,10 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
         }
         _ => {}
     }
-    if write.delete && write.table.is_gated() {
+    if write.delete && write.table.is_gated() && !write.table.is_deletable() {
         return Err(format!(
-            "table {name}: delete() of an upsert or transition table's row is not supported yet (its version \
-             would go with it, and a replay could create the row again): keep the row with a status column, \
-             or hold the rows in a fan-in table, whose rows delete() removes"
+            "table {name}: delete() of a row of an upsert or transition table needs the table declared \
+             .deletable(), so that the deleted row's version is kept (else a replay would make it again)"
         ));
     }
     if write.delete && !write.changes.is_empty() {
@@ -1422,6 +1449,30 @@ mod tests {
     }
 
     #[test]
+    fn a_deletable_row_deleted_keeps_its_version_in_the_aggregate_version_and_a_later_write_makes_it_again() {
+        const LEDGER: Table =
+            Table::transition("ledger", "id").aggregate_type("account").columns(&[("n", "bigint")]).deletable();
+        let (delete, add, none) = ([LEDGER.write(&env("a", 4)).delete()], [LEDGER.write(&env("a", 6)).add("n", 2)], []);
+        let events = [
+            (r("a", 4), Effect::Writes(&delete)),
+            (r("a", 5), Effect::Writes(&none)),
+            (r("a", 6), Effect::Writes(&add)),
+            (r("a", 2), Effect::Writes(&none)),
+        ];
+        let mut stored = Stored::default();
+        stored.rows.insert("ledger", Versions::from_iter([("a".to_owned(), 3)]));
+        let p = plan(&[LEDGER], &stored, &events).unwrap();
+        assert_eq!(p.outcomes, vec![Outcome::Applied, Outcome::Applied, Outcome::Applied, Outcome::Stale]);
+        let rows: Vec<_> = p.rows.iter().map(|r| (r.kind, r.expected, r.version)).collect();
+        assert_eq!(rows, vec![(RowKind::Delete, Some(3), None), (RowKind::Insert, None, Some(6))]);
+        assert_eq!((p.aggregates[0].expected, p.aggregates[0].version), (None, 6), "kept from where the row stood");
+        // Deleted and not written again: only the delete; v5 moves the aggregate's version alone.
+        let p = plan(&[LEDGER], &stored, &events[..2]).unwrap();
+        assert_eq!(p.rows.iter().map(|r| r.kind).collect::<Vec<_>>(), vec![RowKind::Delete]);
+        assert_eq!(p.aggregates[0].version, 5);
+    }
+
+    #[test]
     fn declarations_are_enforced_with_the_place_named() {
         let cases: Vec<(Vec<Write>, &str)> = vec![
             (vec![ACC.write(&env("a", 1)).set("nope", 1)], "declares no column \"nope\""),
@@ -1432,7 +1483,7 @@ mod tests {
             (vec![ACC.write(&env("a", 1)).add("balance", true)], "needs a number"),
             (vec![ACC.write(&env("a", 1)).add("balance", 1).set("balance", 2)], "changed twice"),
             (vec![STATS.row("k".repeat(crate::MAX_KEY_BYTES + 1))], "longer than"),
-            (vec![ACC.write(&env("a", 1)).delete()], "not supported yet"),
+            (vec![ACC.write(&env("a", 1)).delete()], "declared .deletable()"),
             (vec![STATS.row("c").add("n", 1).delete()], "sets no column"),
         ];
         for (writes, want) in cases {

@@ -92,17 +92,19 @@ pub struct Table {
     columns: &'static [(&'static str, &'static str)],
     ddl: Option<&'static str>,
     owners: Owners,
+    deletable: bool,
 }
 
 impl Table {
     const fn new(name: &'static str, key: &'static str, gate: Gate) -> Self {
-        Self { name, key, version: "version", gate, columns: &[], ddl: None, owners: Owners::Undeclared }
+        let owners = Owners::Undeclared;
+        Self { name, key, version: "version", gate, columns: &[], ddl: None, owners, deletable: false }
     }
 
     /// Whether `other` is this declaration (`==`, without comparing the columns one by one
     /// when both are copies of one `const` and so share them).
     pub fn same(&self, other: &Table) -> bool {
-        let Self { name, key, version, gate, columns, ddl, owners } = *other;
+        let Self { name, key, version, gate, columns, ddl, owners, deletable } = *other;
         let columns = std::ptr::eq(self.columns, columns) || self.columns == columns;
         columns
             && self.name == name
@@ -111,6 +113,7 @@ impl Table {
             && self.gate == gate
             && self.ddl == ddl
             && self.owners == owners
+            && self.deletable == deletable
     }
 
     /// A [state-transfer](Gate::Upsert) table keyed by the aggregate id in column `key`.
@@ -139,6 +142,7 @@ impl Table {
             columns: &[],
             ddl: Some(ddl),
             owners: Owners::Undeclared,
+            deletable: false,
         }
     }
 
@@ -152,6 +156,23 @@ impl Table {
     pub const fn aggregate_types(mut self, aggregate_types: &'static [&'static str]) -> Self {
         self.owners = Owners::Many(aggregate_types);
         self
+    }
+
+    /// Rows of this upsert or transition table may be deleted (`write(event).delete()`).
+    /// A row's version goes with it, so its aggregate's version is also kept where the
+    /// engine keeps fan-in's (`projectionist_aggregate_versions`, moved by every event of the
+    /// aggregate, a write per aggregate and batch): a duplicate or a replay of an earlier
+    /// event is told apart after the row is gone, and never brings it back. A row is then
+    /// made by the first event that writes it (at version 1, or after a delete: an aggregate
+    /// that reopens), not by any event of its aggregate.
+    pub const fn deletable(mut self) -> Self {
+        self.deletable = true;
+        self
+    }
+
+    /// Whether rows of this upsert or transition table may be deleted (see [`Table::deletable`]).
+    pub const fn is_deletable(&self) -> bool {
+        self.deletable && self.is_gated()
     }
 
     /// Whether events of `aggregate_type` belong to this table (all do to a fan-in or

@@ -89,8 +89,8 @@ impl Write {
     /// Deletes the row instead: gated like any write (applied once per event, at the
     /// aggregate's version), so that a duplicate or a replay of an earlier event never
     /// brings it back, and a later write creates it again. Sets nothing: a delete with
-    /// `set` or `add` is refused. For now on fan-in rows only (their gate, the aggregate's
-    /// version, outlives the row); a delete of an upsert or transition table's row is refused.
+    /// `set` or `add` is refused. On an upsert or transition table, only one declared
+    /// [`deletable`](Table::deletable) (so that the row's version outlives it).
     pub fn delete(mut self) -> Self {
         self.delete = true;
         self

@@ -763,8 +763,17 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
             );
             (sql, shape.kind == RowKind::Insert || !columns.is_empty())
         }
-        // Deleting a row that is not there deletes nothing, as one event at a time does.
-        RowKind::Delete => (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false),
+        // A gated row at the version it must still have (counted); a fan-in row whatever it
+        // holds (one that is not there deletes nothing, as one event at a time does).
+        RowKind::Delete => match &version {
+            Some(version) => (
+                format!(
+                    "DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key} AND t.{version} = s.\"$expected\""
+                ),
+                true,
+            ),
+            None => (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false),
+        },
         RowKind::Update => {
             let mut sets: Vec<String> = columns
                 .iter()
