@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use crate::{OrderEvent, AGGREGATE_TYPE};
 
 /// Generates `orders` order streams (ids `ord-00001`…) from `customers` customers, each a
-/// walk through the order state machine, interleaved across orders (each order's own order
+/// walk through the order state machine (a fifth of them archived at the end), interleaved across orders (each order's own order
 /// kept). Deterministic for a seed, except the producer-minted event ids.
 pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -33,6 +33,10 @@ pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
                 if rng.gen_bool(0.7) {
                     events.push(OrderEvent::OrderShipped {});
                 }
+            }
+            // Some orders are archived: their rows deleted.
+            if rng.gen_bool(0.2) {
+                events.push(OrderEvent::OrderArchived {});
             }
             events.iter().zip(1..).map(|(e, v)| envelope(&id, v, e)).collect()
         })

@@ -1,7 +1,7 @@
 //! Run with: `cargo test -p order-status` (needs `DATABASE_URL`; see the top README).
 //!
 //! Orders projected two ways: `orders`, one row per order moved through its states by
-//! guarded transitions, and `customer_order_stats`, a fan-in total per customer fed by many
+//! guarded transitions (and deleted once archived), and `customer_order_stats`, a fan-in total per customer fed by many
 //! orders and gated by the per-order aggregate version, so a redelivered `OrderPlaced` is
 //! never counted twice.
 
@@ -40,20 +40,27 @@ pub enum OrderEvent {
         /// Why.
         reason: String,
     },
+    /// Archived once its retention passed: its row leaves `orders` (a replay of its earlier
+    /// events never brings it back); the customer's totals keep it.
+    OrderArchived {},
 }
 
 /// The `orders` and `customer_order_stats` read models.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OrderStatus;
 
-/// One row per order, moved through its states by guarded transitions.
-pub const ORDERS: Table = Table::transition("orders", "order_id").aggregate_type(AGGREGATE_TYPE).columns(&[
-    ("customer_id", "text"),
-    ("status", "text"),
-    ("total_cents", "bigint"),
-    ("paid_cents", "bigint NOT NULL DEFAULT 0"),
-    ("updated_at", "timestamptz"),
-]);
+/// One row per order, moved through its states by guarded transitions, deleted when the
+/// order is archived.
+pub const ORDERS: Table = Table::transition("orders", "order_id")
+    .aggregate_type(AGGREGATE_TYPE)
+    .columns(&[
+        ("customer_id", "text"),
+        ("status", "text"),
+        ("total_cents", "bigint"),
+        ("paid_cents", "bigint NOT NULL DEFAULT 0"),
+        ("updated_at", "timestamptz"),
+    ])
+    .deletable();
 
 /// Totals per customer, fed by many orders: fan-in, gated by each order's aggregate version.
 pub const CUSTOMER_STATS: Table = Table::fan_in("customer_order_stats", "customer_id")
@@ -72,6 +79,9 @@ impl Projection<PgConnection> for OrderStatus {
     }
 
     fn project(&self, env: &Envelope<OrderEvent>) -> Writes {
+        if let OrderEvent::OrderArchived {} = env.event {
+            return ORDERS.write(env).delete().into();
+        }
         let order = ORDERS.write(env).set("updated_at", env.occurred_at);
         match &env.event {
             OrderEvent::OrderPlaced { customer_id, total_cents } => order
@@ -85,6 +95,7 @@ impl Projection<PgConnection> for OrderStatus {
             }
             OrderEvent::OrderShipped {} => order.set("status", "shipped").into(),
             OrderEvent::OrderCancelled { .. } => order.set("status", "cancelled").into(),
+            OrderEvent::OrderArchived {} => unreachable!("deleted above"),
         }
     }
 }

@@ -64,6 +64,26 @@ async fn a_gap_changes_neither_table(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn an_archived_order_is_gone_and_its_replay_does_not_bring_it_back(pool: PgPool) {
+    let history = [
+        placed("o-1", "c-1", 1000),
+        envelope("o-1", 2, &OrderEvent::OrderPaid { amount_cents: 1000 }),
+        envelope("o-1", 3, &OrderEvent::OrderArchived {}),
+    ];
+    ProjectionTest::new(pool, OrderStatus)
+        .given(history.clone())
+        .when(history)
+        .then_outcomes([Outcome::Stale, Outcome::Stale, Outcome::Duplicate])
+        .then_rows("SELECT order_id FROM orders", json!([]))
+        .then_rows(
+            "SELECT orders_placed, total_cents FROM customer_order_stats",
+            json!([{"orders_placed": 1, "total_cents": 1000}]),
+        )
+        .run()
+        .await;
+}
+
+#[sqlx::test(migrations = false)]
 async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
     let events = stream(1_000, 40, 11);
     assert!(events.len() > 3_000, "{} events", events.len());
