@@ -15,7 +15,9 @@ use common::{dead_lettered, emptied, run, run_folded};
 
 use order_status::OrderStatus;
 use projectionist::postgres::park::{Source, SourceMessage};
-use projectionist::postgres::{apply_batch, apply_batch_in, migrate, reset, Mode, PgConnection, PgProjection, Policy};
+use projectionist::postgres::{
+    apply_batch, apply_batch_in, check_tables, migrate, reset, Mode, PgConnection, PgProjection, Policy,
+};
 use projectionist::{async_trait, ApplyError, Envelope, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::{dump_tables, envelope, interleave, with_redeliveries, ProjectionTest};
 use rand::rngs::StdRng;
@@ -78,6 +80,10 @@ const LEDGER: Table = Table::transition("wm_ledger", "id")
     .deletable();
 const CARDS: Table =
     Table::upsert("wm_cards", "id").aggregate_type(OTHER).columns(&[("state", "text"), ("n", "bigint")]).deletable();
+/// A thing's lines: child rows keyed by the thing and a bucket, changed, deleted, cleared.
+const LINES: Table = Table::child("wm_lines", "thing_id", "line")
+    .aggregate_type(THING)
+    .columns(&[("qty", "bigint NOT NULL DEFAULT 0"), ("note", "text")]);
 const NOTES: Table = Table::custom(
     "wm_notes",
     "CREATE TABLE IF NOT EXISTS wm_notes (id text, version bigint, body text, PRIMARY KEY (id, version))",
@@ -123,6 +129,20 @@ impl Projection<PgConnection> for Shaped {
             (Ev::Add { n } | Ev::Bump { n, .. }, false) if self.owns(&CARDS) => {
                 writes = writes.and(CARDS.write(e).set("n", n).set("state", format!("v{}", e.version)))
             }
+            _ => {}
+        }
+        // A thing's lines: bumped, noted, deleted one (b2, b3) or all at once (b0, b1).
+        match &e.event {
+            Ev::Bump { bucket, n } if thing && self.owns(&LINES) => {
+                writes = writes.and(LINES.child_row(e, bucket).add("qty", n).set("note", format!("v{}", e.version)))
+            }
+            Ev::Snap { s } if thing && self.owns(&LINES) => {
+                writes = writes.and(LINES.child_row(e, "snap").set("note", s))
+            }
+            Ev::Drop { bucket } if thing && self.owns(&LINES) => match bucket.as_str() {
+                "b0" | "b1" => writes = writes.and(LINES.clear(e)),
+                _ => writes = writes.and(LINES.child_row(e, bucket).delete()),
+            },
             _ => {}
         }
         match &e.event {
@@ -203,7 +223,7 @@ const SHAPES: [Shaped; 6] = [
     Shaped { name: "fan_in_only", tables: &[BUCKETS, TOTALS] },
     Shaped { name: "mixed", tables: &[COUNTS, SNAPS, BUCKETS, TOTALS] },
     Shaped { name: "custom_mix", tables: &[COUNTS, BUCKETS, NOTES] },
-    Shaped { name: "deleting", tables: &[LEDGER, CARDS] },
+    Shaped { name: "deleting", tables: &[LEDGER, CARDS, LINES] },
 ];
 
 /// A random delivered stream: per-aggregate histories with every event type, some events
@@ -470,6 +490,63 @@ async fn a_deleted_row_stays_deleted_on_replay_and_comes_back_with_a_later_versi
         assert_eq!(first, vec![Outcome::Applied; 2], "{mode:?}");
         assert_eq!((again, alone), (vec![Outcome::Stale, Outcome::Duplicate], vec![Outcome::Stale]), "{mode:?}");
         assert_eq!(dump_tables(&pool, shape).await["wm_ledger"], json!([]), "{mode:?}");
+    }
+}
+
+/// A thing's child rows: added to, deleted one by one and cleared all at once, made again
+/// after the clear; replayed from the start and redelivered, the lines end as the history
+/// left them — in one batch, batches of three and two, or one event at a time.
+#[sqlx::test(migrations = false)]
+async fn child_rows_deleted_and_cleared_stay_so_on_replay(pool: PgPool) {
+    let shape = &SHAPES[5];
+    migrate(&pool, &[shape as &dyn PgProjection]).await.unwrap();
+    // Created with the key of both columns, which the drift check finds as declared; a
+    // table keyed otherwise is drift.
+    check_tables(&pool, shape).await.unwrap();
+    let key: Vec<String> = sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid \
+         AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'wm_lines'::regclass AND i.indisprimary ORDER BY a.attnum",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(key, ["thing_id", "line"]);
+    sqlx::raw_sql(
+        "ALTER TABLE wm_lines DROP CONSTRAINT wm_lines_pkey; ALTER TABLE wm_lines ADD PRIMARY KEY (line, thing_id)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let drift = check_tables(&pool, shape).await.unwrap_err().to_string();
+    assert!(drift.contains("primary key"), "{drift}");
+    sqlx::raw_sql("DROP TABLE wm_lines").execute(&pool).await.unwrap();
+    migrate(&pool, &[shape as &dyn PgProjection]).await.unwrap();
+    let thing = |v, event| envelope(THING, "a1", v, &event);
+    let bump = |line: &str, n| Wire::Bump { bucket: line.into(), n };
+    let drop = |line: &str| Wire::Drop { bucket: line.into() };
+    let history = vec![
+        thing(1, bump("b2", 5)),
+        thing(2, bump("b3", 6)),
+        thing(3, bump("b2", 1)),
+        thing(4, drop("b2")),
+        // Noted, then cleared in the same batch of three: the note never reaches the table.
+        thing(5, Wire::Snap { s: "gone".into() }),
+        thing(6, drop("b0")),
+        thing(7, bump("b3", 2)),
+        thing(8, bump("b1", 4)),
+    ];
+    let mut stream = history.clone();
+    stream.extend(history.clone());
+    stream.extend(history.iter().rev().cloned());
+    let want = vec![("b1".to_owned(), 4, "v8".to_owned()), ("b3".to_owned(), 2, "v7".to_owned())];
+    for (mode, batch) in [(Mode::Batch, stream.len()), (Mode::Batch, 3), (Mode::Batch, 2), (Mode::PerEvent, 1)] {
+        emptied(&pool, shape).await;
+        for events in stream.chunks(batch) {
+            apply_batch_in(&pool, shape, events, mode, Policy::default()).await.unwrap();
+        }
+        let lines: Vec<(String, i64, String)> =
+            sqlx::query_as("SELECT line, qty, note FROM wm_lines ORDER BY line").fetch_all(&pool).await.unwrap();
+        assert_eq!(lines, want, "{mode:?} in batches of {batch}");
     }
 }
 

@@ -266,7 +266,7 @@ impl Fold {
                     if let Some(p) = part {
                         let columns = p.columns.iter().map(Column::write).collect();
                         let (table, expected, version) = (tables[t], p.expected, Some(p.version));
-                        rows.push((t, RowWrite { table, key, kind, expected, version, columns }));
+                        rows.push((t, RowWrite { table, key, child: None, kind, expected, version, columns }));
                     }
                 }
             }

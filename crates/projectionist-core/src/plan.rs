@@ -85,6 +85,8 @@ pub struct Parked {
 /// How a row write reaches the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RowKind {
+    /// Every child of an aggregate deleted (a clear), before the table's other writes.
+    Clear,
     /// A fan-in row deleted (what was written to it in the batch before is dropped; what
     /// is written after creates it again, merged or inserted after the delete).
     Delete,
@@ -143,8 +145,10 @@ impl<'a> ColumnWrite<'a> {
 pub struct RowWrite<'a> {
     /// The table.
     pub table: Table,
-    /// The row key.
+    /// The row key (of a child row, or a clear: the aggregate id).
     pub key: &'a str,
+    /// A child row's own key (`None` for other tables, and for a clear).
+    pub child: Option<&'a str>,
     /// How it is written.
     pub kind: RowKind,
     /// Gated updates: the version the row must still have.
@@ -341,7 +345,10 @@ fn plan_rows<'a>(
     ordered_rows: bool,
 ) -> Result<Plan<'a>, PlanError> {
     // Keyed by what the events hold (no key copied per event); ordered at the end if asked.
-    let mut rows: Map<(usize, &'a str), RowState<'a>> = Map::default();
+    // Per (table, key, child key: "" but in child tables).
+    let mut rows: Map<(usize, &'a str, &'a str), RowState<'a>> = Map::default();
+    // The aggregates whose children a table's clear removed: (table, aggregate id).
+    let mut cleared: Vec<(usize, &'a str)> = Vec::new();
     // Per aggregate (type, id): the version stored, and the version it moves to.
     let mut marks: Map<(&'a str, &'a str), Moves> = Map::default();
     let mut outcomes = Vec::with_capacity(events.len());
@@ -476,7 +483,7 @@ fn plan_rows<'a>(
             if *v == Verdict::NoGate {
                 continue;
             }
-            let state = rows.get_mut(&(t, event.aggregate_id)).expect("state made above");
+            let state = rows.get_mut(&(t, event.aggregate_id, "")).expect("state made above");
             if state.current.is_none() {
                 state.created = Some(Some(event.version));
             }
@@ -486,10 +493,21 @@ fn plan_rows<'a>(
             marks.get_mut(&mark_key).expect("mark made above").1 = Some(event.version);
         }
         for (write, &t) in writes.iter().zip(&targets) {
-            let key = match &write.target {
-                Target::Aggregate { key, .. } | Target::Row(key) => key.as_str(),
+            let (key, Some(child)) = write.target.keys() else {
+                // A clear: the aggregate's children written before it in the batch are
+                // dropped (the clear deletes them); what follows makes them again.
+                let parent = event.aggregate_id;
+                for (_, state) in rows.iter_mut().filter(|((u, p, _), _)| *u == t && *p == parent) {
+                    state.delete(&declared[t]);
+                    state.deleted = false;
+                    state.writers += 1;
+                }
+                if !cleared.contains(&(t, parent)) {
+                    cleared.push((t, parent));
+                }
+                continue;
             };
-            let state = rows.entry((t, key)).or_default();
+            let state = rows.entry((t, key, child)).or_default();
             state.writers += 1;
             if write.delete {
                 state.delete(&declared[t]);
@@ -520,14 +538,19 @@ fn plan_rows<'a>(
     plan.parks = parks.into_iter().map(|((t, i), state)| ((t.to_owned(), i.to_owned()), state)).collect();
     plan.parks.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
     let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(rows.len());
-    for ((t, key), state) in rows {
+    for &(t, key) in &cleared {
+        let (table, child, kind) = (tables[t], None, RowKind::Clear);
+        ordered.push((t, RowWrite { table, key, child, kind, expected: None, version: None, columns: Vec::new() }));
+    }
+    for ((t, key, child), state) in rows {
         let table = tables[t];
         if state.writers > 1 && !plan.rewritten.contains(&table) {
             plan.rewritten.push(table);
         }
         let mut superseded = state.superseded;
+        let child = (table.gate() == Gate::Child).then_some(child);
         let mut push = |kind, expected, version, columns| {
-            ordered.push((t, RowWrite { table, key, kind, expected, version, columns }))
+            ordered.push((t, RowWrite { table, key, child, kind, expected, version, columns }))
         };
         if !table.is_gated() {
             if state.deleted {
@@ -566,14 +589,16 @@ fn plan_rows<'a>(
     // then by key, so that concurrent writers lock rows in one order.
     if ordered_rows {
         let step = |kind: RowKind| match kind {
-            RowKind::Delete => 0,
+            RowKind::Clear | RowKind::Delete => 0,
             RowKind::Insert | RowKind::Merge => 1,
             RowKind::Update => 2,
         };
-        ordered.sort_unstable_by(|(t, a), (u, b)| (t, step(a.kind), &a.key).cmp(&(u, step(b.kind), &b.key)));
-    } else if ordered.iter().any(|(_, r)| r.kind == RowKind::Delete) {
-        // A row's delete before its merge, whatever the order of the rest.
-        ordered.sort_by_key(|(_, r)| r.kind != RowKind::Delete);
+        ordered.sort_unstable_by(|(t, a), (u, b)| {
+            (t, step(a.kind), a.kind, &a.key, &a.child).cmp(&(u, step(b.kind), b.kind, &b.key, &b.child))
+        });
+    } else if ordered.iter().any(|(_, r)| matches!(r.kind, RowKind::Clear | RowKind::Delete)) {
+        // A row's delete (or clear) before its merge, whatever the order of the rest.
+        ordered.sort_by_key(|(_, r)| !matches!(r.kind, RowKind::Clear | RowKind::Delete));
     }
     plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
     for ((aggregate_type, aggregate_id), (stored, current)) in marks {
@@ -589,13 +614,13 @@ fn plan_rows<'a>(
 
 /// The state of row `key` of table `t` in the plan: as stored where the plan has not moved it.
 fn row<'s, 'a>(
-    rows: &'s mut Map<(usize, &'a str), RowState<'a>>,
+    rows: &'s mut Map<(usize, &'a str, &'a str), RowState<'a>>,
     stored: &Stored,
     tables: &[Table],
     t: usize,
     key: &'a str,
 ) -> &'s mut RowState<'a> {
-    rows.entry((t, key)).or_insert_with(|| {
+    rows.entry((t, key, "")).or_insert_with(|| {
         let stored = stored.rows.get(tables[t].name()).and_then(|m| m.get(key)).copied();
         RowState { stored, current: stored, ..RowState::default() }
     })
@@ -618,18 +643,33 @@ fn mark<'s, 'a>(
 /// row goes through is one PostgreSQL checks, as when events are applied one at a time.
 pub fn rounds(events: &[(EventRef<'_>, Effect<'_>)], checked: &[Table]) -> Vec<usize> {
     let mut cuts = Vec::new();
-    let mut written: HashSet<(&str, &str)> = HashSet::new();
+    // Rows written in the round (a child by its aggregate and key), and per table the
+    // aggregates with rows written in it: a clear after one of their children drops it
+    // (written after the clear, a child is written after it in the round too).
+    let mut written: HashSet<(&str, &str, &str)> = HashSet::new();
+    let mut parents: HashSet<(&str, &str)> = HashSet::new();
     for (index, (_, effect)) in events.iter().enumerate() {
         let Effect::Writes(writes) = effect else { continue };
-        let rows = writes.iter().filter(|w| checked.iter().any(|t| t.same(&w.table))).map(|w| match &w.target {
-            Target::Aggregate { key, .. } | Target::Row(key) => (w.table.name(), key.as_str()),
+        let rows = writes.iter().filter(|w| checked.iter().any(|t| t.same(&w.table))).map(|w| {
+            let (key, child) = w.target.keys();
+            (w.table.name(), key, child)
         });
-        let rows: Vec<(&str, &str)> = rows.collect();
-        if rows.iter().any(|row| written.contains(row)) {
+        let rows: Vec<(&str, &str, Option<&str>)> = rows.collect();
+        let again = |&(t, key, child): &(&str, &str, Option<&str>)| match child {
+            Some(child) => written.contains(&(t, key, child)),
+            None => parents.contains(&(t, key)),
+        };
+        if rows.iter().any(again) {
             cuts.push(index);
             written.clear();
+            parents.clear();
         }
-        written.extend(rows);
+        for (t, key, child) in rows {
+            parents.insert((t, key));
+            if let Some(child) = child {
+                written.insert((t, key, child));
+            }
+        }
     }
     cuts
 }
@@ -642,11 +682,10 @@ pub fn required_columns(table: &Table) -> Vec<&'static str> {
 }
 
 /// Whether events of `aggregate_type` are gated by the aggregate's version: when a fan-in,
-/// custom or [deletable](Table::deletable) table of the projection takes them.
+/// child, custom or [deletable](Table::deletable) table of the projection takes them.
 pub fn aggregate_gated(tables: &[Table], aggregate_type: &str) -> bool {
-    tables
-        .iter()
-        .any(|t| (matches!(t.gate(), Gate::FanIn | Gate::Custom) || t.is_deletable()) && t.owns(aggregate_type))
+    let by_aggregate = |t: &Table| matches!(t.gate(), Gate::FanIn | Gate::Child | Gate::Custom) || t.is_deletable();
+    tables.iter().any(|t| by_aggregate(t) && t.owns(aggregate_type))
 }
 
 /// Folds what follows a row's insert into the insert where the result cannot depend on
@@ -952,6 +991,26 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
         (Gate::Custom, _) => return Err(format!("table {name} is custom: write it in apply, not project")),
         (Gate::FanIn, Target::Aggregate { .. }) => {
             return Err(format!("table {name} is fan-in: use row(key), not write(event)"))
+        }
+        (Gate::Child, Target::Aggregate { .. } | Target::Row(_)) => {
+            return Err(format!("table {name} holds child rows: use child_row(event, key) or clear(event)"))
+        }
+        (_, Target::Child { .. } | Target::Children { .. }) if write.table.gate() != Gate::Child => {
+            return Err(format!("table {name} is not a child table: child_row and clear take a Table::child"))
+        }
+        (Gate::Child, Target::Child { parent, .. } | Target::Children { parent })
+            if parent != event.aggregate_id || !write.table.owns(event.aggregate_type) =>
+        {
+            return Err(format!(
+                "table {name} holds children of aggregates of type {:?}: an event writes only its own \
+                 aggregate's children (given {parent:?} of an event of {:?}/{:?})",
+                write.table.aggregate_types_declared(),
+                event.aggregate_type,
+                event.aggregate_id
+            ));
+        }
+        (Gate::Child, Target::Child { key, .. }) => {
+            check_key("child key", key).map_err(|e| format!("table {name}: {e}"))?
         }
         // A fan-in row is gated by its writer's aggregate version, kept only for the types the
         // table declares: an event of another type would be applied again on each redelivery.
@@ -1473,6 +1532,32 @@ mod tests {
     }
 
     #[test]
+    fn a_clear_drops_the_aggregates_children_written_before_it_and_is_written_first() {
+        const LINES: Table =
+            Table::child("lines", "account_id", "sku").aggregate_type("account").columns(&[("note", "text")]);
+        let e = |v| env("a", v);
+        let (w1, w2) = ([LINES.child_row(&e(1), "x").set("note", "one")], [LINES.clear(&e(2))]);
+        let w3 = [LINES.child_row(&e(3), "y").set("note", "three")];
+        let other = [LINES.child_row(&env("b", 1), "x").set("note", "b")];
+        let events = [
+            (r("a", 1), Effect::Writes(&w1)),
+            (r("b", 1), Effect::Writes(&other)),
+            (r("a", 2), Effect::Writes(&w2)),
+            (r("a", 3), Effect::Writes(&w3)),
+        ];
+        let p = plan(&[LINES], &Stored::default(), &events).unwrap();
+        let rows: Vec<_> = p.rows.iter().map(|r| (r.kind, r.key, r.child)).collect();
+        assert_eq!(
+            rows,
+            vec![(RowKind::Clear, "a", None), (RowKind::Merge, "a", Some("y")), (RowKind::Merge, "b", Some("x"))],
+            "a's x dropped by the clear, b's kept"
+        );
+        // In rounds, a clear after a child of its aggregate starts a new round (another
+        // aggregate's child does not), and a child after the clear stays in its round.
+        assert_eq!(rounds(&events, &[LINES]), vec![2]);
+    }
+
+    #[test]
     fn declarations_are_enforced_with_the_place_named() {
         let cases: Vec<(Vec<Write>, &str)> = vec![
             (vec![ACC.write(&env("a", 1)).set("nope", 1)], "declares no column \"nope\""),
@@ -1485,10 +1570,15 @@ mod tests {
             (vec![STATS.row("k".repeat(crate::MAX_KEY_BYTES + 1))], "longer than"),
             (vec![ACC.write(&env("a", 1)).delete()], "declared .deletable()"),
             (vec![STATS.row("c").add("n", 1).delete()], "sets no column"),
+            (vec![STATS.child_row(&env("a", 1), "x")], "not a child table"),
+            (vec![LINES.row("x")], "holds child rows"),
+            (vec![LINES.clear(&env("a", 1)).set("n", 1)], "sets no column"),
+            (vec![LINES.child_row(&env("b", 1), "x")], "its own aggregate's children"),
         ];
+        const LINES: Table = Table::child("lines", "account_id", "sku").aggregate_type("account");
         for (writes, want) in cases {
-            let err =
-                plan(&[ACC, SNAP, STATS], &Stored::default(), &[(r("a", 1), Effect::Writes(&writes))]).unwrap_err();
+            let tables = [ACC, SNAP, STATS, LINES];
+            let err = plan(&tables, &Stored::default(), &[(r("a", 1), Effect::Writes(&writes))]).unwrap_err();
             assert!(err.to_string().contains(want) && err.index == 0, "{err} / {want}");
         }
     }

@@ -20,6 +20,10 @@ pub enum Gate {
     /// gated by the aggregate's version (`projectionist_aggregate_versions`), which every event of
     /// the projection advances by a guarded transition.
     FanIn,
+    /// **Child rows** of an aggregate (a cart's lines): keyed by the aggregate id and a key
+    /// of the child together, gated by the aggregate's version (as for fan-in); a write
+    /// creates, changes or deletes one child, a clear removes every child of the aggregate.
+    Child,
     /// Written only by the projection's own SQL in `apply` (the slow path): the engine
     /// creates, empties and compares it, never writes it, and gates the events `apply`
     /// sees by the aggregate's version, as for fan-in.
@@ -93,18 +97,19 @@ pub struct Table {
     ddl: Option<&'static str>,
     owners: Owners,
     deletable: bool,
+    child: &'static str,
 }
 
 impl Table {
     const fn new(name: &'static str, key: &'static str, gate: Gate) -> Self {
         let owners = Owners::Undeclared;
-        Self { name, key, version: "version", gate, columns: &[], ddl: None, owners, deletable: false }
+        Self { name, key, version: "version", gate, columns: &[], ddl: None, owners, deletable: false, child: "" }
     }
 
     /// Whether `other` is this declaration (`==`, without comparing the columns one by one
     /// when both are copies of one `const` and so share them).
     pub fn same(&self, other: &Table) -> bool {
-        let Self { name, key, version, gate, columns, ddl, owners, deletable } = *other;
+        let Self { name, key, version, gate, columns, ddl, owners, deletable, child } = *other;
         let columns = std::ptr::eq(self.columns, columns) || self.columns == columns;
         columns
             && self.name == name
@@ -114,6 +119,7 @@ impl Table {
             && self.ddl == ddl
             && self.owners == owners
             && self.deletable == deletable
+            && self.child == child
     }
 
     /// A [state-transfer](Gate::Upsert) table keyed by the aggregate id in column `key`.
@@ -143,7 +149,17 @@ impl Table {
             ddl: Some(ddl),
             owners: Owners::Undeclared,
             deletable: false,
+            child: "",
         }
+    }
+
+    /// A [child](Gate::Child) table: rows keyed by the aggregate id in column `parent` and the
+    /// child's own key in column `key` (the primary key is both), e.g.
+    /// `Table::child("cart_lines", "cart_id", "sku")`. Declares its aggregate type.
+    pub const fn child(name: &'static str, parent: &'static str, key: &'static str) -> Self {
+        let mut table = Self::new(name, parent, Gate::Child);
+        table.child = key;
+        table
     }
 
     /// The aggregate type whose events this table belongs to (see [the type's docs](Table)).
@@ -196,6 +212,12 @@ impl Table {
 
     /// Checks the declaration beyond its identifiers: a gated table names its aggregate type.
     pub fn check(&self) -> Result<(), String> {
+        if self.gate == Gate::Child && self.aggregate_types_declared().is_empty() {
+            return Err(format!(
+                "table {} holds the children of one type of aggregate: declare which with .aggregate_type(\"…\")",
+                self.name
+            ));
+        }
         if self.is_gated() && self.aggregate_types_declared().is_empty() {
             return Err(format!(
                 "table {} holds one row per aggregate: declare which aggregate type with \
@@ -223,9 +245,14 @@ impl Table {
         self.name
     }
 
-    /// The key column.
+    /// The key column (of a child table: the aggregate id, its parent).
     pub const fn key(&self) -> &'static str {
         self.key
+    }
+
+    /// A child table's column holding the child's own key (`""` for other tables).
+    pub const fn child_key(&self) -> &'static str {
+        self.child
     }
 
     /// The version column (gated tables only).
@@ -266,6 +293,9 @@ impl Table {
             all.push(self.key);
             all.extend(self.columns.iter().map(|(c, _)| *c));
         }
+        if self.gate == Gate::Child {
+            all.push(self.child);
+        }
         if self.is_gated() {
             all.push(self.version);
         }
@@ -277,9 +307,16 @@ impl Table {
         if let Some(ddl) = self.ddl {
             return ddl.to_owned();
         }
-        let cols: Vec<String> =
+        let mut cols: Vec<String> =
             self.column_definitions().iter().map(|(c, def)| format!("{} {def}", quote(c))).collect();
+        cols.extend(self.primary_key_clause());
         format!("CREATE TABLE IF NOT EXISTS {} ({})", quote(self.name), cols.join(", "))
+    }
+
+    /// A primary key of several columns, as a table constraint (a child table's parent and
+    /// key); `None` where the key column declares it.
+    pub fn primary_key_clause(&self) -> Option<String> {
+        (self.gate == Gate::Child).then(|| format!("PRIMARY KEY ({}, {})", quote(self.key), quote(self.child)))
     }
 
     /// Every column of the table as its DDL declares it, in order: `(name, type and
@@ -289,7 +326,10 @@ impl Table {
         if self.gate == Gate::Custom {
             return Vec::new();
         }
-        let mut cols = vec![(self.key, "text PRIMARY KEY".to_owned())];
+        let mut cols = match self.gate {
+            Gate::Child => vec![(self.key, "text NOT NULL".to_owned()), (self.child, "text NOT NULL".to_owned())],
+            _ => vec![(self.key, "text PRIMARY KEY".to_owned())],
+        };
         cols.extend(self.columns.iter().map(|(c, ty)| (*c, (*ty).to_owned())));
         if self.is_gated() {
             cols.push((self.version, "bigint NOT NULL".to_owned()));
@@ -307,6 +347,19 @@ impl Table {
     /// event, gated by the aggregate's version.
     pub fn row(&self, key: impl Into<String>) -> Write {
         Write::new(*self, Target::Row(key.into()))
+    }
+
+    /// The child keyed `key` of `event`'s aggregate in this child table: add `set`s and
+    /// `add`s, or [`delete`](Write::delete) it. Applied once per event, gated by the
+    /// aggregate's version.
+    pub fn child_row<E>(&self, event: &Envelope<E>, key: impl Into<String>) -> Write {
+        Write::new(*self, Target::Child { parent: event.aggregate_id.clone(), key: key.into() })
+    }
+
+    /// Removes every child of `event`'s aggregate from this child table (a cart checked
+    /// out); what the event or a later one writes after it makes children again.
+    pub fn clear<E>(&self, event: &Envelope<E>) -> Write {
+        Write::new(*self, Target::Children { parent: event.aggregate_id.clone() }).delete()
     }
 }
 
@@ -335,5 +388,12 @@ mod tests {
         let c = Table::custom("notes", "CREATE TABLE IF NOT EXISTS notes (x int)");
         assert_eq!(c.ddl(), "CREATE TABLE IF NOT EXISTS notes (x int)");
         assert!(!c.is_gated() && !stats.is_gated() && t.is_gated());
+        let lines = Table::child("lines", "cart_id", "sku").aggregate_type("cart").columns(&[("qty", "int")]);
+        assert_eq!(
+            lines.ddl(),
+            r#"CREATE TABLE IF NOT EXISTS "lines" ("cart_id" text NOT NULL, "sku" text NOT NULL, "qty" int, PRIMARY KEY ("cart_id", "sku"))"#
+        );
+        assert_eq!(lines.identifiers(), vec!["lines", "cart_id", "qty", "sku"]);
+        assert!(Table::child("lines", "cart_id", "sku").check().unwrap_err().contains(".aggregate_type"));
     }
 }

@@ -39,6 +39,30 @@ pub enum Target {
     },
     /// A fan-in row, by key.
     Row(String),
+    /// A child row: its aggregate's id and its own key.
+    Child {
+        /// The aggregate id (the parent).
+        parent: String,
+        /// The child's key.
+        key: String,
+    },
+    /// Every child row of an aggregate (a clear).
+    Children {
+        /// The aggregate id (the parent).
+        parent: String,
+    },
+}
+
+impl Target {
+    /// The row's key and, for a child, the child's key (`""` otherwise; a clear: the parent
+    /// and `None`).
+    pub fn keys(&self) -> (&str, Option<&str>) {
+        match self {
+            Target::Aggregate { key, .. } | Target::Row(key) => (key, Some("")),
+            Target::Child { parent, key } => (parent, Some(key)),
+            Target::Children { parent } => (parent, None),
+        }
+    }
 }
 
 /// One row write of one event, built with [`Table::write`] or [`Table::row`].

@@ -14,7 +14,7 @@ use projectionist_core::plan::{
     aggregate_gated, plan, plan_unordered, rounds, AggregateWrite, CopyColumns, Effect, EventRef, Parked, Plan,
     PlanError, RowKind, RowWrite, Stored, Versions,
 };
-use projectionist_core::{Outcome, Table};
+use projectionist_core::{Gate, Outcome, Table};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
@@ -688,6 +688,12 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
     let name = Ident::new(table.name())?;
     let key = Ident::new(table.key())?;
     let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
+    // A child table's rows are keyed by the aggregate id and the child's key together.
+    let child = (table.gate() == Gate::Child).then(|| Ident::new(table.child_key())).transpose()?;
+    let (keys, same_row) = match &child {
+        Some(child) => (format!("{key}, {child}"), format!("t.{key} = s.{key} AND t.{child} = s.{child}")),
+        None => (key.to_string(), format!("t.{key} = s.{key}")),
+    };
     let columns = shape.columns.iter().map(|(c, kind)| Ok((*c, Ident::new(c)?, *kind))).collect::<Result<Vec<_>>>()?;
     // The rows as typed records of the table, each with the version it must still have
     // and, per folded column, its deltas.
@@ -739,6 +745,10 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
         RowKind::Insert | RowKind::Merge => {
             let mut names = vec![key.to_string()];
             let mut values = vec![format!("s.{key}")];
+            if let Some(child) = &child {
+                names.push(child.to_string());
+                values.push(format!("s.{child}"));
+            }
             for c in &columns {
                 names.push(c.1.to_string());
                 values.push(value(c));
@@ -757,7 +767,7 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
                 format!("DO UPDATE SET {}", sets.collect::<Vec<_>>().join(", "))
             };
             let sql = format!(
-                "INSERT INTO {name} AS t ({}) SELECT {} FROM {source} ON CONFLICT ({key}) {conflict}",
+                "INSERT INTO {name} AS t ({}) SELECT {} FROM {source} ON CONFLICT ({keys}) {conflict}",
                 names.join(", "),
                 values.join(", ")
             );
@@ -767,13 +777,13 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
         // holds (one that is not there deletes nothing, as one event at a time does).
         RowKind::Delete => match &version {
             Some(version) => (
-                format!(
-                    "DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key} AND t.{version} = s.\"$expected\""
-                ),
+                format!("DELETE FROM {name} AS t USING {source} WHERE {same_row} AND t.{version} = s.\"$expected\""),
                 true,
             ),
-            None => (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false),
+            None => (format!("DELETE FROM {name} AS t USING {source} WHERE {same_row}"), false),
         },
+        // Every child of each aggregate, however many there are.
+        RowKind::Clear => (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false),
         RowKind::Update => {
             let mut sets: Vec<String> = columns
                 .iter()
@@ -782,7 +792,7 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
                     _ => format!("{} = {}", c.1, value(c)),
                 })
                 .collect();
-            let mut guard = format!("t.{key} = s.{key}");
+            let mut guard = same_row;
             if let Some(version) = &version {
                 sets.push(format!("{version} = s.{version}"));
                 guard.push_str(&format!(" AND t.{version} = s.\"$expected\""));
@@ -806,6 +816,9 @@ fn encode(row: &RowWrite, out: &mut Vec<u8>, shape: &mut Shape) {
     let table = &row.table;
     let mut doc = Doc::new(out);
     doc.field(table.key(), "", &row.key);
+    if let Some(child) = row.child {
+        doc.field(table.child_key(), "", &child);
+    }
     shape.kind = row.kind;
     let columns = &mut shape.columns;
     columns.clear();

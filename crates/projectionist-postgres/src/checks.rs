@@ -69,9 +69,9 @@ pub(crate) async fn read(conn: &mut PgConnection, tables: &[Table]) -> Result<Ch
             continue;
         }
         // A NOT NULL column without a default that the declarations name as such is seen by
-        // the planner; the key and the version are always written.
+        // the planner; the key (a child table: both keys) and the version are always written.
         let declared = required_columns(&table);
-        let engine = [table.key(), table.version()];
+        let engine = [table.key(), table.version(), table.child_key()];
         let unseen = not_null.iter().any(|c| !engine.contains(&c.as_str()) && !declared.contains(&c.as_str()));
         if across_rows {
             checks.ordered.push(table);

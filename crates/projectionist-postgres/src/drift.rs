@@ -69,7 +69,8 @@ pub(crate) async fn table(pool: &PgPool, table: &Table) -> Result<Option<Vec<Dri
     if definitions.is_empty() {
         return Ok(Some(Vec::new()));
     }
-    let columns: Vec<String> = definitions.iter().map(|(c, def)| format!("\"{c}\" {def}")).collect();
+    let mut columns: Vec<String> = definitions.iter().map(|(c, def)| format!("\"{c}\" {def}")).collect();
+    columns.extend(table.primary_key_clause());
     let columns = columns.join(", ");
 
     let mut tx = pool.begin().await?;
