@@ -10,7 +10,8 @@ use rand::{Rng, SeedableRng};
 use crate::{OrderEvent, AGGREGATE_TYPE};
 
 /// Generates `orders` order streams (ids `ord-00001`…) from `customers` customers, each a
-/// walk through the order state machine (a fifth of them archived at the end), interleaved across orders (each order's own order
+/// walk through the order state machine with items added and removed (a fifth of them
+/// archived at the end), interleaved across orders (each order's own order
 /// kept). Deterministic for a seed, except the producer-minted event ids.
 pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -22,6 +23,14 @@ pub fn stream(orders: usize, customers: usize, seed: u64) -> Vec<RawEnvelope> {
                 customer_id: format!("cust-{}", rng.gen_range(1..=customers.max(1))),
                 total_cents: total,
             }];
+            // Its items (one sometimes added twice), one sometimes taken out again.
+            for _ in 0..rng.gen_range(1..=3) {
+                let sku = format!("sku-{}", rng.gen_range(1..=5));
+                events.push(OrderEvent::ItemAdded { sku, quantity: rng.gen_range(1..=3) });
+            }
+            if rng.gen_bool(0.3) {
+                events.push(OrderEvent::ItemRemoved { sku: format!("sku-{}", rng.gen_range(1..=5)) });
+            }
             if rng.gen_bool(0.15) {
                 events.push(OrderEvent::OrderCancelled { reason: "changed mind".into() });
             } else {

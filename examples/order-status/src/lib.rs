@@ -1,7 +1,9 @@
 //! Run with: `cargo test -p order-status` (needs `DATABASE_URL`; see the top README).
 //!
-//! Orders projected two ways: `orders`, one row per order moved through its states by
-//! guarded transitions (and deleted once archived), and `customer_order_stats`, a fan-in total per customer fed by many
+//! Orders projected three ways: `orders`, one row per order moved through its states by
+//! guarded transitions (and deleted once archived); `order_lines`, its items as child rows
+//! (removed one by one, cleared when the order is cancelled or archived); and
+//! `customer_order_stats`, a fan-in total per customer fed by many
 //! orders and gated by the per-order aggregate version, so a redelivered `OrderPlaced` is
 //! never counted twice.
 
@@ -28,6 +30,18 @@ pub enum OrderEvent {
         /// Order total.
         total_cents: i64,
     },
+    /// An item put in the order (again: more of it).
+    ItemAdded {
+        /// The item.
+        sku: String,
+        /// How many.
+        quantity: i64,
+    },
+    /// An item taken out of the order.
+    ItemRemoved {
+        /// The item.
+        sku: String,
+    },
     /// A payment (orders may be paid in parts).
     OrderPaid {
         /// Amount paid.
@@ -45,7 +59,7 @@ pub enum OrderEvent {
     OrderArchived {},
 }
 
-/// The `orders` and `customer_order_stats` read models.
+/// The `orders`, `order_lines` and `customer_order_stats` read models.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OrderStatus;
 
@@ -62,6 +76,12 @@ pub const ORDERS: Table = Table::transition("orders", "order_id")
     ])
     .deletable();
 
+/// The order's lines, one per item: added to, removed one by one, all cleared when the order
+/// is cancelled or archived.
+pub const ORDER_LINES: Table = Table::child("order_lines", "order_id", "sku")
+    .aggregate_type(AGGREGATE_TYPE)
+    .columns(&[("quantity", "bigint NOT NULL DEFAULT 0"), ("updated_at", "timestamptz")]);
+
 /// Totals per customer, fed by many orders: fan-in, gated by each order's aggregate version.
 pub const CUSTOMER_STATS: Table = Table::fan_in("customer_order_stats", "customer_id")
     .aggregate_type(AGGREGATE_TYPE)
@@ -75,12 +95,12 @@ impl Projection<PgConnection> for OrderStatus {
     }
 
     fn tables(&self) -> &[Table] {
-        &[ORDERS, CUSTOMER_STATS]
+        &[ORDERS, ORDER_LINES, CUSTOMER_STATS]
     }
 
     fn project(&self, env: &Envelope<OrderEvent>) -> Writes {
         if let OrderEvent::OrderArchived {} = env.event {
-            return ORDERS.write(env).delete().into();
+            return ORDERS.write(env).delete().and(ORDER_LINES.clear(env));
         }
         let order = ORDERS.write(env).set("updated_at", env.occurred_at);
         match &env.event {
@@ -90,11 +110,16 @@ impl Projection<PgConnection> for OrderStatus {
                 .set("paid_cents", 0)
                 .set("status", "placed")
                 .and(CUSTOMER_STATS.row(customer_id).add("orders_placed", 1).add("total_cents", total_cents)),
+            OrderEvent::ItemAdded { sku, quantity } => {
+                let line = ORDER_LINES.child_row(env, sku).add("quantity", quantity).set("updated_at", env.occurred_at);
+                order.and(line)
+            }
+            OrderEvent::ItemRemoved { sku } => order.and(ORDER_LINES.child_row(env, sku).delete()),
             OrderEvent::OrderPaid { amount_cents } => {
                 order.add("paid_cents", amount_cents).set("status", "paid").into()
             }
             OrderEvent::OrderShipped {} => order.set("status", "shipped").into(),
-            OrderEvent::OrderCancelled { .. } => order.set("status", "cancelled").into(),
+            OrderEvent::OrderCancelled { .. } => order.set("status", "cancelled").and(ORDER_LINES.clear(env)),
             OrderEvent::OrderArchived {} => unreachable!("deleted above"),
         }
     }

@@ -84,6 +84,30 @@ async fn an_archived_order_is_gone_and_its_replay_does_not_bring_it_back(pool: P
 }
 
 #[sqlx::test(migrations = false)]
+async fn lines_are_added_removed_and_cleared_and_a_replay_brings_none_back(pool: PgPool) {
+    let item = |v, sku: &str, quantity| envelope("o-1", v, &OrderEvent::ItemAdded { sku: sku.into(), quantity });
+    let removed = |v, sku: &str| envelope("o-1", v, &OrderEvent::ItemRemoved { sku: sku.into() });
+    let history =
+        [placed("o-1", "c-1", 1000), item(2, "apple", 2), item(3, "pear", 1), item(4, "apple", 1), removed(5, "pear")];
+    let lines = "SELECT sku, quantity FROM order_lines ORDER BY sku";
+    ProjectionTest::new(pool.clone(), OrderStatus)
+        .given(history.clone())
+        .when(history.clone())
+        .then_rows(lines, json!([{"sku": "apple", "quantity": 3}]))
+        .run()
+        .await;
+    // Cancelled: every line cleared, and a replay of the history after it adds none back.
+    let cancelled = envelope("o-1", 6, &OrderEvent::OrderCancelled { reason: "no".into() });
+    ProjectionTest::new(pool, OrderStatus)
+        .given(history.iter().cloned().chain([cancelled]))
+        .when(history)
+        .then_outcomes([Outcome::Stale; 5])
+        .then_rows(lines, json!([]))
+        .run()
+        .await;
+}
+
+#[sqlx::test(migrations = false)]
 async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
     let events = stream(1_000, 40, 11);
     assert!(events.len() > 3_000, "{} events", events.len());
