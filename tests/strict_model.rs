@@ -76,7 +76,8 @@ const fn cards(name: &'static str) -> Table {
     Table::upsert(name, "id").aggregate_type(CARD).columns(&[("account", "text"), ("addr", "inet")])
 }
 
-const DAILY: Table = Table::fan_in("sm_daily", "day")
+/// Keyed by two typed columns: the event's version (as a day number) and its type.
+const DAILY: Table = Table::fan_in_keys("sm_daily", &[("day", "bigint"), ("kind", "text")])
     .aggregate_types(&[ACCOUNT, CARD])
     .columns(&[("n", "bigint NOT NULL DEFAULT 0"), ("amount", "numeric(5,2) NOT NULL DEFAULT 0")]);
 
@@ -112,9 +113,10 @@ impl Projection<PgConnection> for Strict {
     fn project(&self, e: &Envelope<Ev>) -> Writes {
         let (accounts, cards) = (self.tables[0], self.tables[1]);
         // A day's row, counted by each event; deleted by a rename (and made again by the next).
+        let kind = if e.aggregate_type == ACCOUNT { "account" } else { "card" };
         let daily = self.tables.get(2).map(|t| match &e.event {
-            Ev::Renamed { .. } => t.row(e.version.to_string()).delete(),
-            _ => t.row(e.version.to_string()).add("n", 1),
+            Ev::Renamed { .. } => t.row_keys(e.version.to_string(), kind).delete(),
+            _ => t.row_keys(e.version.to_string(), kind).add("n", 1),
         });
         let writes: Writes = match &e.event {
             Ev::Opened { owner, x } => match x {

@@ -84,6 +84,9 @@ const CARDS: Table =
 const LINES: Table = Table::child("wm_lines", "thing_id", "line")
     .aggregate_type(THING)
     .columns(&[("qty", "bigint NOT NULL DEFAULT 0"), ("note", "text")]);
+/// Fan-in rows keyed by a day and a bucket (typed key columns).
+const DAILY: Table = Table::fan_in_keys("wm_daily", &[("day", "date"), ("bucket", "text")])
+    .columns(&[("n", "bigint NOT NULL DEFAULT 0")]);
 const NOTES: Table = Table::custom(
     "wm_notes",
     "CREATE TABLE IF NOT EXISTS wm_notes (id text, version bigint, body text, PRIMARY KEY (id, version))",
@@ -128,6 +131,16 @@ impl Projection<PgConnection> for Shaped {
             }
             (Ev::Add { n } | Ev::Bump { n, .. }, false) if self.owns(&CARDS) => {
                 writes = writes.and(CARDS.write(e).set("n", n).set("state", format!("v{}", e.version)))
+            }
+            _ => {}
+        }
+        // A day's bucket: bumped on the day of the bump's size, deleted by a drop on day 1.
+        match &e.event {
+            Ev::Bump { bucket, n } if self.owns(&DAILY) => {
+                writes = writes.and(DAILY.row_keys(format!("2026-11-{:02}", 1 + n % 3), bucket).add("n", n))
+            }
+            Ev::Drop { bucket } if self.owns(&DAILY) => {
+                writes = writes.and(DAILY.row_keys("2026-11-01", bucket).delete())
             }
             _ => {}
         }
@@ -217,13 +230,14 @@ impl Projection<PgConnection> for Shaped {
     }
 }
 
-const SHAPES: [Shaped; 6] = [
+const SHAPES: [Shaped; 7] = [
     Shaped { name: "transition_only", tables: &[COUNTS] },
     Shaped { name: "upsert_only", tables: &[SNAPS] },
     Shaped { name: "fan_in_only", tables: &[BUCKETS, TOTALS] },
     Shaped { name: "mixed", tables: &[COUNTS, SNAPS, BUCKETS, TOTALS] },
     Shaped { name: "custom_mix", tables: &[COUNTS, BUCKETS, NOTES] },
     Shaped { name: "deleting", tables: &[LEDGER, CARDS, LINES] },
+    Shaped { name: "keyed", tables: &[DAILY] },
 ];
 
 /// A random delivered stream: per-aggregate histories with every event type, some events
@@ -547,6 +561,40 @@ async fn child_rows_deleted_and_cleared_stay_so_on_replay(pool: PgPool) {
         let lines: Vec<(String, i64, String)> =
             sqlx::query_as("SELECT line, qty, note FROM wm_lines ORDER BY line").fetch_all(&pool).await.unwrap();
         assert_eq!(lines, want, "{mode:?} in batches of {batch}");
+    }
+}
+
+/// Fan-in rows keyed by a date and a text column: each (day, bucket) its own row, a delete
+/// removes only its own, whatever the batches.
+#[sqlx::test(migrations = false)]
+async fn rows_keyed_by_two_typed_columns_are_written_and_deleted_by_both_keys(pool: PgPool) {
+    let shape = &SHAPES[6];
+    migrate(&pool, &[shape as &dyn PgProjection]).await.unwrap();
+    let e = |id: &str, v, event| envelope(OTHER, id, v, &event);
+    let bump = |bucket: &str, n| Wire::Bump { bucket: bucket.into(), n };
+    let history = vec![
+        e("a1", 1, bump("x", 3)), // 2026-11-01 x
+        e("a2", 1, bump("y", 3)), // 2026-11-01 y
+        e("a1", 2, bump("x", 4)), // 2026-11-02 x
+        e("a2", 2, bump("y", 6)), // 2026-11-01 y
+        e("a1", 3, Wire::Drop { bucket: "x".into() }),
+        e("a3", 1, bump("x", 1)), // 2026-11-02 x
+    ];
+    let mut stream = history.clone();
+    stream.extend(history.iter().rev().cloned());
+    let want: Vec<(String, String, i64)> =
+        vec![("2026-11-01".into(), "y".into(), 9), ("2026-11-02".into(), "x".into(), 5)];
+    for (mode, batch) in [(Mode::Batch, stream.len()), (Mode::Batch, 2), (Mode::PerEvent, 1)] {
+        emptied(&pool, shape).await;
+        for events in stream.chunks(batch) {
+            apply_batch_in(&pool, shape, events, mode, Policy::default()).await.unwrap();
+        }
+        let rows: Vec<(String, String, i64)> =
+            sqlx::query_as("SELECT day::text, bucket, n FROM wm_daily ORDER BY day, bucket")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(rows, want, "{mode:?} in batches of {batch}");
     }
 }
 

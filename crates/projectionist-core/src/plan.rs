@@ -548,7 +548,7 @@ fn plan_rows<'a>(
             plan.rewritten.push(table);
         }
         let mut superseded = state.superseded;
-        let child = (table.gate() == Gate::Child).then_some(child);
+        let child = (!table.child_key().is_empty()).then_some(child);
         let mut push = |kind, expected, version, columns| {
             ordered.push((t, RowWrite { table, key, child, kind, expected, version, columns }))
         };
@@ -1022,7 +1022,18 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
                 event.aggregate_type
             ));
         }
-        (Gate::FanIn, Target::Row(key)) => check_key("row key", key).map_err(|e| format!("table {name}: {e}"))?,
+        (Gate::FanIn, Target::Row(_)) if !write.table.child_key().is_empty() => {
+            return Err(format!("table {name} is keyed by two columns: use row_keys(a, b), not row(key)"))
+        }
+        (Gate::FanIn, Target::Keys(..)) if write.table.child_key().is_empty() => {
+            return Err(format!("table {name} is keyed by one column: use row(key), not row_keys(a, b)"))
+        }
+        (Gate::FanIn, Target::Row(key)) => typed_key(&write.table, 0, key).map_err(|e| format!("table {name}: {e}"))?,
+        (Gate::FanIn, Target::Keys(first, second)) => {
+            typed_key(&write.table, 0, first).map_err(|e| format!("table {name}: {e}"))?;
+            typed_key(&write.table, 1, second).map_err(|e| format!("table {name}: {e}"))?;
+        }
+        (_, Target::Keys(..)) => return Err(format!("table {name}: row_keys(a, b) takes a fan-in table of two keys")),
         (Gate::Upsert | Gate::Transition, Target::Row(_)) => {
             return Err(format!("table {name} is gated by version: use write(event), not row(key)"))
         }
@@ -1071,6 +1082,26 @@ fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Result<usize,
         }
     }
     Ok(t)
+}
+
+/// Checks the `i`th key value of a fan-in row against its column's type: stored (no NUL, not
+/// too long), and in the type's one canonical spelling, so that two writes of one row are
+/// always one key in a batch (`2026-11-27`, not `2026-11-27 00:00`; `7`, not `07`).
+fn typed_key(table: &Table, i: usize, key: &str) -> Result<(), String> {
+    let column = [table.key(), table.child_key()][i];
+    check_key(&format!("key {column}"), key)?;
+    let canonical = match table.key_types()[i] {
+        "date" => {
+            chrono::NaiveDate::parse_from_str(key, "%Y-%m-%d").is_ok_and(|d| d.format("%Y-%m-%d").to_string() == key)
+        }
+        "bigint" => key.parse::<i64>().is_ok_and(|n| n.to_string() == key),
+        _ => true,
+    };
+    if canonical {
+        Ok(())
+    } else {
+        Err(format!("key {column} is {key:?}, not a {} in its canonical form", table.key_types()[i]))
+    }
 }
 
 fn combine(verdicts: &[(&str, Verdict)]) -> Result<Verdict, String> {
@@ -1574,10 +1605,18 @@ mod tests {
             (vec![LINES.row("x")], "holds child rows"),
             (vec![LINES.clear(&env("a", 1)).set("n", 1)], "sets no column"),
             (vec![LINES.child_row(&env("b", 1), "x")], "its own aggregate's children"),
+            (vec![DAILY.row("2026-11-27")], "use row_keys(a, b)"),
+            (vec![STATS.row_keys("a", "b")], "use row(key)"),
+            (vec![DAILY.row_keys("2026-11-27 00:00", "EUR")], "not a date in its canonical form"),
+            (vec![DAILY.row_keys("2026-02-30", "EUR")], "not a date"),
+            (vec![BY_N.row("07")], "not a bigint in its canonical form"),
+            (vec![ACC.row_keys("a", "b")], "takes a fan-in table of two keys"),
         ];
+        const DAILY: Table = Table::fan_in_keys("daily", &[("day", "date"), ("currency", "text")]);
+        const BY_N: Table = Table::fan_in_keys("by_n", &[("n", "bigint")]);
         const LINES: Table = Table::child("lines", "account_id", "sku").aggregate_type("account");
         for (writes, want) in cases {
-            let tables = [ACC, SNAP, STATS, LINES];
+            let tables = [ACC, SNAP, STATS, LINES, DAILY, BY_N];
             let err = plan(&tables, &Stored::default(), &[(r("a", 1), Effect::Writes(&writes))]).unwrap_err();
             assert!(err.to_string().contains(want) && err.index == 0, "{err} / {want}");
         }

@@ -98,18 +98,31 @@ pub struct Table {
     owners: Owners,
     deletable: bool,
     child: &'static str,
+    key_types: [&'static str; 2],
 }
 
 impl Table {
     const fn new(name: &'static str, key: &'static str, gate: Gate) -> Self {
         let owners = Owners::Undeclared;
-        Self { name, key, version: "version", gate, columns: &[], ddl: None, owners, deletable: false, child: "" }
+        let key_types = ["text", "text"];
+        Self {
+            name,
+            key,
+            version: "version",
+            gate,
+            columns: &[],
+            ddl: None,
+            owners,
+            deletable: false,
+            child: "",
+            key_types,
+        }
     }
 
     /// Whether `other` is this declaration (`==`, without comparing the columns one by one
     /// when both are copies of one `const` and so share them).
     pub fn same(&self, other: &Table) -> bool {
-        let Self { name, key, version, gate, columns, ddl, owners, deletable, child } = *other;
+        let Self { name, key, version, gate, columns, ddl, owners, deletable, child, key_types } = *other;
         let columns = std::ptr::eq(self.columns, columns) || self.columns == columns;
         columns
             && self.name == name
@@ -120,6 +133,7 @@ impl Table {
             && self.owners == owners
             && self.deletable == deletable
             && self.child == child
+            && self.key_types == key_types
     }
 
     /// A [state-transfer](Gate::Upsert) table keyed by the aggregate id in column `key`.
@@ -150,7 +164,24 @@ impl Table {
             owners: Owners::Undeclared,
             deletable: false,
             child: "",
+            key_types: ["text", "text"],
         }
+    }
+
+    /// A [fan-in](Gate::FanIn) table keyed by one or two typed columns, `(name, type)` with a
+    /// type of `text`, `date` or `bigint`: e.g. `Table::fan_in_keys("daily_totals",
+    /// &[("day", "date"), ("currency", "text")])`, written with `row_keys(day, currency)`
+    /// (or `row(day)` for one column). A key's value is given as text, in the type's
+    /// canonical form (`2026-11-27`, `-42`): another spelling of the same value could not be
+    /// told apart from it in a batch, so it is refused.
+    pub const fn fan_in_keys(name: &'static str, keys: &'static [(&'static str, &'static str)]) -> Self {
+        let mut table = Self::new(name, keys[0].0, Gate::FanIn);
+        table.key_types[0] = keys[0].1;
+        if keys.len() > 1 {
+            table.child = keys[1].0;
+            table.key_types[1] = keys[1].1;
+        }
+        table
     }
 
     /// A [child](Gate::Child) table: rows keyed by the aggregate id in column `parent` and the
@@ -212,6 +243,10 @@ impl Table {
 
     /// Checks the declaration beyond its identifiers: a gated table names its aggregate type.
     pub fn check(&self) -> Result<(), String> {
+        let keys = [(self.key, self.key_types[0]), (self.child, self.key_types[1])];
+        if let Some((key, ty)) = keys.iter().find(|(_, ty)| !matches!(*ty, "text" | "date" | "bigint")) {
+            return Err(format!("table {}: key column {key} is {ty}; a key is text, date or bigint", self.name));
+        }
         if self.gate == Gate::Child && self.aggregate_types_declared().is_empty() {
             return Err(format!(
                 "table {} holds the children of one type of aggregate: declare which with .aggregate_type(\"…\")",
@@ -250,9 +285,15 @@ impl Table {
         self.key
     }
 
-    /// A child table's column holding the child's own key (`""` for other tables).
+    /// The second key column: a child table's child key, a fan-in table's second key (`""`
+    /// where the key is one column).
     pub const fn child_key(&self) -> &'static str {
         self.child
+    }
+
+    /// The SQL types of the key columns (`text` but where [`Table::fan_in_keys`] says).
+    pub const fn key_types(&self) -> [&'static str; 2] {
+        self.key_types
     }
 
     /// The version column (gated tables only).
@@ -293,7 +334,7 @@ impl Table {
             all.push(self.key);
             all.extend(self.columns.iter().map(|(c, _)| *c));
         }
-        if self.gate == Gate::Child {
+        if !self.child.is_empty() {
             all.push(self.child);
         }
         if self.is_gated() {
@@ -316,7 +357,7 @@ impl Table {
     /// A primary key of several columns, as a table constraint (a child table's parent and
     /// key); `None` where the key column declares it.
     pub fn primary_key_clause(&self) -> Option<String> {
-        (self.gate == Gate::Child).then(|| format!("PRIMARY KEY ({}, {})", quote(self.key), quote(self.child)))
+        (!self.child.is_empty()).then(|| format!("PRIMARY KEY ({}, {})", quote(self.key), quote(self.child)))
     }
 
     /// Every column of the table as its DDL declares it, in order: `(name, type and
@@ -326,9 +367,10 @@ impl Table {
         if self.gate == Gate::Custom {
             return Vec::new();
         }
-        let mut cols = match self.gate {
-            Gate::Child => vec![(self.key, "text NOT NULL".to_owned()), (self.child, "text NOT NULL".to_owned())],
-            _ => vec![(self.key, "text PRIMARY KEY".to_owned())],
+        let [first, second] = self.key_types;
+        let mut cols = match self.child {
+            "" => vec![(self.key, format!("{first} PRIMARY KEY"))],
+            child => vec![(self.key, format!("{first} NOT NULL")), (child, format!("{second} NOT NULL"))],
         };
         cols.extend(self.columns.iter().map(|(c, ty)| (*c, (*ty).to_owned())));
         if self.is_gated() {
@@ -347,6 +389,12 @@ impl Table {
     /// event, gated by the aggregate's version.
     pub fn row(&self, key: impl Into<String>) -> Write {
         Write::new(*self, Target::Row(key.into()))
+    }
+
+    /// The row keyed `first` and `second` in this fan-in table of two key columns (see
+    /// [`Table::fan_in_keys`]): add `set`s and `add`s, or delete it.
+    pub fn row_keys(&self, first: impl Into<String>, second: impl Into<String>) -> Write {
+        Write::new(*self, Target::Keys(first.into(), second.into()))
     }
 
     /// The child keyed `key` of `event`'s aggregate in this child table: add `set`s and
@@ -395,5 +443,16 @@ mod tests {
         );
         assert_eq!(lines.identifiers(), vec!["lines", "cart_id", "qty", "sku"]);
         assert!(Table::child("lines", "cart_id", "sku").check().unwrap_err().contains(".aggregate_type"));
+        let daily = Table::fan_in_keys("daily", &[("day", "date"), ("currency", "text")]).columns(&[("n", "bigint")]);
+        assert_eq!(
+            daily.ddl(),
+            r#"CREATE TABLE IF NOT EXISTS "daily" ("day" date NOT NULL, "currency" text NOT NULL, "n" bigint, PRIMARY KEY ("day", "currency"))"#
+        );
+        let by_day = Table::fan_in_keys("by_day", &[("day", "date")]);
+        assert_eq!(by_day.ddl(), r#"CREATE TABLE IF NOT EXISTS "by_day" ("day" date PRIMARY KEY)"#);
+        assert!(Table::fan_in_keys("t", &[("at", "timestamptz")])
+            .check()
+            .unwrap_err()
+            .contains("text, date or bigint"));
     }
 }

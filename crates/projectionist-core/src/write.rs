@@ -46,6 +46,8 @@ pub enum Target {
         /// The child's key.
         key: String,
     },
+    /// A row of a fan-in table keyed by two columns.
+    Keys(String, String),
     /// Every child row of an aggregate (a clear).
     Children {
         /// The aggregate id (the parent).
@@ -59,7 +61,7 @@ impl Target {
     pub fn keys(&self) -> (&str, Option<&str>) {
         match self {
             Target::Aggregate { key, .. } | Target::Row(key) => (key, Some("")),
-            Target::Child { parent, key } => (parent, Some(key)),
+            Target::Child { parent, key } | Target::Keys(parent, key) => (parent, Some(key)),
             Target::Children { parent } => (parent, None),
         }
     }

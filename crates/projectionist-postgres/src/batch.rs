@@ -14,7 +14,7 @@ use projectionist_core::plan::{
     aggregate_gated, plan, plan_unordered, rounds, AggregateWrite, CopyColumns, Effect, EventRef, Parked, Plan,
     PlanError, RowKind, RowWrite, Stored, Versions,
 };
-use projectionist_core::{Gate, Outcome, Table};
+use projectionist_core::{Outcome, Table};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
@@ -688,8 +688,9 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
     let name = Ident::new(table.name())?;
     let key = Ident::new(table.key())?;
     let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
-    // A child table's rows are keyed by the aggregate id and the child's key together.
-    let child = (table.gate() == Gate::Child).then(|| Ident::new(table.child_key())).transpose()?;
+    // A child table's rows are keyed by the aggregate id and the child's key together; a
+    // fan-in table's may be keyed by two columns.
+    let child = (!table.child_key().is_empty()).then(|| Ident::new(table.child_key())).transpose()?;
     let (keys, same_row) = match &child {
         Some(child) => (format!("{key}, {child}"), format!("t.{key} = s.{key} AND t.{child} = s.{child}")),
         None => (key.to_string(), format!("t.{key} = s.{key}")),
