@@ -598,6 +598,31 @@ async fn rows_keyed_by_two_typed_columns_are_written_and_deleted_by_both_keys(po
     }
 }
 
+/// The engine begins each batch's transaction holding the projection's swap lock in the
+/// `BEGIN`'s round trip: the very lock a swap takes exclusively (not free while the batch
+/// is open, free once it commits); a name that is not a projection's is refused.
+#[sqlx::test(migrations = false)]
+async fn a_transaction_begun_sharing_the_swap_lock_holds_a_swap_back(pool: PgPool) {
+    use projectionist::postgres::rebuild::begin_sharing_swap_lock;
+    let swap_free = |pool: PgPool| async move {
+        let mut tx = pool.begin().await.unwrap();
+        let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('projectionist.swap.' || $1))")
+            .bind("wm_swapped")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        free
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let batch = begin_sharing_swap_lock(&mut conn, "wm_swapped").await.unwrap();
+    assert!(!swap_free(pool.clone()).await, "a swap waits while the batch is open");
+    batch.commit().await.unwrap();
+    assert!(swap_free(pool.clone()).await, "and goes once it committed");
+    let refused = begin_sharing_swap_lock(&mut conn, "x'); DROP TABLE t; --").await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("not a valid projection name")));
+}
+
 /// A value PostgreSQL refuses (an add past `bigint`), then its row deleted in the same
 /// batch: refused and dead-lettered as one event at a time refuses it, not coalesced away.
 #[sqlx::test(migrations = false)]

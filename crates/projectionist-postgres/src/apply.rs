@@ -136,6 +136,9 @@ pub struct Prepared {
     checked: Option<Checks>,
     /// Whether the caller is the only writer of the tables (see [`Prepared::set_sole_writer`]).
     sole_writer: bool,
+    /// Whether every transaction the batch is written in begins holding the swap lock (see
+    /// [`Prepared::set_swap_locked`]).
+    swap_locked: bool,
 }
 
 struct PreparedEvent {
@@ -331,6 +334,14 @@ impl Prepared {
     pub fn set_sole_writer(&mut self) {
         self.sole_writer = true;
     }
+
+    /// Every transaction this batch is written in is begun by
+    /// [`begin_sharing_swap_lock`](crate::rebuild::begin_sharing_swap_lock), which takes the
+    /// projection's swap lock in the `BEGIN`'s own round trip: the write does not take it
+    /// again.
+    pub fn set_swap_locked(&mut self) {
+        self.swap_locked = true;
+    }
 }
 
 impl PreparedEvent {
@@ -518,7 +529,9 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             let (index, _) = prepared.failure().expect("a poison event");
             return Err(prepared.events[index].poison().expect("poison").clone_of_batch().at(index));
         }
-        crate::rebuild::share_swap_lock(conn, name).await?;
+        if !prepared.swap_locked {
+            crate::rebuild::share_swap_lock(conn, name).await?;
+        }
         let gaps_halt = on_gap == OnGap::Halt;
         // What PostgreSQL checks of the tables: as the caller last read it, else read once here.
         let read;

@@ -70,7 +70,7 @@ pub(crate) struct Ran {
 /// Applies a run of planned events in the caller's transaction, up to its first gap (the
 /// outcomes then end with it, and nothing at or after it is written) or, with parking on
 /// (`parked` is `Some`: the parked aggregates where the run starts), up to the event that
-/// resumes a parked aggregate. Set-based (`Mode::Batch`) under a savepoint: when the
+/// resumes a parked aggregate. Set-based (`Mode::Batch`) after a savepoint: when the
 /// database refuses a statement (a value the column cannot take, a constraint), or a
 /// statement changes another number of rows than planned (a concurrent writer moved them),
 /// the savepoint is rolled back and the run applied again event by event in the same
@@ -91,14 +91,13 @@ pub(crate) async fn apply(
     if mode == Mode::PerEvent || (!checked.ordered.is_empty() && writes_any(events, |t| checked.is_ordered(t))) {
         return apply_per_event(conn, projection, tables, events, parking).await;
     }
-    let mut savepoint = conn.begin().await?;
-    match apply_set_based(&mut savepoint, projection, tables, events, parking).await {
-        Ok(ran) => {
-            savepoint.commit().await?;
-            Ok(ran)
-        }
+    // Released with the transaction (a `RELEASE` would cost a round trip per batch); a
+    // later run's savepoint of the same name hides it, and a rollback goes to the latest.
+    sqlx::query("SAVEPOINT projectionist_set_based").execute(&mut *conn).await?;
+    match apply_set_based(conn, projection, tables, events, parking).await {
+        Ok(ran) => Ok(ran),
         Err(e) if matches!(&e, Error::Conflict { .. }) || matches!(&e, Error::Database(d) if is_about_a_value(d)) => {
-            savepoint.rollback().await?;
+            sqlx::query("ROLLBACK TO SAVEPOINT projectionist_set_based").execute(&mut *conn).await?;
             tracing::info!(
                 projection,
                 reason = %e,

@@ -73,6 +73,8 @@ impl Partition {
             if this.sole_writer {
                 prepared.set_sole_writer();
             }
+            // Each attempt's transaction begins holding the swap lock (see `try_apply`).
+            prepared.set_swap_locked();
             // What halts rather than being dead-lettered: a problem of the whole batch, an
             // unknown type the projection halts on, and any poison under `on_poison = halt`.
             let on_poison = this.on_poison;
@@ -249,9 +251,42 @@ impl Partition {
             }
         }
         let mut conn = self.pool.acquire().await?;
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let mut begun = false;
+        let done =
+            self.write_in_transaction(&mut conn, prepared, at, next_offset, folding.as_deref(), &mut begun).await;
+        if done.is_err() && !begun {
+            // Possibly left in a failed transaction the pool would not notice.
+            conn.close_on_drop();
+        }
+        let (written, next_offset, gap, from) = done?;
+        let passed = from.map(|from| Passed { from, kept_out: &written.kept_out });
+        self.notify_checkpoint(&mut conn, next_offset, passed).await;
+        drop(conn);
+        if let Some(folding) = folding.as_deref_mut() {
+            folding.written(true);
+            self.written_fold();
+            self.analyze_if_due(folding).await;
+        }
+        Ok(self.committed(prepared, written, next_offset, gap).await)
+    }
+
+    /// The transaction of [`Partition::try_apply`], committed: what the fold holds, the
+    /// batch, its checkpoint. Returns what was written, the checkpoint stored (before a gap,
+    /// if any: its index and why) and the one it replaced. `begun`: whether the transaction
+    /// began (else the connection is not to be trusted).
+    async fn write_in_transaction(
+        &self,
+        conn: &mut projectionist_postgres::PgConnection,
+        prepared: &Prepared,
+        at: &[At],
+        next_offset: i64,
+        folding: Option<&projectionist_postgres::Folding>,
+        begun: &mut bool,
+    ) -> projectionist_postgres::Result<(Written, i64, Option<(usize, String)>, Option<i64>)> {
+        let mut tx = projectionist_postgres::rebuild::begin_sharing_swap_lock(conn, self.name()).await?;
+        *begun = true;
         // What a fold holds goes first: this batch builds on it.
-        if let Some(folding) = folding.as_deref() {
+        if let Some(folding) = folding {
             self.projection.write_folded(&mut tx, folding).await?;
         }
         let written = self.projection.write(&mut tx, prepared, Mode::Batch, self.on_gap).await?;
@@ -266,15 +301,7 @@ impl Partition {
         let from = self.store_checkpoint(&mut tx, next_offset).await?;
         tx.commit().await?;
         self.stored(next_offset);
-        let passed = from.map(|from| Passed { from, kept_out: &written.kept_out });
-        self.notify_checkpoint(&mut conn, next_offset, passed).await;
-        drop(conn);
-        if let Some(folding) = folding.as_deref_mut() {
-            folding.written(true);
-            self.written_fold();
-            self.analyze_if_due(folding).await;
-        }
-        Ok(self.committed(prepared, written, next_offset, gap).await)
+        Ok((written, next_offset, gap, from))
     }
 
     /// Stores the checkpoint `next_offset` in `tx`, where it still stands where this process
