@@ -461,8 +461,8 @@ pub(crate) async fn share_swap_lock(conn: &mut PgConnection, projection: &str) -
 const PLANNED_FOR_VALUES: &str = "set_config('plan_cache_mode', 'force_custom_plan', true), \
     set_config('random_page_cost', current_setting('seq_page_cost'), true)";
 
-/// Begins a transaction on `conn` holding the shared side of `projection`'s swap lock, as
-/// [`share_swap_lock`] takes it, in the `BEGIN`'s round trip (a batch at the head pays
+/// Begins a transaction on `conn` holding the shared side of `projection`'s swap lock (the
+/// lock a swap or rollback takes exclusively), in the `BEGIN`'s round trip (a batch at the head pays
 /// about ten round trips; this is one fewer). The projection's name, checked to be one,
 /// is written into the statement. Where it fails, the connection may be left inside a
 /// failed transaction the pool cannot see: the caller closes it (`close_on_drop`).
