@@ -558,7 +558,8 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
         for (partition, (offset, events)) in last {
             let (waiter, topic) = (waiter.clone(), topic.clone());
             waits.spawn(async move {
-                match waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30)).await {
+                match waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30)).await
+                {
                     Ok(_) => Ok((committed >= counted_from).then(|| (committed.elapsed(), events))),
                     Err(e) => Err(((partition, offset), e.to_string())),
                 }

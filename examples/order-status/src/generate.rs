@@ -74,3 +74,60 @@ pub fn expected_customer_stats(events: &[RawEnvelope]) -> BTreeMap<String, (i64,
     }
     stats
 }
+
+/// An `orders` row as the oracle holds it: customer, status, total and paid cents.
+pub type OrderRow = (String, String, i64, i64);
+
+/// Expected `orders` (order → row) and `order_lines` ((order, sku) → quantity), computed
+/// in memory: each order's events applied once, in version order (a stream from [`stream`],
+/// redelivered or not, brings each order's versions in order; a version not next for its
+/// order is a duplicate or a re-send and changes nothing).
+pub fn expected_orders(events: &[RawEnvelope]) -> (BTreeMap<String, OrderRow>, BTreeMap<(String, String), i64>) {
+    let mut latest: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    let (mut orders, mut lines) = (BTreeMap::new(), BTreeMap::new());
+    for e in events {
+        let version = latest.entry(e.aggregate_id.as_str()).or_default();
+        assert!(e.version <= *version + 1, "{} skips from version {version} to {}", e.aggregate_id, e.version);
+        if e.version != *version + 1 {
+            continue;
+        }
+        *version = e.version;
+        let (id, data) = (&e.aggregate_id, &e.data);
+        let text = |field: &str| data[field].as_str().unwrap_or_else(|| panic!("{field} of {id}")).to_owned();
+        let int = |field: &str| data[field].as_i64().unwrap_or_else(|| panic!("{field} of {id}"));
+        let mut status = |to: &str| orders.get_mut(id).map(|o: &mut OrderRow| o.1 = to.to_owned());
+        match e.event_type.as_str() {
+            "OrderPlaced" => {
+                orders.insert(id.clone(), (text("customer_id"), "placed".to_owned(), int("total_cents"), 0));
+            }
+            "ItemAdded" => *lines.entry((id.clone(), text("sku"))).or_default() += int("quantity"),
+            "ItemRemoved" => drop(lines.remove(&(id.clone(), text("sku")))),
+            "OrderPaid" => {
+                status("paid");
+                orders.get_mut(id).expect("placed before paid").3 += int("amount_cents");
+            }
+            "OrderShipped" => drop(status("shipped")),
+            "OrderCancelled" => {
+                status("cancelled");
+                clear_lines(&mut lines, id);
+            }
+            "OrderArchived" => {
+                orders.remove(id);
+                clear_lines(&mut lines, id);
+            }
+            other => panic!("unknown event type {other}"),
+        }
+    }
+    (orders, lines)
+}
+
+fn clear_lines(lines: &mut BTreeMap<(String, String), i64>, order: &str) {
+    let of_order: Vec<_> = lines
+        .range((order.to_owned(), String::new())..)
+        .take_while(|((o, _), _)| o == order)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in of_order {
+        lines.remove(&key);
+    }
+}

@@ -1,7 +1,8 @@
 //! Run with: `cargo run -p order-status -- --help`
 //!
 //! The order-status projector: `migrate`, `create-topics`, `run`, `publish`, `status`,
-//! with the `order_status` projection registered on topic `orders`.
+//! with the `order_status` projection registered on topic `orders` (or the topic named by
+//! `ORDER_STATUS_TOPIC`).
 
 use std::process::ExitCode;
 
@@ -15,5 +16,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    projectionist::cli::App::new("order-status").projection(OrderStatus, [TOPIC]).main().await
+    let topic = std::env::var("ORDER_STATUS_TOPIC").unwrap_or_else(|_| TOPIC.to_owned());
+    projectionist::cli::App::new("order-status").projection(OrderStatus, [topic]).main().await
 }

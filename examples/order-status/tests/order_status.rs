@@ -1,6 +1,6 @@
 //! The order-status projection (state machine + fan-in gated by aggregate versions) against a real PostgreSQL.
 
-use order_status::generate::{envelope, expected_customer_stats, stream};
+use order_status::generate::{envelope, expected_customer_stats, expected_orders, stream};
 use order_status::{OrderEvent, OrderStatus};
 use projectionist::Outcome;
 use projectionist_testing::{assert_anomaly_equivalence, ProjectionTest};
@@ -122,4 +122,23 @@ async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
             .unwrap();
     let got: std::collections::BTreeMap<_, _> = rows.into_iter().map(|(c, n, t)| (c, (n, t))).collect();
     assert_eq!(got, want);
+
+    // The orders and their lines as the oracle computes them: archived orders gone, the
+    // lines of cancelled and archived ones cleared, removed items gone.
+    let (orders, lines) = expected_orders(&events);
+    let rows: Vec<(String, String, String, i64, i64)> =
+        sqlx::query_as("SELECT order_id, customer_id, status, total_cents, paid_cents FROM orders ORDER BY order_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let got: std::collections::BTreeMap<_, _> = rows.into_iter().map(|(o, c, s, t, p)| (o, (c, s, t, p))).collect();
+    assert!(got.len() < 1_000 && lines.len() > 1_000, "{} orders and {} lines left", got.len(), lines.len());
+    assert_eq!(got, orders);
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT order_id, sku, quantity FROM order_lines ORDER BY order_id, sku")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let got: std::collections::BTreeMap<_, _> = rows.into_iter().map(|(o, s, q)| ((o, s), q)).collect();
+    assert_eq!(got, lines);
 }
