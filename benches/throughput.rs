@@ -10,7 +10,10 @@
 //! runs; `BENCH_FRESHNESS_ONLY=<events/s>` runs the freshness arm alone at that rate). The
 //! freshness arm: a transactional producer at 1k/s, 10k/s and half the pipeline's rate while
 //! the projector runs at the head; per event, commit -> applied (through the library's
-//! waiter) beside commit -> a `read_committed` consumer's receipt.
+//! waiter) beside commit -> a `read_committed` consumer's receipt. The orders arm
+//! (`throughput/orders.rs`; `BENCH_ORDERS=0` skips it, `BENCH_ORDERS_ONLY=1` runs it alone,
+//! `BENCH_ORDERS_DELIVERIES`, default 200000): child rows and deletes, the order-status
+//! projector against PostgreSQL alone doing the same gated writes.
 //!
 //! Figures depend on the machine; the ratios, measured in one run, are the point.
 
@@ -29,6 +32,9 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+#[path = "throughput/orders.rs"]
+mod orders;
+
 const PARTITIONS: i32 = 4;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -44,7 +50,15 @@ fn stream(deliveries: usize) -> Vec<RawEnvelope> {
     projectionist_testing::with_redeliveries(&distinct, 0.10, 0.05, 11)
 }
 
+/// A fresh database with the bank-accounts tables.
 async fn fresh_database(name: &str) -> (PgPool, String) {
+    let (pool, url) = empty_database(name).await;
+    migrate(&pool, &[&bank_accounts::BankAccounts]).await.unwrap();
+    (pool, url)
+}
+
+/// A fresh, empty database: its pool and URL.
+async fn empty_database(name: &str) -> (PgPool, String) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (run ./scripts/bench.sh)");
     let admin = PgConnectOptions::from_str(&url).expect("valid DATABASE_URL");
     let mut conn = admin.connect().await.expect("connect");
@@ -58,7 +72,6 @@ async fn fresh_database(name: &str) -> (PgPool, String) {
         .connect_with(admin.clone().database(name))
         .await
         .expect("connect bench database");
-    migrate(&pool, &[&bank_accounts::BankAccounts]).await.unwrap();
     let db_url = match url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{name}"),
         None => url.clone(),
@@ -71,16 +84,16 @@ fn brokers() -> String {
 }
 
 async fn publish(events: &[RawEnvelope]) -> (String, f64) {
-    let (topic, _, rate) = publish_all(events.iter().cloned()).await;
+    let (topic, _, rate) = publish_all("bench.accounts", events.iter().cloned()).await;
     (topic, rate)
 }
 
-/// Publishes `events` as they come (a stream generated on the fly stays out of memory):
-/// the topic, how many, and the rate.
-async fn publish_all(events: impl Iterator<Item = RawEnvelope>) -> (String, usize, f64) {
+/// Publishes `events` as they come (a stream generated on the fly stays out of memory) to a
+/// new topic named from `prefix`: the topic, how many, and the rate.
+async fn publish_all(prefix: &str, events: impl Iterator<Item = RawEnvelope>) -> (String, usize, f64) {
     static TOPICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = TOPICS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let topic = format!("bench.accounts.{}.{n}", std::process::id());
+    let topic = format!("{prefix}.{}.{n}", std::process::id());
     topics::create_topics(&brokers(), &[&topic], PARTITIONS, 1).await.expect("topic");
     let producer: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).set("linger.ms", "5").create().expect("producer");
@@ -173,22 +186,45 @@ impl Run {
     }
 }
 
+/// A projector binary of the examples: the variable naming it (else its path in the
+/// release build), the variable naming its topic, its package.
+#[derive(Debug, Clone, Copy)]
+struct Bin {
+    var: &'static str,
+    default: &'static str,
+    topic_var: &'static str,
+    package: &'static str,
+}
+
+const BANK_ACCOUNTS: Bin = Bin {
+    var: "BANK_ACCOUNTS_BIN",
+    default: "target/release/bank-accounts",
+    topic_var: "BANK_ACCOUNTS_TOPIC",
+    package: "bank-accounts",
+};
+
+impl Bin {
+    fn path(&self) -> String {
+        std::env::var(self.var).unwrap_or_else(|_| self.default.into())
+    }
+}
+
 /// The whole pipeline: the bank-accounts projector binary, from its first partition
 /// assignment to caught up: deliveries/s, the process's peak RSS, and its CPU time (from
 /// start to exit, connections and start-up included).
 fn pipeline(db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run {
-    projector("run", db_url, topic, deliveries, args)
+    BANK_ACCOUNTS.projector("run", db_url, topic, deliveries, &[&["--exit-when-caught-up"], args].concat())
 }
 
 /// A `rebuild` of the projected stream beside its tables, swapped in at the end: as
 /// [`pipeline`], and how long the swap took (its log line says).
 fn rebuild(db_url: &str, topic: &str, deliveries: usize) -> Run {
-    projector("rebuild", db_url, topic, deliveries, &[])
+    BANK_ACCOUNTS.projector("rebuild", db_url, topic, deliveries, &[])
 }
 
 /// `rebuild --drop-old`: removes the tables the last rebuild replaced, so that another can run.
 fn drop_old(db_url: &str) {
-    let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
+    let bin = BANK_ACCOUNTS.path();
     let status = Command::new(&bin)
         .args(["rebuild", "--drop-old"])
         .env("DATABASE_URL", db_url)
@@ -198,28 +234,35 @@ fn drop_old(db_url: &str) {
     assert!(status.success(), "rebuild --drop-old failed: {status}");
 }
 
-/// The projector binary running `command` (`run`, up to caught up; `rebuild`, up to its
-/// swap), from its first partition assignment to its exit.
-fn projector(command: &str, db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run {
-    let cpu_before = children_cpu_seconds();
-    let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let group = format!("bench-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    // `run` stops once caught up; `rebuild` ends with its swap.
-    let until: &[&str] = if command == "run" { &["--exit-when-caught-up"] } else { &[] };
-    let started = Instant::now();
-    let mut child = Command::new(&bin)
-        .arg(command)
-        .args(until)
-        .args(["--metrics-addr", "off", "--kafka-property", "session.timeout.ms=6000", "--group-id", &group])
-        .args(args)
-        .env("DATABASE_URL", db_url)
-        .env("BANK_ACCOUNTS_TOPIC", topic)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {bin}: {e} (build it: cargo build --release -p bank-accounts)"));
+impl Bin {
+    /// The projector running `command` (`run` with `--exit-when-caught-up` in `args`, up to
+    /// caught up; `rebuild`, up to its swap), from its first partition assignment to its exit.
+    fn projector(&self, command: &str, db_url: &str, topic: &str, deliveries: usize, args: &[&str]) -> Run {
+        let cpu_before = children_cpu_seconds();
+        let bin = self.path();
+        static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let group = format!("bench-{}-{}", std::process::id(), RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let started = Instant::now();
+        let child = Command::new(&bin)
+            .arg(command)
+            .args(["--metrics-addr", "off", "--kafka-property", "session.timeout.ms=6000", "--group-id", &group])
+            .args(args)
+            .env("DATABASE_URL", db_url)
+            .env(self.topic_var, topic)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {bin}: {e} (build it: cargo build --release -p {})", self.package)
+            });
+        watch(child, started, deliveries, cpu_before)
+    }
+}
+
+/// Follows a projector `child` started at `started` to its exit: its peak RSS, when it was
+/// assigned, done and exited.
+fn watch(mut child: std::process::Child, started: Instant, deliveries: usize, cpu_before: f64) -> Run {
     let pid = child.id();
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let watcher = {
@@ -449,7 +492,7 @@ async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Lat
     let (pool, url) = fresh_database(&format!("projectionist_bench_fresh_{n}")).await;
 
     // The projector, at the head of an empty topic.
-    let bin = std::env::var("BANK_ACCOUNTS_BIN").unwrap_or_else(|_| "target/release/bank-accounts".into());
+    let bin = BANK_ACCOUNTS.path();
     let mut child = Command::new(&bin)
         .args(["run", "--metrics-addr", "127.0.0.1:0", "--kafka-property", "session.timeout.ms=6000"])
         .args(["--group-id", &format!("bench-fresh-{}-{n}", std::process::id())])
@@ -685,6 +728,13 @@ async fn main() {
     let deliveries = env_usize("BENCH_DELIVERIES", 1_050_000);
     let rss_deliveries = env_usize("BENCH_RSS_DELIVERIES", 10_000_000);
     let events = stream(deliveries);
+    // The orders arm alone (child rows and deletes): what to run while working on it.
+    if env_usize("BENCH_ORDERS_ONLY", 0) != 0 {
+        let (of_ceiling, rebuild) = orders::arm().await;
+        println!("  orders: pipeline / PostgreSQL ceiling {of_ceiling:>6.2}   (>= 0.7)");
+        println!("  orders: rebuild / pipeline            {rebuild:>6.2}   (>= 2)");
+        return;
+    }
     // The freshness arm alone, at one rate: what to run while working on it, without the
     // other arms' minutes.
     if let Some(rate) = std::env::var("BENCH_FRESHNESS_ONLY").ok().and_then(|r| r.parse::<f64>().ok()) {
@@ -845,7 +895,7 @@ async fn main() {
         // Generated and published as it goes: the stream never in memory as a whole.
         let accounts = (rss_deliveries / 26).max(10);
         let big = bank_accounts::generate::deliveries(accounts, 45, 0.10, 0.05, 7);
-        let (big_topic, big_len, _) = publish_all(big).await;
+        let (big_topic, big_len, _) = publish_all("bench.accounts", big).await;
         let big_want = bank_accounts::generate::expectation(accounts, 45, 7).version_sum;
         let (big_pool, big_url) = fresh_database("projectionist_bench_rss").await;
         let big_run = pipeline(&big_url, &big_topic, big_len, &["--reset"]);
@@ -869,6 +919,8 @@ async fn main() {
             );
         }
     }
+    // Child rows and deletes: BENCH_ORDERS=0 skips it (a build from before them).
+    let orders = if env_usize("BENCH_ORDERS", 1) == 0 { None } else { Some(orders::arm().await) };
     let per_delivery = |run: &Run| run.cpu_seconds / events.len() as f64 * 1e6;
     println!(
         "  projector CPU per delivery (user+sys)      {:>10.2} us   first pass ({:.2} s); replay {:.2} us ({:.2} s)",
@@ -892,6 +944,10 @@ async fn main() {
     }
     for (label, over, target) in fresh {
         println!("  freshness p99 over the broker's, {label:<8} {over:>6.1} ms   (<= {target} ms)");
+    }
+    if let Some((of_ceiling, rebuild)) = orders {
+        println!("  orders: pipeline / PostgreSQL ceiling {of_ceiling:>6.2}   (>= 0.7)");
+        println!("  orders: rebuild / pipeline            {rebuild:>6.2}   (>= 2)");
     }
     println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
 }

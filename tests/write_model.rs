@@ -964,3 +964,51 @@ async fn a_swap_waits_for_a_batch_in_flight_whatever_the_batch_locks_next(pool: 
     assert_eq!(count("wm_counts").await, 0);
     assert_eq!(count("projectionist_old_swap_counts.wm_counts").await, 1);
 }
+
+/// Two partitions' batches writing the same fan-in rows in opposite orders (one event at a
+/// time, as after a refused set-based statement), released together: each batch locks the
+/// fan-in rows it writes in one order before writing anything, so one waits for the other
+/// instead of both deadlocking (which they did on every retry in the bench's orders arm).
+#[sqlx::test(migrations = false)]
+async fn batches_writing_shared_fan_in_rows_in_opposite_orders_wait_instead_of_deadlocking(pool: PgPool) {
+    use order_status::OrderEvent;
+    migrate(&pool, &[&OrderStatus]).await.unwrap();
+    let placed = |order: &str, customer: &str| {
+        envelope("order", order, 1, &OrderEvent::OrderPlaced { customer_id: customer.into(), total_cents: 100 })
+    };
+    apply_batch(&pool, &OrderStatus, &[placed("o-0", "k1"), placed("o-00", "k2")]).await.unwrap();
+    // Both customers' rows held by a third transaction, so that the two batches start together.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM customer_order_stats FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let wide = PgPoolOptions::new().max_connections(4).connect_with((*pool.connect_options()).clone()).await.unwrap();
+    let batch = |events: Vec<RawEnvelope>| {
+        let wide = wide.clone();
+        tokio::spawn(async move { apply_batch_in(&wide, &OrderStatus, &events, Mode::PerEvent, Policy::HALT).await })
+    };
+    let a = batch(vec![placed("o-a1", "k1"), placed("o-a2", "k2")]);
+    let b = batch(vec![placed("o-b1", "k2"), placed("o-b2", "k1")]);
+    let waiting = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while waiting().await < 2 {
+        assert!(std::time::Instant::now() < deadline, "both batches wait for the holder");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    holder.commit().await.unwrap();
+    for (name, batch) in [("a", a), ("b", b)] {
+        let outcomes = batch.await.unwrap().unwrap_or_else(|e| panic!("batch {name}: {e}"));
+        assert_eq!(outcomes, [Outcome::Applied; 2], "batch {name}");
+    }
+    let stats: Vec<(String, i64)> =
+        sqlx::query_as("SELECT customer_id, orders_placed FROM customer_order_stats ORDER BY customer_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stats, [("k1".to_owned(), 3), ("k2".to_owned(), 3)]);
+}
