@@ -642,6 +642,28 @@ async fn a_value_refused_before_its_row_is_deleted_is_refused_in_a_batch_too(poo
     assert_eq!(seen[1], seen[0], "batched as one event at a time");
 }
 
+/// An add that overflows what a stored row holds, then the row deleted in the same batch:
+/// the batch checks the dropped add against the stored row, and refuses it as one event at
+/// a time does (seen passing wrongly with the check left out: the add dropped, applied).
+#[sqlx::test(migrations = false)]
+async fn an_add_past_what_the_stored_row_holds_is_refused_though_the_batch_deletes_the_row(pool: PgPool) {
+    let shape = &Shaped { name: "totals_stored", tables: &[TOTALS] };
+    migrate(&pool, &[shape as &dyn PgProjection]).await.unwrap();
+    let bump = |id: &str, v, n| envelope(OTHER, id, v, &Wire::Bump { bucket: "b5".into(), n });
+    let drop = |id: &str, v| envelope(OTHER, id, v, &Wire::Drop { bucket: "b5".into() });
+    let before = [bump("a1", 1, i64::MAX - 3)];
+    let batch = [bump("a2", 1, 2), bump("a1", 2, 10), drop("a3", 1)];
+    let mut seen = Vec::new();
+    for mode in [Mode::PerEvent, Mode::Batch] {
+        emptied(&pool, shape).await;
+        apply_batch_in(&pool, shape, &before, mode, Policy::default()).await.unwrap();
+        let outcomes = apply_batch_in(&pool, shape, &batch, mode, Policy::default()).await.unwrap();
+        seen.push((outcomes, dump_tables(&pool, shape).await, dead_lettered(&pool, shape.name).await));
+    }
+    assert_eq!(seen[0].0, vec![Outcome::Applied, Outcome::DeadLettered, Outcome::Applied]);
+    assert_eq!(seen[1], seen[0], "batched as one event at a time");
+}
+
 /// A transition table whose columns are added to and set, never both: what folds across
 /// batches (a row created by an event that leaves columns to their defaults, then added to).
 const TALLIES: Table = Table::transition("wm_tallies", "id").aggregate_type(THING).columns(&[

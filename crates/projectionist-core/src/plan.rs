@@ -85,6 +85,11 @@ pub struct Parked {
 /// How a row write reaches the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RowKind {
+    /// Nothing written: what the batch wrote to a stored row before deleting (or clearing)
+    /// it, evaluated against the row as stored, so that a value PostgreSQL refuses (an
+    /// overflow of an add) is refused as one event at a time refuses it. Before the table's
+    /// other writes.
+    Check,
     /// Every child of an aggregate deleted (a clear), before the table's other writes.
     Clear,
     /// A fan-in row deleted (what was written to it in the batch before is dropped; what
@@ -265,6 +270,11 @@ struct RowState<'a> {
     superseded: bool,
     /// A fan-in row deleted in the batch (before what `first` and `rest` hold).
     deleted: bool,
+    /// Deleted or cleared in the batch at least once: what is written after is a new row.
+    restarted: bool,
+    /// Writes dropped by a delete or clear of the row as stored, to be checked against it
+    /// ([`RowKind::Check`]).
+    checks: Vec<ColumnWrite<'a>>,
 }
 
 impl<'a> RowState<'a> {
@@ -278,16 +288,34 @@ impl<'a> RowState<'a> {
         }
     }
 
-    /// Deletes the row: what the batch wrote to it before is dropped (a value PostgreSQL
-    /// might refuse among it is superseded, see [`Plan::superseded`]), and the next write
-    /// starts it again.
-    fn delete(&mut self, declared: &Declared) {
-        let dropped = self.first.iter().chain(&self.rest);
-        self.superseded |= dropped.into_iter().any(|c| c.might_be_refused(declared));
-        self.first.clear();
-        self.rest.clear();
+    /// Deletes the row: what the batch wrote to it before is dropped, and the next write
+    /// starts it again. A dropped value PostgreSQL might refuse is checked where that needs
+    /// no write: written to the row as stored (`merges`: a fan-in or child row, merged into
+    /// whatever row is there; else a gated row the batch did not create), it becomes a
+    /// [`RowKind::Check`] against the stored row; integer adds to a new row (a fan-in or
+    /// child row's merge starts from its first add) are summed here. Anything else is
+    /// superseded (see [`Plan::superseded`]).
+    fn delete(&mut self, declared: &Declared, merges: bool) {
+        let on_stored = !self.restarted && (merges || self.created.is_none());
+        for column in compose(std::mem::take(&mut self.first), std::mem::take(&mut self.rest)) {
+            if !column.might_be_refused(declared) {
+                continue;
+            }
+            // A merge into a row not there starts from its first add, not the stored value.
+            let new_row_fits = merges && column.base.is_none() && sums_fit(declared, &column);
+            let checked = match (on_stored, merges) {
+                (true, false) => true,
+                (true, true) => new_row_fits,
+                (false, _) => new_row_fits,
+            };
+            self.superseded |= !checked;
+            if checked && on_stored {
+                self.checks.push(column);
+            }
+        }
         self.created = None;
         self.deleted = true;
+        self.restarted = true;
     }
 
     /// Takes `changes` of a row of `table` into the first part (with `absolute`, a column's
@@ -309,6 +337,33 @@ impl<'a> RowState<'a> {
             }
         }
     }
+}
+
+/// A row's writes in the batch, `first` then `rest`, as one write per column: a set in
+/// `rest` replaces what `first` held (a value it drops was marked superseded when taken).
+fn compose<'a>(mut first: Vec<ColumnWrite<'a>>, rest: Vec<ColumnWrite<'a>>) -> Vec<ColumnWrite<'a>> {
+    for c in rest {
+        match first.iter_mut().find(|f| f.column == c.column) {
+            Some(f) if c.base.is_none() => f.deltas.extend(c.deltas),
+            Some(f) => *f = c,
+            None => first.push(c),
+        }
+    }
+    first
+}
+
+/// Whether `column`'s adds, summed from zero one at a time, stay in its integer column's
+/// range (what a merge that creates the row computes, step by step).
+fn sums_fit(declared: &Declared, column: &ColumnWrite<'_>) -> bool {
+    let Some((min, max)) = declared.column(column.column).int_range() else { return false };
+    let mut sum = 0_i128;
+    column.deltas.iter().all(|d| match d.as_i64() {
+        Some(d) => {
+            sum += i128::from(d);
+            (min..=max).contains(&i128::from(d)) && (min..=max).contains(&sum)
+        }
+        None => false,
+    })
 }
 
 /// A gate's version where the batch starts and where it stands now.
@@ -498,7 +553,7 @@ fn plan_rows<'a>(
                 // dropped (the clear deletes them); what follows makes them again.
                 let parent = event.aggregate_id;
                 for (_, state) in rows.iter_mut().filter(|((u, p, _), _)| *u == t && *p == parent) {
-                    state.delete(&declared[t]);
+                    state.delete(&declared[t], true);
                     state.deleted = false;
                     state.writers += 1;
                 }
@@ -510,7 +565,7 @@ fn plan_rows<'a>(
             let state = rows.entry((t, key, child)).or_default();
             state.writers += 1;
             if write.delete {
-                state.delete(&declared[t]);
+                state.delete(&declared[t], !tables[t].is_gated());
                 if tables[t].is_gated() {
                     state.current = None;
                 }
@@ -552,6 +607,9 @@ fn plan_rows<'a>(
         let mut push = |kind, expected, version, columns| {
             ordered.push((t, RowWrite { table, key, child, kind, expected, version, columns }))
         };
+        if !state.checks.is_empty() {
+            push(RowKind::Check, None, None, state.checks);
+        }
         if !table.is_gated() {
             if state.deleted {
                 push(RowKind::Delete, None, None, Vec::new());
@@ -589,16 +647,22 @@ fn plan_rows<'a>(
     // then by key, so that concurrent writers lock rows in one order.
     if ordered_rows {
         let step = |kind: RowKind| match kind {
-            RowKind::Clear | RowKind::Delete => 0,
-            RowKind::Insert | RowKind::Merge => 1,
-            RowKind::Update => 2,
+            RowKind::Check => 0,
+            RowKind::Clear | RowKind::Delete => 1,
+            RowKind::Insert | RowKind::Merge => 2,
+            RowKind::Update => 3,
         };
         ordered.sort_unstable_by(|(t, a), (u, b)| {
             (t, step(a.kind), a.kind, &a.key, &a.child).cmp(&(u, step(b.kind), b.kind, &b.key, &b.child))
         });
-    } else if ordered.iter().any(|(_, r)| matches!(r.kind, RowKind::Clear | RowKind::Delete)) {
-        // A row's delete (or clear) before its merge, whatever the order of the rest.
-        ordered.sort_by_key(|(_, r)| !matches!(r.kind, RowKind::Clear | RowKind::Delete));
+    } else if ordered.iter().any(|(_, r)| matches!(r.kind, RowKind::Check | RowKind::Clear | RowKind::Delete)) {
+        // A row's check, then its delete (or clear), before its merge, whatever the order
+        // of the rest.
+        ordered.sort_by_key(|(_, r)| match r.kind {
+            RowKind::Check => 0,
+            RowKind::Clear | RowKind::Delete => 1,
+            _ => 2,
+        });
     }
     plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
     for ((aggregate_type, aggregate_id), (stored, current)) in marks {
@@ -1533,8 +1597,30 @@ mod tests {
         // Deleted last: only the delete is written.
         let p = plan(&[STATS], &Stored::default(), &events[..2]).unwrap();
         assert_eq!(p.rows.iter().map(|r| r.kind).collect::<Vec<_>>(), vec![RowKind::Delete]);
-        // An add dropped by the delete might have been refused (an overflow): in rounds.
+        // An add dropped by the delete might have been refused (an overflow of what the row
+        // holds): checked against the row as stored, nothing written, no rounds.
         let events = [(r("a", 1), Effect::Writes(&add)), (r("a", 2), Effect::Writes(&delete))];
+        let p = plan(&[STATS], &Stored::default(), &events).unwrap();
+        let rows: Vec<(RowKind, Vec<Value>)> =
+            p.rows.iter().map(|r| (r.kind, r.columns.iter().flat_map(|c| owned(&c.deltas)).collect())).collect();
+        assert_eq!(rows, vec![(RowKind::Check, vec![Value::from(2)]), (RowKind::Delete, vec![])]);
+        assert!(p.superseded.is_empty());
+        // Once deleted in the batch, the row is new: its adds start from zero, summed here.
+        let events = [
+            (r("a", 1), Effect::Writes(&delete)),
+            (r("a", 2), Effect::Writes(&add)),
+            (r("a", 3), Effect::Writes(&delete)),
+        ];
+        let p = plan(&[STATS], &Stored::default(), &events).unwrap();
+        assert_eq!((p.rows.iter().map(|r| r.kind).collect::<Vec<_>>(), p.superseded), (vec![RowKind::Delete], vec![]));
+        // Unless a step leaves the column's range: in rounds.
+        let big = [STATS.row("c").add("n", i64::MAX)];
+        let events = [
+            (r("a", 1), Effect::Writes(&delete)),
+            (r("a", 2), Effect::Writes(&big)),
+            (r("a", 3), Effect::Writes(&big)),
+            (r("a", 4), Effect::Writes(&delete)),
+        ];
         assert_eq!(plan(&[STATS], &Stored::default(), &events).unwrap().superseded, vec![STATS]);
     }
 

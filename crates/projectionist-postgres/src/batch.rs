@@ -832,6 +832,19 @@ async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: 
             ),
             None => (format!("DELETE FROM {name} AS t USING {source} WHERE {same_row}"), false),
         },
+        // What the row would have been written, evaluated against it as stored (each
+        // column as an update computes it), nothing written: a value the update would have
+        // refused (an add's overflow) raises here.
+        RowKind::Check => {
+            let values = columns.iter().map(|c| match c.2 {
+                ColumnKind::Add => format!("t.{col} + s.{col}", col = c.1),
+                _ => value(c),
+            });
+            (
+                format!("SELECT {} FROM {name} AS t, {source} WHERE {same_row}", values.collect::<Vec<_>>().join(", ")),
+                false,
+            )
+        }
         // Every child of each aggregate, however many there are.
         RowKind::Clear => (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false),
         RowKind::Update => {
