@@ -290,26 +290,29 @@ impl<'a> RowState<'a> {
 
     /// Deletes the row: what the batch wrote to it before is dropped, and the next write
     /// starts it again. A dropped value PostgreSQL might refuse is checked where that needs
-    /// no write: written to the row as stored (`merges`: a fan-in or child row, merged into
-    /// whatever row is there; else a gated row the batch did not create), it becomes a
-    /// [`RowKind::Check`] against the stored row; integer adds to a new row (a fan-in or
-    /// child row's merge starts from its first add) are summed here. Anything else is
-    /// superseded (see [`Plan::superseded`]).
+    /// no write: a value set (then added to in an integer column) is checked here; adds
+    /// alone to the row as stored (`merges`: a fan-in or child row, merged into whatever row
+    /// is there; else a gated row the batch did not create) become a [`RowKind::Check`]
+    /// against the stored row, and integer adds to a new fan-in or child row (its merge
+    /// starts from the first add) are summed here. Anything else (adds to a gated row's
+    /// default) is superseded (see [`Plan::superseded`]).
     fn delete(&mut self, declared: &Declared, merges: bool) {
         let on_stored = !self.restarted && (merges || self.created.is_none());
         for column in compose(std::mem::take(&mut self.first), std::mem::take(&mut self.rest)) {
             if !column.might_be_refused(declared) {
                 continue;
             }
-            // A merge into a row not there starts from its first add, not the stored value.
-            let new_row_fits = merges && column.base.is_none() && sums_fit(declared, &column);
-            let checked = match (on_stored, merges) {
-                (true, false) => true,
-                (true, true) => new_row_fits,
-                (false, _) => new_row_fits,
+            // A value set (and added to) is the same whatever the row holds: checked here.
+            // Adds alone build on the stored row (checked against it) or, merged into a row
+            // not there, start from the first add (checked here).
+            let known = column.base.is_some();
+            let fits_here = match column.base {
+                Some(base) => declared.column(column.column).surely_fits(base) && sums_fit(declared, &column, base),
+                None => merges && sums_fit(declared, &column, &Value::from(0)),
             };
+            let checked = fits_here || (!known && on_stored && !merges);
             self.superseded |= !checked;
-            if checked && on_stored {
+            if checked && !known && on_stored {
                 self.checks.push(column);
             }
         }
@@ -352,11 +355,16 @@ fn compose<'a>(mut first: Vec<ColumnWrite<'a>>, rest: Vec<ColumnWrite<'a>>) -> V
     first
 }
 
-/// Whether `column`'s adds, summed from zero one at a time, stay in its integer column's
-/// range (what a merge that creates the row computes, step by step).
-fn sums_fit(declared: &Declared, column: &ColumnWrite<'_>) -> bool {
-    let Some((min, max)) = declared.column(column.column).int_range() else { return false };
-    let mut sum = 0_i128;
+/// Whether `column`'s adds, summed from `base` one at a time, stay in its integer column's
+/// range (no adds: yes, whatever the column).
+fn sums_fit(declared: &Declared, column: &ColumnWrite<'_>, base: &Value) -> bool {
+    if column.deltas.is_empty() {
+        return true;
+    }
+    let (Some((min, max)), Some(base)) = (declared.column(column.column).int_range(), base.as_i64()) else {
+        return false;
+    };
+    let mut sum = i128::from(base);
     column.deltas.iter().all(|d| match d.as_i64() {
         Some(d) => {
             sum += i128::from(d);
@@ -1622,6 +1630,36 @@ mod tests {
             (r("a", 4), Effect::Writes(&delete)),
         ];
         assert_eq!(plan(&[STATS], &Stored::default(), &events).unwrap().superseded, vec![STATS]);
+    }
+
+    #[test]
+    fn a_row_made_and_deleted_in_the_batch_is_checked_in_memory_where_its_values_are_known() {
+        const ORDERS: Table = Table::transition("orders", "id")
+            .aggregate_type("account")
+            .columns(&[("paid", "bigint"), ("late", "bigint")])
+            .deletable();
+        let (placed, paid, late, gone) = (
+            [ORDERS.write(&env("a", 1)).set("paid", 0)],
+            [ORDERS.write(&env("a", 2)).add("paid", 5)],
+            [ORDERS.write(&env("a", 3)).add("late", 1)],
+            [ORDERS.write(&env("a", 4)).delete()],
+        );
+        let events = [
+            (r("a", 1), Effect::Writes(&placed)),
+            (r("a", 2), Effect::Writes(&paid)),
+            (r("a", 3), Effect::Writes(&[])),
+            (r("a", 4), Effect::Writes(&gone)),
+        ];
+        let p = plan(&[ORDERS], &Stored::default(), &events).unwrap();
+        assert!(p.superseded.is_empty() && p.rows.is_empty(), "0 + 5 fits: nothing to check, nothing written");
+        // An add to a column the creating event left to its default: not known here.
+        let events = [
+            (r("a", 1), Effect::Writes(&placed)),
+            (r("a", 2), Effect::Writes(&[])),
+            (r("a", 3), Effect::Writes(&late)),
+            (r("a", 4), Effect::Writes(&gone)),
+        ];
+        assert_eq!(plan(&[ORDERS], &Stored::default(), &events).unwrap().superseded, vec![ORDERS]);
     }
 
     #[test]
