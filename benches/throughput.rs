@@ -348,15 +348,7 @@ async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
         .await
         .unwrap();
     }
-    sqlx::raw_sql(
-        "CREATE UNLOGGED TABLE waves AS SELECT *, row_number() OVER (PARTITION BY account_id ORDER BY seq) AS wave \
-        FROM staged; \
-         CREATE INDEX ON waves (wave); ANALYZE waves",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    let waves: i64 = sqlx::query_scalar("SELECT max(wave) FROM waves").fetch_one(pool).await.unwrap();
+    let waves = waves(pool, "account_id").await;
     let started = Instant::now();
     for wave in 1..=waves {
         let mut tx = pool.begin().await.unwrap();
@@ -384,6 +376,18 @@ async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
         tx.commit().await.unwrap();
     }
     events.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Numbers the staged deliveries of each aggregate (`key`) in stream order into the table
+/// `waves`: the k-th delivery of every aggregate is wave k, which a ceiling applies with one
+/// set-based statement. Returns how many waves there are.
+async fn waves(pool: &PgPool, key: &str) -> i64 {
+    let sql = format!(
+        "CREATE UNLOGGED TABLE waves AS SELECT *, row_number() OVER (PARTITION BY {key} ORDER BY seq) AS wave FROM \
+         staged; CREATE INDEX ON waves (wave); ANALYZE waves"
+    );
+    sqlx::raw_sql(&sql).execute(pool).await.unwrap();
+    sqlx::query_scalar("SELECT max(wave) FROM waves").fetch_one(pool).await.unwrap()
 }
 
 /// PostgreSQL alone building the final state of the stream staged by [`ceiling`] with one

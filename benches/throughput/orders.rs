@@ -13,7 +13,7 @@ use projectionist::postgres::migrate;
 use projectionist::RawEnvelope;
 use sqlx::PgPool;
 
-use super::{empty_database, env_usize, publish_all, Bin, Run};
+use super::{empty_database, env_usize, publish_all, waves, Bin, Run};
 
 const ORDER_STATUS: Bin = Bin {
     var: "ORDER_STATUS_BIN",
@@ -163,14 +163,7 @@ async fn ceiling(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
         .await
         .unwrap();
     }
-    sqlx::raw_sql(
-        "CREATE UNLOGGED TABLE waves AS SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY seq) AS wave \
-         FROM staged; CREATE INDEX ON waves (wave); ANALYZE waves",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    let waves: i64 = sqlx::query_scalar("SELECT max(wave) FROM waves").fetch_one(pool).await.unwrap();
+    let waves = waves(pool, "order_id").await;
     let started = Instant::now();
     for wave in 1..=waves {
         sqlx::query(WAVE).bind(wave).execute(pool).await.unwrap();
