@@ -301,8 +301,8 @@ impl<'a> RowState<'a> {
         let (composed, overwritten) = compose(std::mem::take(&mut self.first), std::mem::take(&mut self.rest));
         // What a later set replaced: checked here when its values are known, else in rounds.
         for column in overwritten.iter().filter(|c| c.might_be_refused(declared)) {
-            let known = column.base.is_some_and(|b| declared.column(column.column).surely_fits(b));
-            self.superseded |= !(known && sums_fit(declared, column, column.base.expect("known")));
+            let fits = |b| declared.column(column.column).surely_fits(b) && sums_fit(declared, column, b);
+            self.superseded |= !column.base.is_some_and(fits);
         }
         for column in composed {
             if !column.might_be_refused(declared) {

@@ -18,6 +18,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::batch::{self, ParkedMap, RunContext};
 use crate::park::{self, DeadLetter, HeldRow, Hold, Source, SourceMessage};
+use crate::shared_rows;
 use crate::{Checks, Error, Ident, Result};
 
 /// How a batch is written.
@@ -532,7 +533,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         if !prepared.swap_locked {
             crate::rebuild::share_swap_lock(conn, name).await?;
         }
-        batch::lock_shared_rows(conn, prepared.events.iter().map(PreparedEvent::effect)).await?;
+        shared_rows::lock(conn, prepared.events.iter().map(PreparedEvent::effect)).await?;
         let gaps_halt = on_gap == OnGap::Halt;
         // What PostgreSQL checks of the tables: as the caller last read it, else read once here.
         let read;
@@ -637,7 +638,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                 let drain_events: Vec<&PreparedEvent> = drain.iter().map(|(_, e)| *e).collect();
                 // Held events' fan-in rows, locked after the batch's own (a rare path: a
                 // deadlock with another batch is then possible, and retried).
-                batch::lock_shared_rows(conn, drain_events.iter().map(|e| e.effect())).await?;
+                shared_rows::lock(conn, drain_events.iter().map(|e| e.effect())).await?;
                 let (outcomes, per_event, _) = self
                     .write_events(conn, &drain_events, mode, &mut parked, context, &mut changes)
                     .await

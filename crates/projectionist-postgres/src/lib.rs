@@ -11,6 +11,7 @@ mod ident;
 mod migrate;
 pub mod park;
 pub mod rebuild;
+mod shared_rows;
 pub mod wait;
 
 pub use apply::{
