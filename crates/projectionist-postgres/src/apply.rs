@@ -18,7 +18,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::batch::{self, ParkedMap, RunContext};
 use crate::park::{self, DeadLetter, HeldRow, Hold, Source, SourceMessage};
-use crate::shared_rows;
+use crate::shared_rows::SharedRows;
 use crate::{Checks, Error, Ident, Result};
 
 /// How a batch is written.
@@ -533,7 +533,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         if !prepared.swap_locked {
             crate::rebuild::share_swap_lock(conn, name).await?;
         }
-        shared_rows::lock(conn, prepared.events.iter().map(PreparedEvent::effect)).await?;
+        let shared = SharedRows::of(prepared.events.iter().map(PreparedEvent::effect));
         let gaps_halt = on_gap == OnGap::Halt;
         // What PostgreSQL checks of the tables: as the caller last read it, else read once here.
         let read;
@@ -545,7 +545,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             }
         };
         // What every run of the batch starts from, besides the parked aggregates.
-        let context = (gaps_halt, checked, prepared.sole_writer);
+        let context = (gaps_halt, checked, prepared.sole_writer, &shared);
         let mut parked = match source {
             Some(source) => Some(park::read(conn, name, &source.topic, source.partition).await?),
             None => None,
@@ -636,9 +636,10 @@ impl<P: Projection<PgConnection>> PgProjection for P {
                     .collect();
                 drain.sort_by_key(|(_, e)| e.version);
                 let drain_events: Vec<&PreparedEvent> = drain.iter().map(|(_, e)| *e).collect();
-                // Held events' fan-in rows, locked after the batch's own (a rare path: a
-                // deadlock with another batch is then possible, and retried).
-                shared_rows::lock(conn, drain_events.iter().map(|e| e.effect())).await?;
+                // Held events' fan-in rows, locked with the batch's own, some maybe after them
+                // (a rare path: a deadlock with another batch is then possible, and retried).
+                let shared = shared.with(SharedRows::of(drain_events.iter().map(|e| e.effect())));
+                let context = (gaps_halt, checked, prepared.sole_writer, &shared);
                 let (outcomes, per_event, _) = self
                     .write_events(conn, &drain_events, mode, &mut parked, context, &mut changes)
                     .await
@@ -764,7 +765,7 @@ trait WriteEvents: Projection<PgConnection> {
         events: &[&PreparedEvent],
         mode: Mode,
         parked: &mut Option<ParkedMap>,
-        (gaps_halt, checked, sole_writer): (bool, &Checks, bool),
+        (gaps_halt, checked, sole_writer, shared): (bool, &Checks, bool, &SharedRows),
         changes: &mut HashMap<(String, String), Option<Parked>>,
     ) -> Result<(Vec<Outcome>, bool, Option<(String, String)>)> {
         let name = Projection::name(self);
@@ -782,7 +783,7 @@ trait WriteEvents: Projection<PgConnection> {
                 events[start..run_end.min(events.len())].iter().map(|e| (e.event(), e.effect())).collect();
             // A custom event goes alone, gated like any event; `apply` runs if it applies.
             let run_mode = if end > start { mode } else { Mode::PerEvent };
-            let parking = RunContext { parked: parked.as_ref(), gaps_halt, checked, sole_writer };
+            let parking = RunContext { parked: parked.as_ref(), gaps_halt, checked, sole_writer, shared };
             let ran = batch::apply(conn, name, tables, &run, run_mode, parking).await.map_err(|e| e.shifted(start))?;
             per_event |= ran.per_event && end > start;
             for (aggregate, state) in ran.parks {

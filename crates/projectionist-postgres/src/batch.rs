@@ -14,12 +14,13 @@ use projectionist_core::plan::{
     aggregate_gated, plan, plan_unordered, rounds, AggregateWrite, CopyColumns, Effect, EventRef, Parked, Plan,
     PlanError, RowKind, RowWrite, Stored, Versions,
 };
-use projectionist_core::{Outcome, Table};
+use projectionist_core::{Gate, Outcome, Table};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 
 use crate::checks::Checks;
+use crate::shared_rows::SharedRows;
 use crate::{Error, Ident, Mode, Result};
 
 /// Whether the database refused a statement for a value in it — a data exception (class
@@ -49,6 +50,8 @@ pub(crate) struct RunContext<'a> {
     /// No one else writes the tables (see [`crate::Prepared::set_sole_writer`]): rows are
     /// read without row locks.
     pub sole_writer: bool,
+    /// The fan-in rows the batch writes, locked right before the first of them is written.
+    pub shared: &'a SharedRows,
 }
 
 /// What applying a run did.
@@ -128,7 +131,7 @@ async fn apply_set_based(
     if !cuts.is_empty() {
         return apply_rounds(conn, projection, tables, events, parking, &cuts).await;
     }
-    write_plan(conn, projection, plan).await
+    write_plan(conn, projection, plan, parking.shared).await
 }
 
 /// The plan of a run of events, against the rows as they are now.
@@ -153,9 +156,17 @@ async fn plan_run<'a>(
     Ok(plan)
 }
 
-async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>) -> Result<Ran> {
+/// Writes `plan`: the aggregates' versions and rows first, then, the shared rows locked,
+/// the fan-in rows (see [`SharedRows`]).
+async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>, shared: &SharedRows) -> Result<Ran> {
     write_aggregates(conn, projection, &plan.aggregates).await?;
-    write_row_writes(conn, &plan.rows).await?;
+    let (fan_in, own): (Vec<&RowWrite<'_>>, Vec<&RowWrite<'_>>) =
+        plan.rows.iter().partition(|r| r.table.gate() == Gate::FanIn);
+    write_row_writes(conn, own).await?;
+    if !fan_in.is_empty() {
+        shared.lock(conn).await?;
+        write_row_writes(conn, fan_in).await?;
+    }
     Ok(Ran { outcomes: plan.outcomes, per_event: false, parks: plan.parks, unparked: plan.unparked })
 }
 
@@ -303,7 +314,7 @@ async fn apply_rounds(
     for round in bounds.windows(2) {
         let (start, end) = (round[0], round[1]);
         let plan = plan_run(conn, projection, tables, &events[start..end], runs.parking()).await;
-        let one = write_plan(conn, projection, plan.map_err(|e| e.shifted(start))?).await?;
+        let one = write_plan(conn, projection, plan.map_err(|e| e.shifted(start))?, parking.shared).await?;
         // A round that ends in a gap, or with an aggregate resumed, ends the batch.
         if runs.take(one) {
             break;
@@ -314,20 +325,22 @@ async fn apply_rounds(
 
 /// Runs of a batch applied one after another, each seeing what those before it wrote and
 /// parked.
-struct Runs {
+struct Runs<'a> {
     ran: Ran,
     parked: Option<ParkedMap>,
     parks: HashMap<(String, String), Option<Parked>>,
     gaps_halt: bool,
     checked: Checks,
     sole_writer: bool,
+    shared: &'a SharedRows,
 }
 
-impl Runs {
-    fn new(parking: RunContext<'_>, per_event: bool) -> Self {
+impl<'a> Runs<'a> {
+    fn new(parking: RunContext<'a>, per_event: bool) -> Self {
         let ran = Ran { per_event, ..Ran::default() };
         let (parked, gaps_halt, checked) = (parking.parked.cloned(), parking.gaps_halt, parking.checked.clone());
-        Self { ran, parked, parks: HashMap::new(), gaps_halt, checked, sole_writer: parking.sole_writer }
+        let (sole_writer, shared) = (parking.sole_writer, parking.shared);
+        Self { ran, parked, parks: HashMap::new(), gaps_halt, checked, sole_writer, shared }
     }
 
     /// The parking state as the next run finds it.
@@ -337,6 +350,7 @@ impl Runs {
             gaps_halt: self.gaps_halt,
             checked: &self.checked,
             sole_writer: self.sole_writer,
+            shared: self.shared,
         }
     }
 

@@ -8,36 +8,62 @@ use sqlx::PgConnection;
 
 use crate::Result;
 
-/// Locks the fan-in rows the events of `effects` write, in one order, before anything of
-/// the batch is written: two transactions that write shared rows in different orders (in
+/// The locks of the fan-in rows a batch's events write, taken in one order right before
+/// its first fan-in write: two transactions that write shared rows in different orders (in
 /// rounds, one event at a time, one creating a row that the other merges into) deadlock,
 /// again on every retry. A transaction-level advisory lock per row (its table and key,
-/// hashed), taken in ascending order by every writer, has them wait for each other
-/// instead. No statement when no event writes a fan-in row.
-pub(crate) async fn lock<'a>(conn: &mut PgConnection, effects: impl IntoIterator<Item = Effect<'a>>) -> Result<()> {
-    let mut locks: Vec<(i32, i32)> = effects
-        .into_iter()
-        .filter_map(|effect| match effect {
-            Effect::Writes(writes) => Some(writes.iter()),
-            _ => None,
-        })
-        .flatten()
-        .filter(|w| w.table().gate() == Gate::FanIn)
-        .map(|w| row_lock(w.table().name(), w.target().keys()))
-        .collect();
-    if locks.is_empty() {
-        return Ok(());
+/// hashed), all taken at once in ascending order by every writer, has them wait for each
+/// other instead. Taken as late as that (after the batch's reads and its own aggregates'
+/// rows), partitions sharing fan-in rows take turns only for their fan-in statements and
+/// commit, not for the whole batch.
+#[derive(Debug, Default)]
+pub(crate) struct SharedRows {
+    /// (high, low) halves of each row's hash, sorted, once each.
+    locks: Vec<(i32, i32)>,
+}
+
+impl SharedRows {
+    /// The locks of the fan-in rows the events of `effects` write (none: no statement).
+    pub(crate) fn of<'a>(effects: impl IntoIterator<Item = Effect<'a>>) -> Self {
+        let mut locks: Vec<(i32, i32)> = effects
+            .into_iter()
+            .filter_map(|effect| match effect {
+                Effect::Writes(writes) => Some(writes.iter()),
+                _ => None,
+            })
+            .flatten()
+            .filter(|w| w.table().gate() == Gate::FanIn)
+            .map(|w| row_lock(w.table().name(), w.target().keys()))
+            .collect();
+        locks.sort_unstable();
+        locks.dedup();
+        Self { locks }
     }
-    locks.sort_unstable();
-    locks.dedup();
-    let (high, low): (Vec<i32>, Vec<i32>) = locks.into_iter().unzip();
-    // Taken in the arrays' order: a scan of `unnest`, one row after the other.
-    sqlx::query("SELECT count(pg_advisory_xact_lock(h, l)) FROM unnest($1::int4[], $2::int4[]) AS k(h, l)")
-        .bind(high)
-        .bind(low)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+
+    /// These and `other`'s, in one order.
+    pub(crate) fn with(&self, other: SharedRows) -> Self {
+        let mut locks = [self.locks.as_slice(), other.locks.as_slice()].concat();
+        locks.sort_unstable();
+        locks.dedup();
+        Self { locks }
+    }
+
+    /// Takes every lock, in ascending order; called before each run's fan-in writes. Locks
+    /// the transaction already holds are taken again at no wait; those a rolled-back
+    /// savepoint released are taken again, in the same order.
+    pub(crate) async fn lock(&self, conn: &mut PgConnection) -> Result<()> {
+        if self.locks.is_empty() {
+            return Ok(());
+        }
+        let (high, low): (Vec<i32>, Vec<i32>) = self.locks.iter().copied().unzip();
+        // Taken in the arrays' order: a scan of `unnest`, one row after the other.
+        sqlx::query("SELECT count(pg_advisory_xact_lock(h, l)) FROM unnest($1::int4[], $2::int4[]) AS k(h, l)")
+            .bind(high)
+            .bind(low)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
 }
 
 /// The advisory lock of a fan-in row: the two halves of a 64-bit FNV-1a hash of its table
