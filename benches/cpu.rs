@@ -104,7 +104,7 @@ fn main() {
             for table in tables {
                 let held = stored.rows.entry(table.name()).or_default();
                 for id in &ids {
-                    if let Some(v) = fold.version(table.name(), id) {
+                    if let Some(Some(v)) = fold.version(table.name(), id) {
                         held.insert((*id).to_owned(), v);
                     }
                 }

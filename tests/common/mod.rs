@@ -83,14 +83,14 @@ pub async fn run_folded(
                     outcomes.extend(written.outcomes);
                     if rng.gen_bool(0.2) {
                         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                        projection.write_folded(&mut tx, &folding).await.unwrap();
+                        projection.write_folded(&mut tx, &folding, None).await.unwrap();
                         tx.commit().await.unwrap();
                         folding.written(false);
                     }
                     break;
                 }
                 let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                projection.write_folded(&mut tx, &folding).await.unwrap();
+                projection.write_folded(&mut tx, &folding, Some(&prepared)).await.unwrap();
                 match projection.write(&mut tx, &prepared, Mode::Batch, policy.on_gap).await {
                     Ok(written) => {
                         tx.commit().await.unwrap();
@@ -110,7 +110,7 @@ pub async fn run_folded(
         rest = tail;
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    projection.write_folded(&mut tx, &folding).await.unwrap();
+    projection.write_folded(&mut tx, &folding, None).await.unwrap();
     tx.commit().await.unwrap();
     // As a rebuild does once its tables have grown.
     projectionist::postgres::analyze(&mut conn, projection).await.unwrap();

@@ -89,11 +89,10 @@ pub(crate) struct RunOptions {
     /// events keep arriving, in milliseconds (with nothing more to read it applies at once).
     #[arg(long, alias = "batch-wait-ms", env = "PROJECTIONIST_BATCH_MAX_WAIT_MS")]
     pub batch_max_wait_ms: Option<u64>,
-    /// `rebuild` only, for a projection with fan-in or custom tables: most events per batch
-    /// of its bulk load from offset zero. Far larger than a run's, since each row's events in
-    /// a batch fold into one write; memory grows with it (about two batches per partition are
-    /// held). A projection of upsert and transition tables alone folds across batches, in a
-    /// run's batches.
+    /// `rebuild` only, for a projection with a custom table: most events per batch of its
+    /// bulk load from offset zero. Far larger than a run's, since each row's events in a
+    /// batch fold into one write; memory grows with it (about two batches per partition are
+    /// held). A projection without custom tables folds across batches, in a run's batches.
     #[arg(long, env = "PROJECTIONIST_REBUILD_BATCH_MAX_EVENTS")]
     pub rebuild_batch_max_events: Option<usize>,
     /// `rebuild` only: most payload bytes per batch.

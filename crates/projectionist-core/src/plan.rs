@@ -367,7 +367,7 @@ fn compose<'a>(
 
 /// Whether `column`'s adds, summed from `base` one at a time, stay in its integer column's
 /// range (no adds: yes, whatever the column).
-fn sums_fit(declared: &Declared, column: &ColumnWrite<'_>, base: &Value) -> bool {
+pub(crate) fn sums_fit(declared: &Declared, column: &ColumnWrite<'_>, base: &Value) -> bool {
     if column.deltas.is_empty() {
         return true;
     }
@@ -422,6 +422,8 @@ fn plan_rows<'a>(
     let mut rows: Map<(usize, &'a str, &'a str), RowState<'a>> = Map::default();
     // The aggregates whose children a table's clear removed: (table, aggregate id).
     let mut cleared: Vec<(usize, &'a str)> = Vec::new();
+    // The children written, per (table, aggregate id): what a clear drops.
+    let mut children: Map<(usize, &'a str), Vec<&'a str>> = Map::default();
     // Per aggregate (type, id): the version stored, and the version it moves to.
     let mut marks: Map<(&'a str, &'a str), Moves> = Map::default();
     let mut outcomes = Vec::with_capacity(events.len());
@@ -570,7 +572,8 @@ fn plan_rows<'a>(
                 // A clear: the aggregate's children written before it in the batch are
                 // dropped (the clear deletes them); what follows makes them again.
                 let parent = event.aggregate_id;
-                for (_, state) in rows.iter_mut().filter(|((u, p, _), _)| *u == t && *p == parent) {
+                for child in children.get(&(t, parent)).into_iter().flatten() {
+                    let state = rows.get_mut(&(t, parent, *child)).expect("indexed when made");
                     state.delete(&declared[t], true);
                     state.deleted = false;
                     state.writers += 1;
@@ -580,7 +583,12 @@ fn plan_rows<'a>(
                 }
                 continue;
             };
-            let state = rows.entry((t, key, child)).or_default();
+            let state = rows.entry((t, key, child)).or_insert_with(|| {
+                if tables[t].gate() == Gate::Child {
+                    children.entry((t, key)).or_default().push(child);
+                }
+                RowState::default()
+            });
             state.writers += 1;
             if write.delete {
                 state.delete(&declared[t], !tables[t].is_gated());

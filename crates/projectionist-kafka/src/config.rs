@@ -60,12 +60,12 @@ pub struct EngineConfig {
     #[serde(default = "default_batch_max_wait_ms")]
     pub batch_max_wait_ms: u64,
     /// A `rebuild`'s bounds of one batch in place of `batch_max_events`, for a projection with
-    /// fan-in or custom tables: far larger, since the rebuild reads from offset zero and each
-    /// row's events within a batch are folded into one write (the larger the batch, the fewer
-    /// rows PostgreSQL writes). Memory grows with it: about two batches of events per
-    /// partition are held at once. A projection of upsert and transition tables alone is
-    /// folded across batches (see `fold`) and is rebuilt in `run`'s batches: the fold does
-    /// what larger batches would, and holds its rows rather than their events.
+    /// a custom table: far larger, since the rebuild reads from offset zero and each row's
+    /// events within a batch are folded into one write (the larger the batch, the fewer rows
+    /// PostgreSQL writes). Memory grows with it: about two batches of events per partition
+    /// are held at once. A projection without custom tables is folded across batches (see
+    /// `fold`) and is rebuilt in `run`'s batches: the fold does what larger batches would,
+    /// and holds its rows rather than their events.
     #[serde(default = "default_rebuild_batch_max_events")]
     pub rebuild_batch_max_events: usize,
     /// A `rebuild`'s `batch_max_bytes`.

@@ -68,13 +68,13 @@ pub async fn rebuild(
     config.group_id = Some(format!("{prefix}.rebuild-{started}"));
     config.exit_when_caught_up = true;
     // Behind the rebuild lock, no one else writes the shadow; its batches are folded into
-    // each other where they can be (gated tables alone), else made large: each row's events
-    // within one in one write.
+    // each other where they can be (every table but custom ones), else made large: each
+    // row's events within one in one write.
     config.sole_writer = true;
     config.fold = true;
     // The only reader of its group: every partition is its own, assigned without a join.
     config.sole_reader = true;
-    if !projection.tables().iter().all(projectionist_core::Table::is_gated) {
+    if projection.tables().iter().any(|t| t.gate() == projectionist_core::Gate::Custom) {
         config.batch_max_events = config.rebuild_batch_max_events;
         config.batch_max_bytes = config.rebuild_batch_max_bytes;
     }

@@ -446,7 +446,10 @@ pub trait PgProjection: Send + Sync + 'static {
 
     /// Writes what `folding` holds in the caller's transaction; it stays held until
     /// [`Folding::written`].
-    async fn write_folded(&self, conn: &mut PgConnection, folding: &Folding) -> Result<()>;
+    /// `then`: the batch written next in the same transaction, whose fan-in rows are locked
+    /// together with the fold's (in one order: locked apart, two such transactions could
+    /// deadlock).
+    async fn write_folded(&self, conn: &mut PgConnection, folding: &Folding, then: Option<&Prepared>) -> Result<()>;
 }
 
 #[async_trait]
@@ -496,7 +499,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         let foldable = prepared.failure.is_none()
             && source.undecodable.is_empty()
             && prepared.events.iter().all(|e| matches!(e.step, Step::Writes(_) | Step::Ignored(_)))
-            && tables.iter().all(Table::is_gated)
+            && tables.iter().all(|t| t.gate() != projectionist_core::Gate::Custom)
             && prepared.checked.as_ref().is_some_and(Checks::is_empty);
         if !foldable {
             return Ok(None);
@@ -510,12 +513,13 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         Ok(outcomes.map(|outcomes| Written { outcomes, ..Written::default() }))
     }
 
-    async fn write_folded(&self, conn: &mut PgConnection, folding: &Folding) -> Result<()> {
+    async fn write_folded(&self, conn: &mut PgConnection, folding: &Folding, then: Option<&Prepared>) -> Result<()> {
         if folding.is_empty() {
             return Ok(());
         }
         crate::rebuild::share_swap_lock(conn, Projection::name(self)).await?;
-        batch::write_fold(conn, Projection::tables(self), &folding.fold).await
+        let then = SharedRows::of(then.iter().flat_map(|p| p.events.iter().map(PreparedEvent::effect)));
+        batch::write_fold(conn, Projection::name(self), Projection::tables(self), &folding.fold, then).await
     }
 
     async fn write(&self, conn: &mut PgConnection, prepared: &Prepared, mode: Mode, on_gap: OnGap) -> Result<Written> {

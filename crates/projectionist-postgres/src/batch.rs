@@ -196,8 +196,17 @@ pub(crate) async fn fold(
 /// time, so that their statements' text stays small beside the fold. The rows it creates go
 /// in by `COPY` where their values allow (see [`copy_rows`]), table by table, before the
 /// table's other writes.
-pub(crate) async fn write_fold(conn: &mut PgConnection, tables: &[Table], fold: &Fold) -> Result<()> {
+pub(crate) async fn write_fold(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    fold: &Fold,
+    then: SharedRows,
+) -> Result<()> {
+    write_aggregates(conn, projection, &fold.aggregates()).await?;
     let copy: Vec<CopyColumns> = tables.iter().map(CopyColumns::of).collect();
+    let shared = SharedRows::of_rows(fold.fan_in_rows(tables)).with(then);
+    let mut locked = false;
     for rows in fold.rows(tables, 10_000) {
         // The chunk holds each table's rows together, in `tables`' order.
         let mut rest = rows.as_slice();
@@ -205,7 +214,15 @@ pub(crate) async fn write_fold(conn: &mut PgConnection, tables: &[Table], fold: 
             let n = rest.iter().take_while(|r| r.table.name() == first.table.name()).count();
             let (of_table, after) = rest.split_at(n);
             rest = after;
+            if first.table.gate() == Gate::FanIn && !locked {
+                shared.lock(conn).await?;
+                locked = true;
+            }
             let columns = tables.iter().position(|t| t.name() == first.table.name()).map(|i| &copy[i]);
+            // Sorted by kind: the checks, clears and deletes before the rows copied in.
+            let removing = of_table.iter().take_while(|r| r.kind < RowKind::Insert).count();
+            let (removed, of_table) = of_table.split_at(removing);
+            write_row_writes(conn, removed).await?;
             let (copied, written): (Vec<&RowWrite<'_>>, Vec<&RowWrite<'_>>) =
                 of_table.iter().partition(|r| columns.is_some_and(|c| copyable(c, r)));
             copy_rows(conn, &copied).await?;
@@ -479,10 +496,12 @@ async fn read_stored(
                     return false;
                 }
                 match fold.version(table.name(), id) {
-                    Some(v) => {
+                    Some(Some(v)) => {
                         folded.insert((*id).to_owned(), v);
                         false
                     }
+                    // Deleted by the fold: no row, whatever the table holds.
+                    Some(None) => false,
                     None => true,
                 }
             });
@@ -505,6 +524,16 @@ async fn read_stored(
         .filter(|(e, _)| aggregate_gated(tables, e.aggregate_type))
         .map(|(e, _)| (e.aggregate_type, e.aggregate_id))
         .collect();
+    // Versions a fold moves, as it says; the others, as the table says.
+    if let Some(fold) = fold {
+        aggregates.retain(|&(t, i)| match fold.aggregate(t, i) {
+            Some(v) => {
+                stored.aggregates.insert((t.to_owned(), i.to_owned()), v);
+                false
+            }
+            None => true,
+        });
+    }
     if !aggregates.is_empty() {
         aggregates.sort_unstable();
         aggregates.dedup();
@@ -517,7 +546,7 @@ async fn read_stored(
         );
         let found: Vec<(String, String, i64)> =
             sqlx::query_as(&sql).bind(projection).bind(&types).bind(&ids).fetch_all(&mut *conn).await?;
-        stored.aggregates = found.into_iter().map(|(t, i, v)| ((t, i), v)).collect::<HashMap<_, _>>();
+        stored.aggregates.extend(found.into_iter().map(|(t, i, v)| ((t, i), v)));
     }
     Ok(stored)
 }

@@ -40,6 +40,14 @@ impl SharedRows {
         Self { locks }
     }
 
+    /// The locks of fan-in rows given by table and keys.
+    pub(crate) fn of_rows<'a>(rows: impl IntoIterator<Item = (&'a str, (&'a str, Option<&'a str>))>) -> Self {
+        let mut locks: Vec<(i32, i32)> = rows.into_iter().map(|(table, keys)| row_lock(table, keys)).collect();
+        locks.sort_unstable();
+        locks.dedup();
+        Self { locks }
+    }
+
     /// These and `other`'s, in one order.
     pub(crate) fn with(&self, other: SharedRows) -> Self {
         let mut locks = [self.locks.as_slice(), other.locks.as_slice()].concat();

@@ -287,7 +287,7 @@ impl Partition {
         *begun = true;
         // What a fold holds goes first: this batch builds on it.
         if let Some(folding) = folding {
-            self.projection.write_folded(&mut tx, folding).await?;
+            self.projection.write_folded(&mut tx, folding, Some(prepared)).await?;
         }
         let written = self.projection.write(&mut tx, prepared, Mode::Batch, self.on_gap).await?;
         self.check_bounds(&mut tx, prepared, &written.outcomes).await?;
@@ -362,7 +362,7 @@ impl Partition {
         let Some(through) = folding.through() else { return Ok(()) };
         let mut conn = self.pool.acquire().await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        self.projection.write_folded(&mut tx, folding).await?;
+        self.projection.write_folded(&mut tx, folding, None).await?;
         self.store_checkpoint(&mut tx, through).await?;
         tx.commit().await?;
         self.stored(through);

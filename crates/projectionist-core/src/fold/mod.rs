@@ -1,0 +1,498 @@
+//! Folding the plans of many batches into one write per row: a rebuild's bulk load, where
+//! the events of one aggregate lie far apart in the stream and a batch sees each row about
+//! once. Pure, like the planner: the Postgres side reads versions through it, hands it each
+//! batch's plan, and writes what it holds in one go.
+//!
+//! A plan is folded only when the result cannot differ from writing it batch after batch:
+//! its events applied, were duplicates, stale or ignored (no gap, nothing parked or
+//! dead-lettered), every value it writes surely fits its column, and folding writes over or
+//! deletes no value PostgreSQL might refuse unless that value is still checked (the adds a
+//! delete drops, evaluated against the row as stored, as the planner does). Otherwise
+//! [`Fold::absorb`] refuses it and changes nothing: the caller writes the fold, then the
+//! batch, as before. (An add may still overflow where the fold is written: the caller then
+//! writes the batches again one by one.) Every table but custom ones folds, where PostgreSQL
+//! checks no more than the declared types (no CHECK constraint): a row's states between are
+//! not checked. Per row the fold holds, in the order they are written: a check of dropped
+//! adds, a delete (or the clear of its aggregate's children), an insert or merge, an update;
+//! per aggregate, the version it moves to.
+
+mod pending;
+
+use std::collections::HashMap;
+
+use crate::plan::{AggregateWrite, ColumnWrite, Declared, Plan, RowKind, RowWrite};
+use crate::{Outcome, Table};
+use pending::Pending;
+
+/// Row writes of many plans, folded: per row, what is written of it once (see the module).
+#[derive(Debug, Default)]
+pub struct Fold {
+    /// Per table (a projection has a few: found by a scan, most often by the name's address
+    /// alone). Cleared, the maps keep their room for the next fold.
+    tables: Vec<Held>,
+    /// Per aggregate type and id, the version it moves to.
+    aggregates: HashMap<String, HashMap<String, Mark, Hasher>, Hasher>,
+    len: usize,
+}
+
+type Hasher = foldhash::fast::RandomState;
+
+#[derive(Debug)]
+struct Held {
+    name: &'static str,
+    /// Rows of a table keyed by one column, by key.
+    rows: HashMap<String, Pending, Hasher>,
+    /// Rows of a table keyed by two columns (child rows; fan-in rows with two keys), by
+    /// the first.
+    families: HashMap<String, Family, Hasher>,
+}
+
+/// The rows sharing a first key: an aggregate's children.
+#[derive(Debug, Default)]
+struct Family {
+    /// Every child as stored deleted first (a clear).
+    cleared: bool,
+    rows: Vec<(String, Pending)>,
+}
+
+/// An aggregate version move: the version it must still have, the version written.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    expected: Option<i64>,
+    version: i64,
+}
+
+impl Fold {
+    /// Rows and aggregate versions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets what is held (once written).
+    pub fn clear(&mut self) {
+        for held in &mut self.tables {
+            held.rows.clear();
+            held.families.clear();
+        }
+        self.aggregates.clear();
+        self.len = 0;
+    }
+
+    fn held(&self, table: &str) -> Option<&Held> {
+        self.tables.iter().find(|h| same_name(h.name, table))
+    }
+
+    fn get(&self, table: &Table, key: &str, child: Option<&str>) -> Option<&Pending> {
+        let held = self.held(table.name())?;
+        match child {
+            None => held.rows.get(key),
+            Some(child) => held.families.get(key)?.rows.iter().find(|(c, _)| c == child).map(|(_, p)| p),
+        }
+    }
+
+    /// The version row `key` of gated `table` has once what is held is written: `Some(None)`
+    /// when the fold deletes it; `None` when the fold holds no write of it (the table tells).
+    pub fn version(&self, table: &str, key: &str) -> Option<Option<i64>> {
+        self.held(table)?.rows.get(key).and_then(Pending::state)
+    }
+
+    /// The aggregate version the fold moves an aggregate to (`None`: the table tells).
+    pub fn aggregate(&self, aggregate_type: &str, aggregate_id: &str) -> Option<i64> {
+        Some(self.aggregates.get(aggregate_type)?.get(aggregate_id)?.version)
+    }
+
+    /// Folds `plan` (planned against the versions the fold says, for the rows it holds) in,
+    /// or refuses it and changes nothing (see the module). `tables`: the projection's.
+    pub fn absorb(&mut self, tables: &[Table], plan: &Plan<'_>) -> bool {
+        let declared: Vec<(Table, Declared)> = tables.iter().map(|t| (*t, Declared::of(t))).collect();
+        let declared = |table: &Table| declared.iter().find(|(t, _)| t.name() == table.name()).map(|(_, d)| d);
+        if !self.admits(plan, &declared) {
+            return false;
+        }
+        for mark in &plan.aggregates {
+            if !self.aggregates.contains_key(&mark.aggregate_type) {
+                self.aggregates.insert(mark.aggregate_type.clone(), HashMap::default());
+            }
+            let held = self.aggregates.get_mut(&mark.aggregate_type).expect("just made");
+            match held.get_mut(mark.aggregate_id.as_str()) {
+                Some(held) => held.version = mark.version,
+                None => {
+                    self.len += 1;
+                    let mark_now = Mark { expected: mark.expected, version: mark.version };
+                    held.insert(mark.aggregate_id.clone(), mark_now);
+                }
+            }
+        }
+        for row in &plan.rows {
+            let declared = declared(&row.table).expect("admitted");
+            self.take(declared, row);
+        }
+        true
+    }
+
+    /// Whether `plan` folds (see the module), changing nothing.
+    fn admits<'d>(&self, plan: &Plan<'_>, declared: &impl Fn(&Table) -> Option<&'d Declared>) -> bool {
+        let simple = plan.parks.is_empty()
+            && plan.unparked.is_none()
+            && plan.superseded.is_empty()
+            && plan
+                .outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::Applied | Outcome::Duplicate | Outcome::Stale | Outcome::Ignored));
+        let marks_agree = plan
+            .aggregates
+            .iter()
+            .all(|m| self.aggregate(&m.aggregate_type, &m.aggregate_id).is_none_or(|held| m.expected == Some(held)));
+        if !simple || !marks_agree {
+            return false;
+        }
+        // Gated rows the plan creates, by table and key.
+        let mut created: HashMap<(&str, &str), i64, Hasher> = HashMap::default();
+        for row in &plan.rows {
+            let Some(declared) = declared(&row.table) else { return false };
+            if !values_fold(declared, row) {
+                return false;
+            }
+            let admitted = if row.table.is_gated() {
+                self.admits_gated(declared, row, &mut created)
+            } else {
+                self.admits_merged(declared, row)
+            };
+            if !admitted {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn admits_gated<'p>(
+        &self,
+        declared: &Declared,
+        row: &RowWrite<'p>,
+        created: &mut HashMap<(&'p str, &'p str), i64, Hasher>,
+    ) -> bool {
+        let held = self.get(&row.table, row.key, None);
+        let made = created.get(&(row.table.name(), row.key)).copied();
+        let version = made.or_else(|| held.and_then(Pending::state).flatten());
+        match (row.kind, version) {
+            // Adds the plan drops with its delete: checked with what is held.
+            (RowKind::Check, _) => held.is_none_or(|p| p.dropped_checks_with(declared, false, &row.columns).is_some()),
+            // A row the fold does not hold: planned against the table.
+            (RowKind::Delete, version) => held.is_none_or(|p| {
+                version.is_some() && row.expected == version && p.dropped_checks(declared, false).is_some()
+            }),
+            (RowKind::Insert, None) => {
+                created.insert((row.table.name(), row.key), row.version.unwrap_or_default());
+                true
+            }
+            (RowKind::Update, Some(v)) if row.expected == Some(v) => {
+                // A set over adds held (an overflow PostgreSQL would refuse, never seen).
+                // Held values all surely fit (checked as they came in, or sums kept in
+                // their column's range): only adds might be refused.
+                let part = held.and_then(|p| p.merges_into(row));
+                !row.columns.iter().any(|c| {
+                    c.base.is_some()
+                        && part
+                            .and_then(|p| p.columns.iter().find(|h| h.column == c.column))
+                            .is_some_and(|h| !h.deltas.is_empty())
+                })
+            }
+            // An update of a row the fold does not hold: planned against the table.
+            (RowKind::Update, None) => held.is_none(),
+            _ => false,
+        }
+    }
+
+    /// A fan-in or child row's write (merged into whatever row is there).
+    fn admits_merged(&self, declared: &Declared, row: &RowWrite<'_>) -> bool {
+        let two_keys = !row.table.child_key().is_empty();
+        let family = self.held(row.table.name()).filter(|_| two_keys).and_then(|h| h.families.get(row.key));
+        let held = self.get(&row.table, row.key, row.child);
+        match row.kind {
+            // Adds the plan drops with its delete (or clear): checked with what is held, or,
+            // for a child of an aggregate cleared since, as merged into no row.
+            RowKind::Check => {
+                let cleared = Pending { restarted: true, ..Pending::default() };
+                let held = held.or(family.is_some_and(|f| f.cleared).then_some(&cleared));
+                held.is_none_or(|p| p.dropped_checks_with(declared, true, &row.columns).is_some())
+            }
+            RowKind::Delete => held.is_none_or(|p| p.dropped_checks(declared, true).is_some()),
+            RowKind::Clear => {
+                family.is_none_or(|f| f.rows.iter().all(|(_, p)| p.dropped_checks(declared, true).is_some()))
+            }
+            RowKind::Merge | RowKind::Update => true,
+            RowKind::Insert => false,
+        }
+    }
+
+    /// Folds one admitted row write in.
+    fn take(&mut self, declared: &Declared, row: &RowWrite<'_>) {
+        let name = row.table.name();
+        let i = match self.tables.iter().position(|h| same_name(h.name, name)) {
+            Some(i) => i,
+            None => {
+                let (rows, families) = (HashMap::default(), HashMap::default());
+                self.tables.push(Held { name, rows, families });
+                self.tables.len() - 1
+            }
+        };
+        let held = &mut self.tables[i];
+        let merges = !row.table.is_gated();
+        let pending = match row.child.filter(|_| row.kind != RowKind::Clear) {
+            None if row.kind != RowKind::Clear => {
+                if !held.rows.contains_key(row.key) {
+                    self.len += 1;
+                    held.rows.insert(row.key.to_owned(), Pending::default());
+                }
+                held.rows.get_mut(row.key).expect("just made")
+            }
+            child => {
+                if !held.families.contains_key(row.key) {
+                    held.families.insert(row.key.to_owned(), Family::default());
+                }
+                let family = held.families.get_mut(row.key).expect("just made");
+                if row.kind == RowKind::Clear {
+                    family.cleared = true;
+                    for (_, p) in &mut family.rows {
+                        p.delete(declared, true, None);
+                        p.delete = None;
+                    }
+                    return;
+                }
+                let child = child.expect("a two-key row names its second key");
+                match family.rows.iter().position(|(c, _)| c == child) {
+                    Some(at) => &mut family.rows[at].1,
+                    None => {
+                        self.len += 1;
+                        let restarted = family.cleared;
+                        family.rows.push((child.to_owned(), Pending { restarted, ..Pending::default() }));
+                        &mut family.rows.last_mut().expect("just pushed").1
+                    }
+                }
+            }
+        };
+        match row.kind {
+            RowKind::Check => pending.dropping.extend(row.columns.iter().map(|c| pending::Column::of(declared, c))),
+            RowKind::Delete => pending.delete(declared, merges, row.expected),
+            RowKind::Clear => unreachable!("a clear names no child"),
+            RowKind::Insert | RowKind::Merge | RowKind::Update => pending.write(declared, row),
+        }
+    }
+
+    /// What the fold holds, as the row writes of one plan, at most about `chunk` rows'
+    /// writes at a time: every row's check, then deletes and clears, then inserts and
+    /// merges, then updates (so that no chunk undoes what a later one builds on), each by
+    /// table in `tables`' order and by key; in each chunk, by table, kind and key.
+    pub fn rows<'a>(&'a self, tables: &'a [Table], chunk: usize) -> impl Iterator<Item = Vec<RowWrite<'a>>> + 'a {
+        let mut held: Vec<(usize, &'a str, Option<&'a str>, &'a Pending)> = Vec::with_capacity(self.len);
+        let mut cleared: Vec<(usize, &'a str)> = Vec::new();
+        for h in &self.tables {
+            let Some(t) = tables.iter().position(|t| t.name() == h.name) else { continue };
+            held.extend(h.rows.iter().map(|(key, p)| (t, key.as_str(), None, p)));
+            for (key, family) in &h.families {
+                if family.cleared {
+                    cleared.push((t, key.as_str()));
+                }
+                held.extend(family.rows.iter().map(|(child, p)| (t, key.as_str(), Some(child.as_str()), p)));
+            }
+        }
+        held.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        cleared.sort_unstable();
+        let (mut step, mut at, mut one) = (0_u8, 0_usize, Vec::new());
+        std::iter::from_fn(move || {
+            let mut rows: Vec<(usize, RowWrite<'a>)> = Vec::new();
+            while step < 4 && rows.len() < chunk.max(1) {
+                if step == 1 && at == 0 {
+                    // Every child of these aggregates, as stored, deleted.
+                    rows.extend(cleared.iter().map(|&(t, key)| {
+                        let (table, kind) = (tables[t], RowKind::Clear);
+                        (
+                            t,
+                            RowWrite {
+                                table,
+                                key,
+                                child: None,
+                                kind,
+                                expected: None,
+                                version: None,
+                                columns: Vec::new(),
+                            },
+                        )
+                    }));
+                }
+                match held.get(at) {
+                    Some(&(t, key, child, pending)) => {
+                        pending.writes(step, (tables[t], key, child), &mut one);
+                        rows.extend(one.drain(..).map(|r| (t, r)));
+                        at += 1;
+                    }
+                    None => (step, at) = (step + 1, 0),
+                }
+            }
+            rows.sort_by(|(t, a), (u, b)| (t, a.kind, a.key, a.child).cmp(&(u, b.kind, b.key, b.child)));
+            (!rows.is_empty()).then(|| rows.into_iter().map(|(_, r)| r).collect())
+        })
+    }
+
+    /// The aggregate version moves held, by aggregate.
+    pub fn aggregates(&self) -> Vec<AggregateWrite> {
+        let mut marks: Vec<AggregateWrite> = Vec::with_capacity(self.len);
+        for (aggregate_type, ids) in &self.aggregates {
+            marks.extend(ids.iter().map(|(aggregate_id, m)| AggregateWrite {
+                aggregate_type: aggregate_type.clone(),
+                aggregate_id: aggregate_id.clone(),
+                expected: m.expected,
+                version: m.version,
+            }));
+        }
+        marks.sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
+        marks
+    }
+
+    /// The fan-in rows held, as their table and keys (the second `""` for a table keyed by
+    /// one column), to be locked before they are written.
+    pub fn fan_in_rows(&self, tables: &[Table]) -> Vec<(&'static str, (&str, Option<&str>))> {
+        let mut rows = Vec::new();
+        for h in &self.tables {
+            if !tables.iter().any(|t| t.name() == h.name && t.gate() == crate::Gate::FanIn) {
+                continue;
+            }
+            rows.extend(h.rows.keys().map(|k| (h.name, (k.as_str(), Some("")))));
+            for (key, family) in &h.families {
+                rows.extend(family.rows.iter().map(|(c, _)| (h.name, (key.as_str(), Some(c.as_str())))));
+            }
+        }
+        rows
+    }
+}
+
+/// Whether every value `row` writes surely fits its column, adds only where a chain of them
+/// sums as its steps would (not `numeric(p, s)`), and a row it may create has every NOT NULL
+/// column without a default: folded, a value refused could not be blamed on its event (the
+/// batch is written as usual instead, which names it), and nothing later completes a row.
+fn values_fold(declared: &Declared, row: &RowWrite<'_>) -> bool {
+    let fits = |c: &ColumnWrite<'_>| {
+        let column = declared.column(c.column);
+        c.base.is_none_or(|v| column.surely_fits(v))
+            && (c.deltas.is_empty() || column.chains_exactly())
+            && c.deltas.iter().all(|d| column.surely_fits(d))
+    };
+    let creates = matches!(row.kind, RowKind::Insert | RowKind::Merge);
+    row.columns.iter().all(fits)
+        && !(creates && declared.required().any(|r| !row.columns.iter().any(|c| c.column == r)))
+}
+
+/// Whether two table names are the same: most often the same `&'static str`, compared by
+/// address without reading it.
+fn same_name(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{plan, Effect, EventRef, Stored};
+    use crate::{Envelope, Write};
+
+    const ORDERS: Table =
+        Table::transition("orders", "id").aggregate_type("order").columns(&[("n", "bigint")]).deletable();
+    const LINES: Table =
+        Table::child("lines", "order_id", "sku").aggregate_type("order").columns(&[("q", "bigint NOT NULL DEFAULT 0")]);
+    const TABLES: [Table; 2] = [ORDERS, LINES];
+
+    fn env(id: &str, version: i64) -> Envelope<()> {
+        Envelope {
+            id: uuid::Uuid::nil(),
+            aggregate_type: "order".into(),
+            aggregate_id: id.into(),
+            version,
+            event_type: "T".into(),
+            occurred_at: chrono::DateTime::from_timestamp(0, 0).unwrap(),
+            event: (),
+            metadata: None,
+        }
+    }
+
+    /// Plans one batch, an event per item, against what `fold` says (and, for the rows it
+    /// holds nothing of, `table`: order id → version), as a rebuild reads, and absorbs it.
+    fn fold_in(fold: &mut Fold, table: &[(&str, i64)], batch: &[(&str, i64, Vec<Write>)]) -> Vec<Outcome> {
+        let mut stored = Stored::default();
+        for (id, ..) in batch {
+            let version = match fold.version("orders", id) {
+                Some(folded) => folded,
+                None => table.iter().find(|(t, _)| t == id).map(|(_, v)| *v),
+            };
+            if let Some(v) = version {
+                stored.rows.entry("orders").or_default().insert((*id).to_owned(), v);
+            }
+            if let Some(v) = fold.aggregate("order", id) {
+                stored.aggregates.insert(("order".to_owned(), (*id).to_owned()), v);
+            }
+        }
+        let events: Vec<(EventRef<'_>, Effect<'_>)> = batch
+            .iter()
+            .map(|(id, version, w)| {
+                (EventRef { aggregate_type: "order", aggregate_id: id, version: *version }, Effect::Writes(w))
+            })
+            .collect();
+        let p = plan(&TABLES, &stored, &events).unwrap();
+        assert!(fold.absorb(&TABLES, &p), "folded");
+        p.outcomes
+    }
+
+    /// A row write as the tests compare it: table, kind, keys, version expected or written.
+    type Seen<'a> = (&'a str, RowKind, &'a str, Option<&'a str>, Option<i64>);
+
+    fn written(fold: &Fold) -> Vec<Seen<'_>> {
+        let rows = fold.rows(&TABLES, 2).flatten();
+        rows.map(|r| (r.table.name(), r.kind, r.key, r.child, r.expected.or(r.version))).collect()
+    }
+
+    #[test]
+    fn a_row_the_fold_made_and_a_later_batch_deleted_is_not_written_and_never_comes_back() {
+        let mut fold = Fold::default();
+        let e = |v| env("o1", v);
+        let placed = vec![ORDERS.write(&e(1)).set("n", 5), LINES.child_row(&e(1), "x").add("q", 2)];
+        fold_in(&mut fold, &[], &[("o1", 1, placed.clone())]);
+        fold_in(&mut fold, &[], &[("o1", 2, vec![ORDERS.write(&e(2)).delete(), LINES.clear(&e(2))])]);
+        // The order was never in the table: nothing of it is written. Its line's add is
+        // checked against the line as stored (the clear deletes it), then the clear.
+        let want = vec![("lines", RowKind::Check, "o1", Some("x"), None), ("lines", RowKind::Clear, "o1", None, None)];
+        assert_eq!(written(&fold), want);
+        assert_eq!(fold.aggregates().iter().map(|a| (a.expected, a.version)).collect::<Vec<_>>(), [(None, 2)]);
+        assert_eq!(fold.version("orders", "o1"), Some(None), "deleted, whatever the table holds");
+        // The first event again (a replay): stale against the aggregate's version, nothing made.
+        assert_eq!(fold_in(&mut fold, &[], &[("o1", 1, placed)]), [Outcome::Stale]);
+        assert_eq!(written(&fold), want);
+        // A later version makes the order again.
+        fold_in(&mut fold, &[], &[("o1", 3, vec![ORDERS.write(&e(3)).set("n", 7)])]);
+        assert_eq!(written(&fold)[2..], [("orders", RowKind::Insert, "o1", None, Some(3))]);
+    }
+
+    #[test]
+    fn a_stored_row_deleted_after_the_fold_changed_it_is_checked_then_deleted_at_its_stored_version() {
+        let mut fold = Fold::default();
+        let e = |v| env("o2", v);
+        fold_in(&mut fold, &[("o2", 4)], &[("o2", 5, vec![ORDERS.write(&e(5)).add("n", 1)])]);
+        assert_eq!(written(&fold), [("orders", RowKind::Update, "o2", None, Some(4))]);
+        fold_in(&mut fold, &[("o2", 4)], &[("o2", 6, vec![ORDERS.write(&e(6)).delete()])]);
+        assert_eq!(
+            written(&fold),
+            [("orders", RowKind::Check, "o2", None, None), ("orders", RowKind::Delete, "o2", None, Some(4))]
+        );
+        // Cleared children made again after the clear: merged into no row.
+        fold_in(
+            &mut fold,
+            &[],
+            &[("o3", 1, vec![LINES.clear(&env("o3", 1)), LINES.child_row(&env("o3", 1), "y").add("q", 1)])],
+        );
+        fold_in(&mut fold, &[], &[("o3", 2, vec![LINES.child_row(&env("o3", 2), "y").add("q", 4)])]);
+        let o3: Vec<_> = written(&fold).into_iter().filter(|w| w.2 == "o3").map(|w| (w.1, w.3)).collect();
+        assert_eq!(o3, [(RowKind::Clear, None), (RowKind::Merge, Some("y")), (RowKind::Update, Some("y"))]);
+    }
+}
