@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use projectionist_core::OutcomeCounts;
-use projectionist_postgres::{PgPool, SharedProjection};
+use projectionist_postgres::{Folding, PgPool, SharedProjection};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -481,7 +481,13 @@ impl Runner {
                 dead_letter_topic: self.dead_letter_topic.clone(),
                 checked: self.checked.clone(),
                 sole_writer: self.config.sole_writer,
-                folding: self.config.fold.then(Default::default),
+                // Read from its start with no checkpoint, as a rebuild's shadow first is: its
+                // tables hold nothing of the partition (checkpoints commit with the rows).
+                folding: self.config.fold.then(|| {
+                    let fresh = self.config.sole_writer && read.is_none();
+                    let folding = if fresh { Folding::from_nothing() } else { Folding::default() };
+                    folding.into()
+                }),
                 max_event_bytes: self.config.max_event_bytes,
                 bounds: crate::partition::Bounds {
                     parked_aggregates: self.config.max_parked_aggregates,

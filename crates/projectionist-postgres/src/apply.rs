@@ -82,11 +82,26 @@ impl Folding {
         self.since.get_or_insert_with(std::time::Instant::now);
     }
 
+    /// A fold of a partition read from its start into tables that hold nothing of it (see
+    /// [`projectionist_core::fold::Fold::from_nothing`]): a rebuild's, with no checkpoint yet.
+    pub fn from_nothing() -> Self {
+        Self { fold: projectionist_core::fold::Fold::from_nothing(), ..Self::default() }
+    }
+
+    /// Versions of what was written that a fold keeps, per partition, so that the batches
+    /// after it need not read them back (about 70 bytes each).
+    pub const KEEP_VERSIONS: usize = 1_000_000;
+
     /// Forgets what was held, once written and committed. `wrote_batch`: a batch was
-    /// written after it as usual (it may have parked aggregates).
+    /// written after it as usual (it may have parked aggregates, and moved versions the fold
+    /// does not know: those it kept are forgotten).
     pub fn written(&mut self, wrote_batch: bool) {
         self.rows_written += self.fold.len();
-        self.fold.clear();
+        if wrote_batch {
+            self.fold.clear();
+        } else {
+            self.fold.written(Self::KEEP_VERSIONS);
+        }
         self.through = None;
         self.since = None;
         if wrote_batch {
@@ -112,7 +127,12 @@ impl Folding {
 /// their lookups for the rows they hold now (see [`Folding::statistics_due`]).
 pub async fn analyze(conn: &mut PgConnection, projection: &dyn PgProjection) -> Result<()> {
     let tables = projection.tables().iter().map(|t| Ident::new(t.name()).map(|i| i.to_string()));
-    let tables = tables.collect::<Result<Vec<_>>>()?;
+    let mut tables = tables.collect::<Result<Vec<_>>>()?;
+    // The aggregates' versions, which fan-in, child, custom and deletable tables keep, grow
+    // as fast (the schema's own, as the search path finds it).
+    if projection.tables().iter().any(|t| !t.is_gated() || t.is_deletable()) {
+        tables.push("projectionist_aggregate_versions".to_owned());
+    }
     sqlx::query(&format!("ANALYZE {}", tables.join(", "))).execute(&mut *conn).await?;
     Ok(())
 }
@@ -503,6 +523,10 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             && prepared.checked.as_ref().is_some_and(Checks::is_empty);
         if !foldable {
             return Ok(None);
+        }
+        if !prepared.sole_writer {
+            // Another writer may move what an earlier fold wrote.
+            folding.fold.forget_versions();
         }
         if folding.parked.is_none() {
             folding.parked = Some(park::read(conn, name, &source.topic, source.partition).await?);

@@ -508,7 +508,7 @@ async fn read_stored(
         }
         ids.sort_unstable();
         ids.dedup();
-        if ids.is_empty() {
+        if ids.is_empty() || fold.is_some_and(Fold::knows_all) {
             stored.rows.insert(table.name(), folded);
             continue;
         }
@@ -534,7 +534,7 @@ async fn read_stored(
             None => true,
         });
     }
-    if !aggregates.is_empty() {
+    if !aggregates.is_empty() && !fold.is_some_and(Fold::knows_all) {
         aggregates.sort_unstable();
         aggregates.dedup();
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.into_iter().unzip();

@@ -33,6 +33,20 @@ pub struct Fold {
     /// Per aggregate type and id, the version it moves to.
     aggregates: HashMap<String, HashMap<String, Mark, Hasher>, Hasher>,
     len: usize,
+    /// What earlier folds wrote, kept once written (see [`Fold::written`]): the versions of
+    /// gated rows (`None`: deleted), by table and key, and of aggregates, by type and id.
+    known: Known,
+    /// Whether what is held and known is every version the tables hold of the events folded
+    /// (see [`Fold::from_nothing`]).
+    complete: bool,
+}
+
+/// Versions a fold wrote, by table (or aggregate type) and key.
+#[derive(Debug, Default)]
+struct Known {
+    rows: HashMap<&'static str, HashMap<String, Option<i64>, Hasher>, Hasher>,
+    aggregates: HashMap<String, HashMap<String, i64, Hasher>, Hasher>,
+    len: usize,
 }
 
 type Hasher = foldhash::fast::RandomState;
@@ -63,6 +77,22 @@ struct Mark {
 }
 
 impl Fold {
+    /// A fold of a stream read from its start into tables that hold nothing of it (a
+    /// rebuild's shadow, for a partition with no checkpoint yet): a version neither held nor
+    /// known is no row, with nothing to read, until the fold forgets what it wrote. Should the
+    /// tables hold a row after all (an aggregate whose events another partition also
+    /// carries), its insert finds it there and the write is refused, as a concurrent
+    /// writer's would be.
+    pub fn from_nothing() -> Self {
+        Self { complete: true, ..Self::default() }
+    }
+
+    /// Whether every version the tables hold of the events folded is held or known (see
+    /// [`Fold::from_nothing`]): those not found in the fold are no row.
+    pub fn knows_all(&self) -> bool {
+        self.complete
+    }
+
     /// Rows and aggregate versions held.
     pub fn len(&self) -> usize {
         self.len
@@ -73,13 +103,45 @@ impl Fold {
         self.len == 0
     }
 
-    /// Forgets what is held (once written).
+    /// Forgets what is held, and the versions written before.
     pub fn clear(&mut self) {
         for held in &mut self.tables {
             held.rows.clear();
             held.families.clear();
         }
         self.aggregates.clear();
+        self.len = 0;
+        self.forget_versions();
+    }
+
+    /// Forgets the versions kept from earlier folds (see [`Fold::written`]).
+    pub fn forget_versions(&mut self) {
+        self.known = Known::default();
+        self.complete = false;
+    }
+
+    /// Forgets what is held once written, keeping the versions it wrote (up to about
+    /// `keep` of them, the oldest forgotten first, all at once), so that the batches after
+    /// it need not read them back: only where no one else writes the tables.
+    pub fn written(&mut self, keep: usize) {
+        if self.known.len + self.len > keep {
+            self.forget_versions();
+        }
+        for held in &mut self.tables {
+            let known = self.known.rows.entry(held.name).or_default();
+            for (key, pending) in held.rows.drain() {
+                if let Some(state) = pending.state() {
+                    self.known.len += usize::from(known.insert(key, state).is_none());
+                }
+            }
+            held.families.clear();
+        }
+        for (aggregate_type, marks) in self.aggregates.drain() {
+            let known = self.known.aggregates.entry(aggregate_type).or_default();
+            for (id, mark) in marks {
+                self.known.len += usize::from(known.insert(id, mark.version).is_none());
+            }
+        }
         self.len = 0;
     }
 
@@ -98,12 +160,18 @@ impl Fold {
     /// The version row `key` of gated `table` has once what is held is written: `Some(None)`
     /// when the fold deletes it; `None` when the fold holds no write of it (the table tells).
     pub fn version(&self, table: &str, key: &str) -> Option<Option<i64>> {
-        self.held(table)?.rows.get(key).and_then(Pending::state)
+        match self.held(table).and_then(|h| h.rows.get(key)).and_then(Pending::state) {
+            Some(state) => Some(state),
+            None => self.known.rows.get(table)?.get(key).copied(),
+        }
     }
 
     /// The aggregate version the fold moves an aggregate to (`None`: the table tells).
     pub fn aggregate(&self, aggregate_type: &str, aggregate_id: &str) -> Option<i64> {
-        Some(self.aggregates.get(aggregate_type)?.get(aggregate_id)?.version)
+        match self.aggregates.get(aggregate_type).and_then(|ids| ids.get(aggregate_id)) {
+            Some(mark) => Some(mark.version),
+            None => self.known.aggregates.get(aggregate_type)?.get(aggregate_id).copied(),
+        }
     }
 
     /// Folds `plan` (planned against the versions the fold says, for the rows it holds) in,
@@ -287,7 +355,9 @@ impl Fold {
     /// What the fold holds, as the row writes of one plan, at most about `chunk` rows'
     /// writes at a time: every row's check, then deletes and clears, then inserts and
     /// merges, then updates (so that no chunk undoes what a later one builds on), each by
-    /// table in `tables`' order and by key; in each chunk, by table, kind and key.
+    /// table in `tables`' order and by key; in each chunk, by table, kind and key. Fan-in
+    /// rows, which other partitions write too, come after every other row (their locks are
+    /// then held the shortest).
     pub fn rows<'a>(&'a self, tables: &'a [Table], chunk: usize) -> impl Iterator<Item = Vec<RowWrite<'a>>> + 'a {
         let mut held: Vec<(usize, &'a str, Option<&'a str>, &'a Pending)> = Vec::with_capacity(self.len);
         let mut cleared: Vec<(usize, &'a str)> = Vec::new();
@@ -301,12 +371,16 @@ impl Fold {
                 held.extend(family.rows.iter().map(|(child, p)| (t, key.as_str(), Some(child.as_str()), p)));
             }
         }
-        held.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        let fan_in = |t: usize| tables[t].gate() == crate::Gate::FanIn;
+        held.sort_unstable_by(|a, b| (fan_in(a.0), a.0, a.1, a.2).cmp(&(fan_in(b.0), b.0, b.1, b.2)));
         cleared.sort_unstable();
+        // The steps of the other rows, then those of the fan-in rows (from `shared` on).
+        let shared = held.iter().position(|h| fan_in(h.0)).unwrap_or(held.len());
         let (mut step, mut at, mut one) = (0_u8, 0_usize, Vec::new());
         std::iter::from_fn(move || {
             let mut rows: Vec<(usize, RowWrite<'a>)> = Vec::new();
-            while step < 4 && rows.len() < chunk.max(1) {
+            while step < 8 && rows.len() < chunk.max(1) {
+                let (first, end) = if step < 4 { (0, shared) } else { (shared, held.len()) };
                 if step == 1 && at == 0 {
                     // Every child of these aggregates, as stored, deleted.
                     rows.extend(cleared.iter().map(|&(t, key)| {
@@ -325,9 +399,9 @@ impl Fold {
                         )
                     }));
                 }
-                match held.get(at) {
+                match held[first..end].get(at) {
                     Some(&(t, key, child, pending)) => {
-                        pending.writes(step, (tables[t], key, child), &mut one);
+                        pending.writes(step % 4, (tables[t], key, child), &mut one);
                         rows.extend(one.drain(..).map(|r| (t, r)));
                         at += 1;
                     }
