@@ -192,10 +192,12 @@ pub(crate) async fn fold(
     Ok(fold.absorb(tables, &plan).then_some(plan.outcomes))
 }
 
-/// Writes what `fold` holds, set-based, each statement's row count checked; 10,000 rows at a
-/// time, so that their statements' text stays small beside the fold. The rows it creates go
-/// in by `COPY` where their values allow (see [`copy_rows`]), table by table, before the
-/// table's other writes.
+/// Writes what `fold` holds, set-based, each statement's row count checked: the aggregates'
+/// versions, then its rows 10,000 at a time (see [`Fold::rows`]), so that their statements'
+/// text stays small beside the fold. The rows it creates go in by `COPY` where their values
+/// allow (see [`copy_rows`]), table by table, after the table's checks and deletes and
+/// before its other writes. Its fan-in rows are locked with those of `then` (the batch
+/// written next in the transaction) right before the first is written.
 pub(crate) async fn write_fold(
     conn: &mut PgConnection,
     projection: &str,
