@@ -1,0 +1,136 @@
+//! A rebuild's fold in PostgreSQL: each batch planned against the versions the fold and the
+//! tables say and folded in without a write; what the fold holds written set-based, its new
+//! rows by `COPY`.
+
+use super::*;
+
+/// Plans `events` against the rows as the table and `fold` hold them, and folds the plan
+/// into `fold` without writing anything: the outcomes, or `None` when the plan cannot be
+/// folded (see [`Fold::absorb`]; `fold` is then unchanged), as when an event is of one of
+/// the `parked` aggregates (held: the batch is written as usual).
+pub(crate) async fn fold(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+    parked: &ParkedMap,
+    fold: &mut Fold,
+) -> Result<Option<Vec<Outcome>>> {
+    let of_parked = |e: &EventRef<'_>| parked.contains_key(&(e.aggregate_type.to_owned(), e.aggregate_id.to_owned()));
+    if !parked.is_empty() && events.iter().any(|(e, _)| of_parked(e)) {
+        return Ok(None);
+    }
+    let stored = read_stored(conn, projection, tables, events, true, Some(fold)).await?;
+    // Folded, the rows are written in the fold's order, not the plan's.
+    let plan = planned(events, plan_unordered(tables, &stored, events))?;
+    Ok(fold.absorb(tables, &plan).then_some(plan.outcomes))
+}
+
+/// Writes what `fold` holds, set-based, each statement's row count checked: the aggregates'
+/// versions, then its rows 10,000 at a time (see [`Fold::rows`]), so that their statements'
+/// text stays small beside the fold. The rows it creates go in by `COPY` where their values
+/// allow (see [`copy_rows`]), table by table, after the table's checks and deletes and
+/// before its other writes. Its fan-in rows are locked with those of `then` (the batch
+/// written next in the transaction) right before the first is written.
+pub(crate) async fn write_fold(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    fold: &Fold,
+    then: SharedRows,
+) -> Result<()> {
+    write_aggregates(conn, projection, &fold.aggregates()).await?;
+    let copy: Vec<CopyColumns> = tables.iter().map(CopyColumns::of).collect();
+    let shared = SharedRows::of_rows(fold.fan_in_rows(tables)).with(then);
+    let mut locked = false;
+    for rows in fold.rows(tables, 10_000) {
+        // The chunk holds each table's rows together, in `tables`' order.
+        let mut rest = rows.as_slice();
+        while let Some(first) = rest.first() {
+            let n = rest.iter().take_while(|r| r.table.name() == first.table.name()).count();
+            let (of_table, after) = rest.split_at(n);
+            rest = after;
+            if first.table.gate() == Gate::FanIn && !locked {
+                shared.lock(conn).await?;
+                locked = true;
+            }
+            let columns = tables.iter().position(|t| t.name() == first.table.name()).map(|i| &copy[i]);
+            // Sorted by kind: the checks, clears and deletes before the rows copied in.
+            let removing = of_table.iter().take_while(|r| r.kind < RowKind::Insert).count();
+            let (removed, of_table) = of_table.split_at(removing);
+            write_row_writes(conn, removed).await?;
+            let (copied, written): (Vec<&RowWrite<'_>>, Vec<&RowWrite<'_>>) =
+                of_table.iter().partition(|r| columns.is_some_and(|c| copyable(c, r)));
+            copy_rows(conn, &copied).await?;
+            write_row_writes(conn, written).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `row` is a new row whose every value `COPY` stores as the JSON path would: an
+/// insert into a gated table (it carries a version), each column set to a value
+/// [`CopyColumns::takes`].
+pub(super) fn copyable(columns: &CopyColumns, row: &RowWrite<'_>) -> bool {
+    row.kind == RowKind::Insert
+        && row.version.is_some()
+        && row.columns.iter().all(|c| c.deltas.is_empty() && c.base.is_some_and(|v| columns.takes(c.column, v)))
+}
+
+/// Writes new rows of one table by `COPY … FROM STDIN` (text format), one statement per set
+/// of columns, each one's row count checked: a bulk load's rows, which no one else writes
+/// (the rows a fold creates were found in no table), with no conflict to resolve. For
+/// PostgreSQL, reading their text costs a fraction of parsing them as one JSON array.
+pub(super) async fn copy_rows(conn: &mut PgConnection, rows: &[&RowWrite<'_>]) -> Result<()> {
+    let mut shapes: Vec<(Vec<&'static str>, Vec<u8>, usize)> = Vec::new();
+    for row in rows {
+        let columns = || row.columns.iter().map(|c| c.column);
+        let i = match shapes.iter().position(|(c, ..)| c.iter().copied().eq(columns())) {
+            Some(i) => i,
+            None => {
+                shapes.push((columns().collect(), Vec::new(), 0));
+                shapes.len() - 1
+            }
+        };
+        let (_, text, count) = &mut shapes[i];
+        copy_field(text, row.key);
+        for c in &row.columns {
+            text.push(b'\t');
+            match c.base {
+                Some(Value::String(s)) => copy_field(text, s),
+                Some(Value::Null) | None => text.extend_from_slice(b"\\N"),
+                Some(v) => write!(text, "{v}").expect("writing to a Vec"),
+            }
+        }
+        writeln!(text, "\t{}", row.version.unwrap_or_default()).expect("writing to a Vec");
+        *count += 1;
+    }
+    let Some(table) = rows.first().map(|r| r.table) else { return Ok(()) };
+    let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
+    for (columns, text, count) in shapes {
+        let mut names = vec![key.to_string()];
+        for c in columns {
+            names.push(Ident::new(c)?.to_string());
+        }
+        names.push(version.to_string());
+        let mut copy = conn.copy_in_raw(&format!("COPY {name} ({}) FROM STDIN", names.join(", "))).await?;
+        copy.send(text).await?;
+        let copied = copy.finish().await?;
+        expect_rows(table.name(), count, copied)?;
+    }
+    Ok(())
+}
+
+/// `s` as a field of `COPY`'s text format: its backslashes and the characters that end a
+/// field or a row escaped.
+pub(super) fn copy_field(out: &mut Vec<u8>, s: &str) {
+    for b in s.bytes() {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b => out.push(b),
+        }
+    }
+}

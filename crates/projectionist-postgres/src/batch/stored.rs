@@ -1,0 +1,124 @@
+//! The versions a batch is planned against, read in bulk (locking the rows unless no one
+//! else writes them), and the aggregate versions it moves, written.
+
+use super::*;
+
+pub(super) async fn read_stored(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'_>, Effect<'_>)],
+    sole_writer: bool,
+    fold: Option<&Fold>,
+) -> Result<Stored> {
+    let mut stored = Stored::default();
+    // Locked, so that a concurrent writer of the same rows waits (or is waited for) rather
+    // than making the batch fall back; a sole writer has none to wait for.
+    let lock = if sole_writer { "" } else { " FOR UPDATE" };
+    for table in tables.iter().filter(|t| t.is_gated()) {
+        let mut ids: Vec<&str> =
+            events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
+        // Rows a fold holds are at the version it says; the others, as the table says. (Asked
+        // of the fold first: most keys of a rebuild's batch are there, and only the rest are
+        // sorted for the query.)
+        let mut folded = Versions::default();
+        if let Some(fold) = fold {
+            ids.retain(|id| {
+                if folded.contains_key(*id) {
+                    return false;
+                }
+                match fold.version(table.name(), id) {
+                    Some(Some(v)) => {
+                        folded.insert((*id).to_owned(), v);
+                        false
+                    }
+                    // Deleted by the fold: no row, whatever the table holds.
+                    Some(None) => false,
+                    None => true,
+                }
+            });
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() || fold.is_some_and(Fold::knows_all) {
+            stored.rows.insert(table.name(), folded);
+            continue;
+        }
+        let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
+        // Sorted, so two writers lock overlapping rows in the same order.
+        let sql = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1) ORDER BY {key}{lock}");
+        let found: Vec<(String, i64)> = sqlx::query_as(&sql).bind(&ids).fetch_all(&mut *conn).await?;
+        folded.extend(found);
+        stored.rows.insert(table.name(), folded);
+    }
+    let mut aggregates: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|(e, _)| aggregate_gated(tables, e.aggregate_type))
+        .map(|(e, _)| (e.aggregate_type, e.aggregate_id))
+        .collect();
+    // Versions a fold moves, as it says; the others, as the table says.
+    if let Some(fold) = fold {
+        aggregates.retain(|&(t, i)| match fold.aggregate(t, i) {
+            Some(v) => {
+                stored.aggregates.insert((t.to_owned(), i.to_owned()), v);
+                false
+            }
+            None => true,
+        });
+    }
+    if !aggregates.is_empty() && !fold.is_some_and(Fold::knows_all) {
+        aggregates.sort_unstable();
+        aggregates.dedup();
+        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.into_iter().unzip();
+        let sql = format!(
+            "SELECT aggregate_type, aggregate_id, version FROM projectionist_aggregate_versions \
+             WHERE projection = $1 AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($2::text[], \
+             $3::text[])) \
+             ORDER BY aggregate_type, aggregate_id{lock}"
+        );
+        let found: Vec<(String, String, i64)> =
+            sqlx::query_as(&sql).bind(projection).bind(&types).bind(&ids).fetch_all(&mut *conn).await?;
+        stored.aggregates.extend(found.into_iter().map(|(t, i, v)| ((t, i), v)));
+    }
+    Ok(stored)
+}
+
+pub(super) async fn write_aggregates(
+    conn: &mut PgConnection,
+    projection: &str,
+    marks: &[AggregateWrite],
+) -> Result<()> {
+    let (inserts, updates): (Vec<&AggregateWrite>, Vec<&AggregateWrite>) =
+        marks.iter().partition(|m| m.expected.is_none());
+    if !inserts.is_empty() {
+        let result = sqlx::query(
+            "INSERT INTO projectionist_aggregate_versions (projection, aggregate_type, aggregate_id, version) \
+             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[]) ON CONFLICT DO NOTHING",
+        )
+        .bind(projection)
+        .bind(inserts.iter().map(|m| m.aggregate_type.as_str()).collect::<Vec<_>>())
+        .bind(inserts.iter().map(|m| m.aggregate_id.as_str()).collect::<Vec<_>>())
+        .bind(inserts.iter().map(|m| m.version).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+        expect_rows("projectionist_aggregate_versions", inserts.len(), result.rows_affected())?;
+    }
+    if !updates.is_empty() {
+        let result = sqlx::query(
+            "UPDATE projectionist_aggregate_versions w SET version = u.version \
+             FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u(aggregate_type, aggregate_id, \
+             version, expected) \
+             WHERE w.projection = $1 AND w.aggregate_type = u.aggregate_type AND w.aggregate_id = u.aggregate_id AND \
+             w.version = u.expected",
+        )
+        .bind(projection)
+        .bind(updates.iter().map(|m| m.aggregate_type.as_str()).collect::<Vec<_>>())
+        .bind(updates.iter().map(|m| m.aggregate_id.as_str()).collect::<Vec<_>>())
+        .bind(updates.iter().map(|m| m.version).collect::<Vec<_>>())
+        .bind(updates.iter().map(|m| m.expected.unwrap_or_default()).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+        expect_rows("projectionist_aggregate_versions", updates.len(), result.rows_affected())?;
+    }
+    Ok(())
+}
