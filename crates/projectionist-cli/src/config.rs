@@ -131,7 +131,7 @@ pub(crate) struct RunOptions {
     /// `projectionist.*` headers saying where it was read and why it failed).
     #[arg(long, env = "PROJECTIONIST_DEAD_LETTER_TOPIC")]
     pub dead_letter_topic: Option<String>,
-    /// One projection's own value of one of the five settings above (`on_gap`, `on_poison`,
+    /// One projection's own value of one of the six settings above (`on_gap`, `on_poison`,
     /// `max_event_bytes`, `max_parked_aggregates`, `max_held_per_aggregate`,
     /// `dead_letter_topic`), e.g. `order_status.on_gap=halt`; repeat for more. In the file:
     /// a `[run.per_projection.order_status]` table.
