@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use progress::Progress;
+use progress::ProgressDisplay;
 use projectionist_kafka::{Engine, EngineConfig, KafkaClientConfig, Registration};
 use projectionist_postgres::{PgPool, PgProjection};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -536,7 +536,7 @@ impl App {
         serve_metrics(args.metrics_addr.as_deref(), engine.readiness(), Some(waits)).await?;
         let started = Instant::now();
         let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
-        let mut progress = Progress::new(what, target);
+        let mut progress = ProgressDisplay::new(what, target);
         let reporter = tokio::spawn(report_progress(engine.stats(), progress.clone()));
         let report = engine.run(shutdown_signal()).await;
         reporter.abort();
@@ -643,7 +643,7 @@ fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<
 /// Updates the progress line from the engine's counters while a run works: offsets the
 /// checkpoints moved past, the same measure as the target (transaction markers take offsets
 /// too, so counting messages read would end short of 100 %).
-async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progress: Progress) {
+async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progress: ProgressDisplay) {
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let advanced: u64 = stats.iter().map(|s| s.advanced.load(std::sync::atomic::Ordering::Relaxed)).sum();
@@ -690,7 +690,7 @@ async fn report_rebuild(
     };
     let from = read(&shadow(pool.clone(), name.clone()).await);
     let total: u64 = positions.iter().map(|p| (p.high - p.low).max(0) as u64).sum();
-    let mut progress = Progress::new("Rebuilding", Some(total.saturating_sub(from)));
+    let mut progress = ProgressDisplay::new("Rebuilding", Some(total.saturating_sub(from)));
     let mut done = from;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -41,7 +41,7 @@ fn show(bar: Option<&ProgressBar>) {
 
 /// Clones share the terminal bar, so one can be finished while another is still updating.
 #[derive(Clone)]
-pub(crate) struct Progress {
+pub(crate) struct ProgressDisplay {
     what: &'static str,
     total: Option<u64>,
     started: Instant,
@@ -51,7 +51,7 @@ pub(crate) struct Progress {
     bar: Option<ProgressBar>,
 }
 
-impl Progress {
+impl ProgressDisplay {
     /// `total`: the target fixed at start (e.g. messages up to the high watermarks).
     pub(crate) fn new(what: &'static str, total: Option<u64>) -> Self {
         let now = Instant::now();
@@ -148,7 +148,7 @@ mod tests {
 
     use indicatif::{ProgressDrawTarget, TermLike};
 
-    use super::{bar, Progress};
+    use super::{bar, ProgressDisplay};
 
     /// A terminal that keeps the lines drawn (not the blanks that erase a longer line).
     #[derive(Debug, Clone, Default)]
@@ -227,11 +227,11 @@ mod tests {
 
     #[test]
     fn lines_show_position_rate_and_eta() {
-        let p = Progress::new("Replaying", Some(1000));
+        let p = ProgressDisplay::new("Replaying", Some(1000));
         let line = p.line(250);
         assert!(line.starts_with("Replaying: 250/1000 events (25.0%), "), "{line}");
         assert!(line.contains("events/s, ETA "), "{line}");
-        assert!(Progress::new("Publishing", None).line(5).starts_with("Publishing: 5 events, "));
+        assert!(ProgressDisplay::new("Publishing", None).line(5).starts_with("Publishing: 5 events, "));
         assert!(p.line(1000).ends_with("ETA -"));
         let past = p.line(1500);
         assert!(past.starts_with("Replaying: 1500/1000 events (100.0%), ") && past.ends_with("ETA -"), "{past}");

@@ -62,7 +62,7 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
             std::fs::File::create(path).with_context(|| format!("cannot create {path}"))?,
         ))),
     };
-    let mut progress = crate::progress::Progress::new("Publishing", total);
+    let mut progress = crate::progress::ProgressDisplay::new("Publishing", total);
     let mut lines = BufReader::new(reader).lines();
     let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) =
         (0_usize, 0_usize, 0_usize, 0_usize, 0_usize);
