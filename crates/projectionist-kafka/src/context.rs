@@ -14,19 +14,7 @@ use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 
 use crate::partition::Progress;
-
-/// A topic and partition.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Tp {
-    pub topic: String,
-    pub partition: i32,
-}
-
-impl Tp {
-    pub(crate) fn new(topic: impl Into<String>, partition: i32) -> Self {
-        Self { topic: topic.into(), partition }
-    }
-}
+use crate::tp::Tp;
 
 /// A change of assignment, for the runner to act on. The group waits until the runner has
 /// assigned the partitions (after reading their checkpoints) or unassigned them (after they
@@ -145,7 +133,7 @@ impl ClientContext for EngineContext {
             self.unreachable.store(!up, Ordering::SeqCst);
         }
         let owned = self.owned.lock().expect("owned lock").clone();
-        let now = crate::partition::now_ms();
+        let now = crate::tp::now_ms();
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
                 let Some(progress) = owned.get(&Tp::new(topic.as_str(), *partition)) else { continue };

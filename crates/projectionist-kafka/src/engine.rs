@@ -11,10 +11,12 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use tokio::sync::{mpsc, watch};
 
-use crate::context::{EngineContext, Rebalance, Tp};
+use crate::context::{EngineContext, Rebalance};
 use crate::outage::Outage;
 use crate::retry::Retry;
-use crate::runner::{Member, Runner, Stats};
+use crate::runner::{Member, Runner};
+use crate::stats::Stats;
+use crate::tp::Tp;
 use crate::{EngineConfig, Error, Result};
 
 /// A projection and the topics it consumes.

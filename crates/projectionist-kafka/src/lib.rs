@@ -13,11 +13,13 @@ mod partition;
 pub mod rebuild;
 mod retry;
 mod runner;
+mod stats;
 pub mod topics;
+mod tp;
 
 pub use client::{ConnectFailure, KafkaClientConfig};
 pub use config::{redact_userinfo, EngineConfig, ProjectionSettings};
 pub use engine::{Engine, Readiness, ReadyState, Registration, RunReport};
 pub use error::{Error, Result};
 pub use retry::{Retry, RetryPolicy, Retrying};
-pub use runner::Stats;
+pub use stats::Stats;

@@ -183,7 +183,7 @@ pub(crate) fn events_ignored(projection: &str, event_type: String, n: u64) {
 pub(crate) fn batch_committed(
     pool: &projectionist_postgres::PgPool,
     projection: &str,
-    tp: &crate::context::Tp,
+    tp: &crate::tp::Tp,
     events: usize,
     last_occurred_ms: Option<i64>,
     counts: &projectionist_core::OutcomeCounts,
@@ -207,7 +207,7 @@ pub(crate) fn batch_committed(
     metrics::histogram!(BATCH_DURATION, "projection" => projection.clone()).record(took.as_secs_f64());
     metrics::counter!(CHECKPOINT_COMMITS, "projection" => projection.clone()).increment(1);
     if let Some(last) = last_occurred_ms {
-        let age = (crate::partition::now_ms() - last).max(0) as f64 / 1000.0;
+        let age = (crate::tp::now_ms() - last).max(0) as f64 / 1000.0;
         let (topic, partition) = (tp.topic.clone(), tp.partition.to_string());
         metrics::gauge!(
             APPLIED_EVENT_AGE_SECONDS,

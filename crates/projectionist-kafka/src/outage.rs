@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::metrics as m;
 use crate::retry::Retrying;
-use crate::runner::Stats;
+use crate::stats::Stats;
 
 /// Least time between two log lines about one wait.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(15);

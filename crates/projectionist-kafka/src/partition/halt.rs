@@ -6,9 +6,10 @@ use std::sync::Arc;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::topic_partition_list::TopicPartitionList;
 
-use crate::context::{EngineContext, Tp};
+use crate::context::EngineContext;
 use crate::metrics as m;
-use crate::runner::Stats;
+use crate::stats::Stats;
+use crate::tp::Tp;
 
 /// Why a partition stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,9 +31,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::batcher::{Batcher, Limits};
-use crate::context::{EngineContext, Tp};
+use crate::context::EngineContext;
 use crate::retry::RetryPolicy;
-use crate::runner::Stats;
+use crate::stats::Stats;
+use crate::tp::Tp;
 pub(crate) use apply::Bounds;
 use apply::{Applied, Reads};
 use decode::Msg;
@@ -467,9 +468,4 @@ async fn sleep_until(deadline: Option<Instant>) {
         Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
     }
-}
-
-/// Now, in ms since the epoch.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }

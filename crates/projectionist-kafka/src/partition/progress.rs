@@ -11,8 +11,8 @@ use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::Partition;
-use crate::context::Tp;
 use crate::outage::{Throttle, LOG_EVERY};
+use crate::tp::Tp;
 
 /// A partition's progress, shared with the runner and the statistics callback.
 #[derive(Debug)]

@@ -1,0 +1,101 @@
+//! Live counters of one projection, readable while it runs: a leaf the runner, its
+//! partitions and the outage watch all count into.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use projectionist_core::OutcomeCounts;
+
+use crate::tp::Tp;
+
+/// Live counters of one projection, readable while it runs.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Messages read from Kafka (including ones later dropped by a rebalance).
+    pub read: AtomicU64,
+    /// Offsets the partitions' checkpoints moved past in this run: events and the
+    /// transaction markers between them alike, so it reaches the distance to the high
+    /// watermarks exactly (progress against them).
+    pub advanced: AtomicU64,
+    /// Offsets a rebuild's partitions moved past by folding batches whose rows are not yet
+    /// written with their checkpoint (see [`EngineConfig::fold`](crate::EngineConfig)):
+    /// with the checkpoints in PostgreSQL, how far the rebuild has read.
+    pub folded: AtomicU64,
+    /// Events that changed the read model.
+    pub applied: AtomicU64,
+    /// Redeliveries of applied versions.
+    pub duplicate: AtomicU64,
+    /// Versions older than the stored one.
+    pub stale: AtomicU64,
+    /// Event types the projection does not handle.
+    pub ignored: AtomicU64,
+    /// Events held behind a parked aggregate.
+    pub parked: AtomicU64,
+    /// Held events applied (or found duplicate or stale) once their missing version came.
+    pub drained: AtomicU64,
+    /// Dead letters kept.
+    pub dead_letters: AtomicU64,
+    /// Events ignored, by type (the projection has no variant for it): at most
+    /// [`Stats::MAX_IGNORED_TYPES`] types, any further ones counted as `other`.
+    pub ignored_types: Mutex<BTreeMap<String, u64>>,
+    /// Batches committed.
+    pub batches: AtomicU64,
+    /// Halted partitions and why.
+    pub halts: Mutex<Vec<String>>,
+    /// Partitions halted in this process: they stay halted when assigned again.
+    pub(crate) halted: Mutex<HashSet<Tp>>,
+    /// Waits for PostgreSQL under way: partitions applying a batch and checkpoint reads on
+    /// assignment (see [`crate::outage`]).
+    pub(crate) waiting: Mutex<usize>,
+}
+
+impl Stats {
+    /// The most event types [`Stats::ignored_types`] (and the metric's `type` label) tell apart.
+    pub const MAX_IGNORED_TYPES: usize = 100;
+
+    /// Counts `n` ignored events of `event_type`: the name they are counted under (the type,
+    /// or `other` past [`Stats::MAX_IGNORED_TYPES`]), and whether it is new in this run.
+    pub(crate) fn ignore(&self, event_type: &str, n: u64) -> (String, bool) {
+        let mut types = self.ignored_types.lock().expect("ignored types lock");
+        let known = types.contains_key(event_type);
+        let name = if known || types.len() < Self::MAX_IGNORED_TYPES { event_type } else { "other" };
+        let count = types.entry(name.to_owned()).or_default();
+        let new = *count == 0;
+        *count += n;
+        (name.to_owned(), new)
+    }
+
+    pub(crate) fn add(&self, c: &OutcomeCounts) {
+        self.applied.fetch_add(c.applied, Ordering::Relaxed);
+        self.duplicate.fetch_add(c.duplicate, Ordering::Relaxed);
+        self.stale.fetch_add(c.stale, Ordering::Relaxed);
+        self.ignored.fetch_add(c.ignored, Ordering::Relaxed);
+        self.parked.fetch_add(c.parked, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether some partition of the projection, or its checkpoint read on assignment, is
+    /// waiting for PostgreSQL to come back (it resumes by itself).
+    pub fn waiting_for_postgres(&self) -> bool {
+        *self.waiting.lock().expect("waiting lock") > 0
+    }
+
+    /// Partitions halted in this process (they stay halted until it restarts).
+    pub fn partitions_halted(&self) -> usize {
+        self.halted.lock().expect("halted lock").len()
+    }
+
+    /// Outcome counts so far.
+    pub fn outcomes(&self) -> OutcomeCounts {
+        OutcomeCounts {
+            applied: self.applied.load(Ordering::Relaxed),
+            duplicate: self.duplicate.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
+            gap: 0,
+            ignored: self.ignored.load(Ordering::Relaxed),
+            parked: self.parked.load(Ordering::Relaxed),
+            dead_lettered: 0,
+        }
+    }
+}
