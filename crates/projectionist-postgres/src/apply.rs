@@ -541,7 +541,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
         if folding.is_empty() {
             return Ok(());
         }
-        crate::rebuild::share_swap_lock(conn, Projection::name(self)).await?;
+        crate::swap_lock::share_swap_lock(conn, Projection::name(self)).await?;
         let then = SharedRows::of(then.iter().flat_map(|p| p.events.iter().map(PreparedEvent::effect)));
         batch::write_fold(conn, Projection::name(self), Projection::tables(self), &folding.fold, then).await
     }
@@ -559,7 +559,7 @@ impl<P: Projection<PgConnection>> PgProjection for P {
             return Err(prepared.events[index].poison().expect("poison").clone_of_batch().at(index));
         }
         if !prepared.swap_locked {
-            crate::rebuild::share_swap_lock(conn, name).await?;
+            crate::swap_lock::share_swap_lock(conn, name).await?;
         }
         let shared = SharedRows::of(prepared.events.iter().map(PreparedEvent::effect));
         let gaps_halt = on_gap == OnGap::Halt;

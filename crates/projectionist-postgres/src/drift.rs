@@ -179,9 +179,6 @@ async fn primary_key(conn: &mut PgConnection, relation: &str) -> Result<Vec<Stri
     .await?)
 }
 
-/// The problem of a declared table the database does not have.
-pub(crate) const MISSING_TABLE: &str = "does not exist";
-
 /// Checks that each of the projection's tables exists and is as declared, as `run` does
 /// before it reads a message and a reset before it empties anything: an
 /// [`Error::Drift`](crate::Error::Drift) lists every difference and what to do.
@@ -191,7 +188,11 @@ pub async fn check_tables(pool: &PgPool, projection: &dyn PgProjection) -> Resul
     for t in projection.tables() {
         match table(pool, t).await? {
             Some(found) => drift.extend(found),
-            None => drift.push(Drift { table: t.name().to_owned(), problem: MISSING_TABLE.to_owned(), fix: None }),
+            None => drift.push(Drift {
+                table: t.name().to_owned(),
+                problem: crate::error::MISSING_TABLE.to_owned(),
+                fix: None,
+            }),
         }
     }
     if drift.is_empty() {

@@ -209,7 +209,7 @@ fn describe_drift(projection: &str, drift: &[crate::Drift]) -> String {
             text.push_str(" (can be added in place: `migrate --add-columns`)");
         }
     }
-    let missing = |d: &&crate::Drift| d.problem == crate::drift::MISSING_TABLE;
+    let missing = |d: &&crate::Drift| d.problem == MISSING_TABLE;
     if drift.iter().any(|d| d.fix.is_some()) {
         text.push_str(
             "\nTo fill the missing columns from the stream, run `rebuild`: it builds the tables as declared beside \
@@ -467,6 +467,16 @@ fn is_retryable_sqlstate(code: &str) -> bool {
 
 fn is_environment_sqlstate(code: &str) -> bool {
     matches!(code, "25006" | "53300" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
+}
+
+/// What a drift says of a declared table that is not there.
+pub(crate) const MISSING_TABLE: &str = "does not exist";
+
+impl Error {
+    /// A rebuild of `projection` that cannot go on, and why.
+    pub(crate) fn rebuild(projection: &str, problem: impl Into<String>) -> Self {
+        Error::Rebuild { projection: projection.to_owned(), problem: problem.into() }
+    }
 }
 
 #[cfg(test)]

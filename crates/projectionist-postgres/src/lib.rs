@@ -12,6 +12,7 @@ mod migrate;
 pub mod park;
 pub mod rebuild;
 mod shared_rows;
+mod swap_lock;
 pub mod wait;
 
 pub use apply::{

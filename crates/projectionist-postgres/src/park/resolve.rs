@@ -47,7 +47,7 @@ pub struct Resolved {
 pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, action: Resolve) -> Result<Resolved> {
     let name = projection.name();
     let mut tx = pool.begin().await?;
-    crate::rebuild::share_swap_lock(&mut tx, name).await?;
+    crate::swap_lock::share_swap_lock(&mut tx, name).await?;
     let letter: Option<StoredDeadLetter> = sqlx::query_as(&format!(
         "SELECT {DEAD_LETTER_COLUMNS} FROM projectionist_dead_letters WHERE id = $1 AND projection = $2 FOR UPDATE"
     ))
@@ -172,7 +172,7 @@ pub async fn skip_gap(
 ) -> Result<Resolved> {
     let name = projection.name();
     let mut tx = pool.begin().await?;
-    crate::rebuild::share_swap_lock(&mut tx, name).await?;
+    crate::swap_lock::share_swap_lock(&mut tx, name).await?;
     let parked: Option<(i64, Option<i64>, String, i32)> = sqlx::query_as(
         "SELECT waiting_for, dead_letter, topic, partition FROM projectionist_parked \
          WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE",
