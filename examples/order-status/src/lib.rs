@@ -99,12 +99,11 @@ impl Projection<PgConnection> for OrderStatus {
     }
 
     fn project(&self, env: &Envelope<OrderEvent>) -> Writes {
-        if let OrderEvent::OrderArchived {} = env.event {
-            return ORDERS.write(env).delete().and(ORDER_LINES.clear(env));
-        }
-        let order = ORDERS.write(env).set("updated_at", env.occurred_at);
+        // Every event but the archive stamps the order's row.
+        let order = || ORDERS.write(env).set("updated_at", env.occurred_at);
         match &env.event {
-            OrderEvent::OrderPlaced { customer_id, total_cents } => order
+            OrderEvent::OrderArchived {} => ORDERS.write(env).delete().and(ORDER_LINES.clear(env)),
+            OrderEvent::OrderPlaced { customer_id, total_cents } => order()
                 .set("customer_id", customer_id)
                 .set("total_cents", total_cents)
                 .set("paid_cents", 0)
@@ -112,15 +111,14 @@ impl Projection<PgConnection> for OrderStatus {
                 .and(CUSTOMER_STATS.row(customer_id).add("orders_placed", 1).add("total_cents", total_cents)),
             OrderEvent::ItemAdded { sku, quantity } => {
                 let line = ORDER_LINES.child_row(env, sku).add("quantity", quantity).set("updated_at", env.occurred_at);
-                order.and(line)
+                order().and(line)
             }
-            OrderEvent::ItemRemoved { sku } => order.and(ORDER_LINES.child_row(env, sku).delete()),
+            OrderEvent::ItemRemoved { sku } => order().and(ORDER_LINES.child_row(env, sku).delete()),
             OrderEvent::OrderPaid { amount_cents } => {
-                order.add("paid_cents", amount_cents).set("status", "paid").into()
+                order().add("paid_cents", amount_cents).set("status", "paid").into()
             }
-            OrderEvent::OrderShipped {} => order.set("status", "shipped").into(),
-            OrderEvent::OrderCancelled { .. } => order.set("status", "cancelled").and(ORDER_LINES.clear(env)),
-            OrderEvent::OrderArchived {} => unreachable!("deleted above"),
+            OrderEvent::OrderShipped {} => order().set("status", "shipped").into(),
+            OrderEvent::OrderCancelled { .. } => order().set("status", "cancelled").and(ORDER_LINES.clear(env)),
         }
     }
 }
