@@ -426,7 +426,10 @@ async fn a_gap_ends_the_batch_and_what_precedes_it_stays_written(pool: PgPool) {
         let mut tx = pool.begin().await.unwrap();
         let prepared = Accounts.prepare(events.to_vec());
         assert!(prepared.failure().is_none() && prepared.len() == events.len());
-        let outcomes = Accounts.write(&mut tx, &prepared, mode, OnGap::Halt).await.unwrap().outcomes;
+        let outcomes = projectionist::postgres::writer::write(&mut tx, &Accounts, &prepared, mode, OnGap::Halt)
+            .await
+            .unwrap()
+            .outcomes;
         tx.commit().await.unwrap();
         assert_eq!(outcomes, [Outcome::Applied, gap], "{mode:?}: the engine halts there");
         assert_eq!(row(&pool, "a").await["version"], json!(1), "{mode:?}");

@@ -953,7 +953,9 @@ async fn write_in(conn: &mut PgConnection, projection: &Shaped, events: Vec<RawE
         events.iter().map(|e| SourceMessage { payload: e.to_json(), ..SourceMessage::default() }).collect();
     let mut prepared = projection.prepare(events);
     prepared.set_source(Source { topic: "t".into(), messages, ..Source::default() });
-    projection.write(conn, &prepared, Mode::Batch, projectionist::OnGap::Park).await.unwrap();
+    projectionist::postgres::writer::write(conn, projection, &prepared, Mode::Batch, projectionist::OnGap::Park)
+        .await
+        .unwrap();
 }
 
 /// The deadlock CI once met: a batch had read its parked aggregates, the swap took the live

@@ -79,21 +79,31 @@ pub async fn run_folded(
             prepared.set_checked(checked.clone());
             prepared.set_sole_writer();
             loop {
-                if let Some(written) = projection.fold(&mut conn, &prepared, &mut folding).await.unwrap() {
+                if let Some(written) =
+                    projectionist::postgres::folding::fold(&mut conn, projection, &prepared, &mut folding)
+                        .await
+                        .unwrap()
+                {
                     assert_eq!(written.outcomes.len(), batch.len() - done, "a folded batch is folded whole");
                     (done, folded) = (batch.len(), folded + 1);
                     outcomes.extend(written.outcomes);
                     if rng.gen_bool(0.2) {
                         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                        projection.write_folded(&mut tx, &folding, None).await.unwrap();
+                        projectionist::postgres::folding::write_folded(&mut tx, projection, &folding, None)
+                            .await
+                            .unwrap();
                         tx.commit().await.unwrap();
                         folding.written(false);
                     }
                     break;
                 }
                 let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                projection.write_folded(&mut tx, &folding, Some(&prepared)).await.unwrap();
-                match projection.write(&mut tx, &prepared, Mode::Batch, policy.on_gap).await {
+                projectionist::postgres::folding::write_folded(&mut tx, projection, &folding, Some(&prepared))
+                    .await
+                    .unwrap();
+                match projectionist::postgres::writer::write(&mut tx, projection, &prepared, Mode::Batch, policy.on_gap)
+                    .await
+                {
                     Ok(written) => {
                         tx.commit().await.unwrap();
                         folding.written(true);
@@ -112,7 +122,7 @@ pub async fn run_folded(
         rest = tail;
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    projection.write_folded(&mut tx, &folding, None).await.unwrap();
+    projectionist::postgres::folding::write_folded(&mut tx, projection, &folding, None).await.unwrap();
     tx.commit().await.unwrap();
     // As a rebuild does once its tables have grown.
     projectionist::postgres::analyze(&mut conn, projection).await.unwrap();

@@ -399,7 +399,7 @@ impl Runner {
                     folding.into()
                 }),
                 max_event_bytes: self.config.max_event_bytes,
-                bounds: crate::partition::Bounds {
+                bounds: projectionist_postgres::park::Bounds {
                     parked_aggregates: self.config.max_parked_aggregates,
                     held_per_aggregate: self.config.max_held_per_aggregate,
                 },

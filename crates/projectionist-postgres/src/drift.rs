@@ -20,9 +20,9 @@ use std::fmt;
 use projectionist_core::Table;
 use sqlx::{PgConnection, PgPool};
 
-use crate::apply::{validate, PgProjection};
 use crate::error::{Error, Result};
 use crate::ident::Ident;
+use crate::projection::{validate, PgProjection};
 
 /// How a table in the database differs from its declaration.
 #[derive(Debug, Clone, PartialEq, Eq)]

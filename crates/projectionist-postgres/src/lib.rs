@@ -7,21 +7,26 @@ mod checks;
 mod dependents;
 mod drift;
 mod error;
+pub mod folding;
 mod ident;
 mod migrate;
 pub mod park;
+mod prepared;
+mod projection;
 pub mod rebuild;
 mod shared_rows;
 mod swap_lock;
 pub mod wait;
+pub mod writer;
 
-pub use apply::{
-    analyze, apply_batch, apply_batch_in, checked_tables, create_schema, reset, validate, Folding, Mode, PgProjection,
-    Policy, Prepared, SharedProjection, Written,
-};
+pub use apply::{apply_batch, apply_batch_in, Policy};
 pub use checks::Checks;
 pub use drift::{check_tables, Drift};
 pub use error::{is_retryable_apply, is_retryable_sqlx, Error, Result};
+pub use folding::{analyze, Folding};
 pub use ident::Ident;
 pub use migrate::{migrate, migrate_with, MigrateOptions, HISTORY_TABLE};
+pub use prepared::Prepared;
+pub use projection::{checked_tables, create_schema, reset, validate, PgProjection, SharedProjection};
 pub use sqlx::{PgConnection, PgPool};
+pub use writer::{Mode, Written};

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use sqlx::migrate::Migrator;
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::apply::{create_schema, validate, PgProjection};
 use crate::drift::{self, Drift};
 use crate::error::{Error, Result};
+use crate::projection::{create_schema, validate, PgProjection};
 
 /// What `migrate` may change besides creating what does not exist.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

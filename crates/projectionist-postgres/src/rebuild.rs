@@ -15,8 +15,8 @@
 
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::apply::{validate, PgProjection};
 use crate::error::{Error, Result};
+use crate::projection::{validate, PgProjection};
 pub use crate::swap_lock::begin_sharing_swap_lock;
 use crate::swap_lock::SWAP_LOCK;
 use crate::Ident;

@@ -10,7 +10,8 @@ use std::time::Instant;
 use projectionist_core::{OnPoison, OnUnknownType, Outcome, OutcomeCounts};
 use projectionist_postgres::checkpoint::Passed;
 use projectionist_postgres::park::Source;
-use projectionist_postgres::{Mode, Prepared, Written};
+use projectionist_postgres::writer::{self, Batch};
+use projectionist_postgres::{folding, Prepared, Written};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -135,7 +136,7 @@ impl Partition {
                     Err(projectionist_postgres::Error::CheckpointMoved { stored, .. }) => {
                         return Applied::Moved(stored)
                     }
-                    Ok(Committed { counts, next_offset, gap, ignored, parking }) => {
+                    Ok(Counted { counts, next_offset, gap, ignored, parking }) => {
                         outage.over();
                         this.stats.add(&counts);
                         this.count_ignored(ignored);
@@ -232,7 +233,7 @@ impl Partition {
         prepared: &Prepared,
         at: &[At],
         next_offset: i64,
-    ) -> projectionist_postgres::Result<Committed> {
+    ) -> projectionist_postgres::Result<Counted> {
         let mut folding = match &self.folding {
             Some(folding) => Some(folding.lock().await),
             None => None,
@@ -240,7 +241,7 @@ impl Partition {
         if let Some(folding) = folding.as_deref_mut() {
             // A rebuild's bulk load: folded, written with a checkpoint once due.
             let mut conn = self.pool.acquire().await?;
-            if let Some(written) = self.projection.fold(&mut conn, prepared, folding).await? {
+            if let Some(written) = folding::fold(&mut conn, self.projection.as_ref(), prepared, folding).await? {
                 drop(conn);
                 folding.folded_through(next_offset);
                 self.folded(at.first().map_or(next_offset, |a| a.offset), next_offset);
@@ -250,58 +251,26 @@ impl Partition {
                 return Ok(self.committed(prepared, written, next_offset, None).await);
             }
         }
-        let mut conn = self.pool.acquire().await?;
-        let mut begun = false;
-        let done =
-            self.write_in_transaction(&mut conn, prepared, at, next_offset, folding.as_deref(), &mut begun).await;
-        if done.is_err() && !begun {
-            // Possibly left in a failed transaction the pool would not notice.
-            conn.close_on_drop();
-        }
-        let (written, next_offset, gap, from) = done?;
-        let passed = from.map(|from| Passed { from, kept_out: &written.kept_out });
-        self.notify_checkpoint(&mut conn, next_offset, passed).await;
-        drop(conn);
+        let offsets: Vec<i64> = at.iter().map(|a| a.offset).collect();
+        let batch = Batch {
+            topic: &self.tp.topic,
+            partition: self.tp.partition,
+            expected: self.expected_checkpoint(),
+            next_offset,
+            offsets: &offsets,
+            on_gap: self.on_gap,
+            bounds: self.bounds,
+            folding: folding.as_deref(),
+        };
+        let committed = writer::commit_batch(&self.pool, self.projection.as_ref(), prepared, batch).await?;
+        self.stored(committed.next_offset);
         if let Some(folding) = folding.as_deref_mut() {
             folding.written(true);
             self.written_fold();
             self.analyze_if_due(folding).await;
         }
+        let writer::Committed { written, next_offset, gap } = committed;
         Ok(self.committed(prepared, written, next_offset, gap).await)
-    }
-
-    /// The transaction of [`Partition::try_apply`], committed: what the fold holds, the
-    /// batch, its checkpoint. Returns what was written, the checkpoint stored (before a gap,
-    /// if any: its index and why) and the one it replaced. `begun`: whether the transaction
-    /// began (else the connection is not to be trusted).
-    async fn write_in_transaction(
-        &self,
-        conn: &mut projectionist_postgres::PgConnection,
-        prepared: &Prepared,
-        at: &[At],
-        next_offset: i64,
-        folding: Option<&projectionist_postgres::Folding>,
-        begun: &mut bool,
-    ) -> projectionist_postgres::Result<(Written, i64, Option<(usize, String)>, Option<i64>)> {
-        let mut tx = projectionist_postgres::rebuild::begin_sharing_swap_lock(conn, self.name()).await?;
-        *begun = true;
-        // What a fold holds goes first: this batch builds on it.
-        if let Some(folding) = folding {
-            self.projection.write_folded(&mut tx, folding, Some(prepared)).await?;
-        }
-        let written = self.projection.write(&mut tx, prepared, Mode::Batch, self.on_gap).await?;
-        self.check_bounds(&mut tx, prepared, &written.outcomes).await?;
-        let gap = match written.outcomes.last() {
-            Some(gap @ Outcome::Gap { .. }) => {
-                Some((written.outcomes.len() - 1, format!("{gap}: the event's predecessor was never applied")))
-            }
-            _ => None,
-        };
-        let next_offset = gap.as_ref().map_or(next_offset, |(index, _)| at[*index].offset);
-        let from = self.store_checkpoint(&mut tx, next_offset).await?;
-        tx.commit().await?;
-        self.stored(next_offset);
-        Ok((written, next_offset, gap, from))
     }
 
     /// Stores the checkpoint `next_offset` in `tx`, where it still stands where this process
@@ -315,9 +284,14 @@ impl Partition {
         next_offset: i64,
     ) -> projectionist_postgres::Result<Option<i64>> {
         let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
-        let expected = Some(self.progress.stored.load(std::sync::atomic::Ordering::SeqCst)).filter(|s| *s >= 0);
+        let expected = self.expected_checkpoint();
         projectionist_postgres::checkpoint::store(tx, name, topic, partition, expected, next_offset).await?;
         Ok(expected)
+    }
+
+    /// The checkpoint this process last read or stored (`None`: none is stored).
+    fn expected_checkpoint(&self) -> Option<i64> {
+        Some(self.progress.stored.load(std::sync::atomic::Ordering::SeqCst)).filter(|s| *s >= 0)
     }
 
     /// The checkpoint `next_offset` stored by this process is committed.
@@ -362,7 +336,7 @@ impl Partition {
         let Some(through) = folding.through() else { return Ok(()) };
         let mut conn = self.pool.acquire().await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        self.projection.write_folded(&mut tx, folding, None).await?;
+        folding::write_folded(&mut tx, self.projection.as_ref(), folding, None).await?;
         self.store_checkpoint(&mut tx, through).await?;
         tx.commit().await?;
         self.stored(through);
@@ -406,7 +380,7 @@ impl Partition {
         written: Written,
         next_offset: i64,
         gap: Option<(usize, String)>,
-    ) -> Committed {
+    ) -> Counted {
         let outcomes = written.outcomes;
         let dead_letters = written.dead_letters;
         if let (Some(topic), false) = (&self.dead_letter_topic, written.dead_letter_ids.is_empty()) {
@@ -434,63 +408,7 @@ impl Partition {
         for (reason, n) in dead_letters {
             metrics::counter!(m::DEAD_LETTERS, "projection" => self.name().to_owned(), "reason" => reason).increment(n);
         }
-        Committed { counts, next_offset, gap, ignored, parking }
-    }
-
-    /// Refuses a batch whose parking passes a bound: too many aggregates parked, or too many
-    /// events held for one (checked for each aggregate the batch held events of).
-    async fn check_bounds(
-        &self,
-        tx: &mut projectionist_postgres::PgConnection,
-        prepared: &Prepared,
-        outcomes: &[Outcome],
-    ) -> projectionist_postgres::Result<()> {
-        // Each aggregate the batch parked or held events of, at its first such event.
-        let mut checked = std::collections::HashSet::new();
-        let mut aggregates = Vec::new();
-        for (index, _) in
-            outcomes.iter().enumerate().filter(|(_, o)| matches!(o, Outcome::Parked | Outcome::DeadLettered))
-        {
-            let Some((aggregate_type, aggregate_id, _)) = prepared.aggregate(index) else { continue };
-            if checked.insert((aggregate_type, aggregate_id)) {
-                aggregates.push((index, (aggregate_type, aggregate_id)));
-            }
-        }
-        if aggregates.is_empty() {
-            return Ok(());
-        }
-        let keys: Vec<(&str, &str)> = aggregates.iter().map(|(_, a)| *a).collect();
-        let (parked, held) = projectionist_postgres::park::bounds_in(tx, self.name(), &keys).await?;
-        let bound = |(index, (aggregate_type, aggregate_id)): (usize, (&str, &str)), problem: String| {
-            projectionist_postgres::Error::Bound {
-                index,
-                aggregate: format!("{aggregate_type}/{aggregate_id}"),
-                problem,
-            }
-        };
-        if parked as u64 > self.bounds.parked_aggregates {
-            return Err(bound(
-                aggregates[0],
-                format!(
-                    "{parked} aggregates would be parked, over max_parked_aggregates ({}): resolve them (`parked`, \
-                     `dead-letters list`) or raise it (--max-parked-aggregates)",
-                    self.bounds.parked_aggregates
-                ),
-            ));
-        }
-        if let Some((&at, held)) =
-            aggregates.iter().zip(held).find(|(_, held)| *held as u64 > self.bounds.held_per_aggregate)
-        {
-            return Err(bound(
-                at,
-                format!(
-                    "{held} events would be held for it, over max_held_per_aggregate ({}): resolve what it waits for \
-                     (`parked`) or raise it (--max-held-per-aggregate)",
-                    self.bounds.held_per_aggregate
-                ),
-            ));
-        }
-        Ok(())
+        Counted { counts, next_offset, gap, ignored, parking }
     }
 
     /// Counts what a committed batch did to the parking, and logs it.
@@ -540,7 +458,7 @@ pub(crate) enum Applied {
 
 /// A batch's committed transaction: its outcomes, the checkpoint it stored, and the gap that
 /// ended it, if one did (its index in the batch, and why).
-struct Committed {
+struct Counted {
     counts: OutcomeCounts,
     /// What the batch did to the parking.
     parking: Parking,
@@ -548,13 +466,6 @@ struct Committed {
     gap: Option<(usize, String)>,
     /// Ignored events by type.
     ignored: BTreeMap<String, u64>,
-}
-
-/// The bounds on parking (`EngineConfig::max_parked_aggregates`, `max_held_per_aggregate`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Bounds {
-    pub parked_aggregates: u64,
-    pub held_per_aggregate: u64,
 }
 
 /// What a batch did to the parking: aggregates it parked (or moved to wait for another

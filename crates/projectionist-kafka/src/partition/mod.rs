@@ -35,7 +35,6 @@ use crate::context::EngineContext;
 use crate::retry::RetryPolicy;
 use crate::stats::Stats;
 use crate::tp::Tp;
-pub(crate) use apply::Bounds;
 use apply::{Applied, Reads};
 use decode::Msg;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
@@ -91,7 +90,7 @@ pub(crate) struct Partition {
     /// A rebuild's bulk load: batches folded in memory, written once due (see `Folding`).
     pub folding: Option<tokio::sync::Mutex<projectionist_postgres::Folding>>,
     pub max_event_bytes: usize,
-    pub bounds: Bounds,
+    pub bounds: projectionist_postgres::park::Bounds,
     pub progress: Arc<Progress>,
 }
 

@@ -494,6 +494,16 @@ pub(crate) async fn discarded(
     Ok(indexes.into_iter().zip(offsets).filter(|(_, o)| found.contains(o)).map(|(i, _)| i).collect())
 }
 
+/// The bounds on parking (`EngineConfig::max_parked_aggregates`, `max_held_per_aggregate`):
+/// a batch that would pass one is refused ([`Error::Bound`](crate::Error::Bound)).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Aggregates parked at once, per projection.
+    pub parked_aggregates: u64,
+    /// Events held for one aggregate.
+    pub held_per_aggregate: u64,
+}
+
 /// How many aggregates `projection` has parked, and how many events it holds for each of
 /// `aggregates` (in their order): for the bounds on parking, in the batch's transaction, in
 /// one round trip whatever the batch held.

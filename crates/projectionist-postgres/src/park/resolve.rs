@@ -8,8 +8,9 @@ use projectionist_core::{LazyEnvelope, OnGap, Outcome, OutcomeCounts, Table};
 use sqlx::{PgConnection, PgPool};
 
 use super::{HeldRow, Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
-use crate::apply::{Mode, PgProjection, Prepared, Written};
+use crate::writer::{self, Mode, Written};
 use crate::{Error, Ident, Result};
+use crate::{PgProjection, Prepared};
 
 /// What an operator does with a dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,7 +140,7 @@ async fn write_resolution(
 ) -> Result<Written> {
     loop {
         let mut attempt = sqlx::Connection::begin(&mut *tx).await?;
-        match projection.write(&mut attempt, prepared, Mode::Batch, OnGap::Park).await {
+        match writer::write(&mut attempt, projection, prepared, Mode::Batch, OnGap::Park).await {
             Ok(written) => {
                 attempt.commit().await?;
                 return Ok(written);

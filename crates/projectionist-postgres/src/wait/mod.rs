@@ -20,8 +20,8 @@ use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::apply::PgProjection;
 use crate::error::{Error, Result};
+use crate::projection::PgProjection;
 
 mod fate;
 mod versions;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::apply::PgProjection;
 use crate::error::Result;
+use crate::projection::PgProjection;
 use crate::Ident;
 
 /// A projection's version waits: whenever it may have moved, one query reads the versions

@@ -1,0 +1,155 @@
+//! A batch committed: one transaction holding what a rebuild's fold held, the batch, the
+//! bounds on parking checked, and the checkpoint past it; then the waits told.
+
+use projectionist_core::{OnGap, Outcome};
+use sqlx::{PgConnection, PgPool};
+
+use super::{write, Mode, Written};
+use crate::checkpoint::{self, Passed};
+use crate::park::{self, Bounds};
+use crate::{folding, Error, Folding, PgProjection, Prepared, Result};
+
+/// Where a batch was read and how it commits.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// The topic the batch was read from.
+    pub topic: &'a str,
+    /// Its partition.
+    pub partition: i32,
+    /// The checkpoint the caller last stored or read (`None`: none is stored): the new one
+    /// is stored only where it still stands, else [`Error::CheckpointMoved`] (a rebuild's
+    /// swap or rollback, `run --reset`, another process moved it).
+    pub expected: Option<i64>,
+    /// The checkpoint past the batch.
+    pub next_offset: i64,
+    /// Each event's offset: a gap's checkpoint is its own.
+    pub offsets: &'a [i64],
+    /// What a gap does: parks its aggregate, or ends the batch.
+    pub on_gap: OnGap,
+    /// The bounds on parking the batch is refused past.
+    pub bounds: Bounds,
+    /// What a rebuild's fold holds: written first, as the batch builds on it.
+    pub folding: Option<&'a Folding>,
+}
+
+/// A batch's committed transaction.
+#[derive(Debug)]
+pub struct Committed {
+    /// What the batch wrote.
+    pub written: Written,
+    /// The checkpoint stored: past the batch, or at the gap that ended it.
+    pub next_offset: i64,
+    /// The gap that ended the batch, if one did: its index in the batch, and why.
+    pub gap: Option<(usize, String)>,
+}
+
+/// Writes `prepared` in one transaction with its checkpoint and commits it: a gap ends the
+/// batch (the events before it commit, with a checkpoint at its offset). The transaction
+/// begins holding the projection's swap lock in the `BEGIN`'s own round trip, so
+/// `prepared` is to be [`Prepared::set_swap_locked`]. Once committed, the waits for the
+/// read model are told (a failure to tell is only logged: they read the checkpoints again
+/// within a second).
+pub async fn commit_batch(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    prepared: &Prepared,
+    batch: Batch<'_>,
+) -> Result<Committed> {
+    let name = projection.name();
+    let mut conn = pool.acquire().await?;
+    let mut begun = false;
+    let done = write_in_transaction(&mut conn, projection, prepared, &batch, &mut begun).await;
+    if done.is_err() && !begun {
+        // Possibly left in a failed transaction the pool would not notice.
+        conn.close_on_drop();
+    }
+    let committed = done?;
+    let (topic, partition, next_offset) = (batch.topic, batch.partition, committed.next_offset);
+    let passed = batch.expected.map(|from| Passed { from, kept_out: &committed.written.kept_out });
+    if let Err(e) = checkpoint::notify(&mut conn, name, topic, partition, next_offset, passed).await {
+        let message = "Could not notify the waits of a checkpoint; they read it again within a second.";
+        tracing::debug!(projection = %name, %topic, partition, error = %e, "{message}");
+    }
+    Ok(committed)
+}
+
+/// The transaction of [`commit_batch`], committed. `begun`: whether it began (else the
+/// connection is not to be trusted).
+async fn write_in_transaction(
+    conn: &mut PgConnection,
+    projection: &dyn PgProjection,
+    prepared: &Prepared,
+    batch: &Batch<'_>,
+    begun: &mut bool,
+) -> Result<Committed> {
+    let name = projection.name();
+    let mut tx = crate::swap_lock::begin_sharing_swap_lock(conn, name).await?;
+    *begun = true;
+    if let Some(folding) = batch.folding {
+        folding::write_folded(&mut tx, projection, folding, Some(prepared)).await?;
+    }
+    let written = write(&mut tx, projection, prepared, Mode::Batch, batch.on_gap).await?;
+    check_bounds(&mut tx, name, prepared, &written.outcomes, batch.bounds).await?;
+    let gap = match written.outcomes.last() {
+        Some(gap @ Outcome::Gap { .. }) => {
+            Some((written.outcomes.len() - 1, format!("{gap}: the event's predecessor was never applied")))
+        }
+        _ => None,
+    };
+    let next_offset = gap.as_ref().map_or(batch.next_offset, |(index, _)| batch.offsets[*index]);
+    checkpoint::store(&mut tx, name, batch.topic, batch.partition, batch.expected, next_offset).await?;
+    tx.commit().await?;
+    Ok(Committed { written, next_offset, gap })
+}
+
+/// Refuses a batch whose parking passes a bound: too many aggregates parked, or too many
+/// events held for one (checked for each aggregate the batch held events of).
+async fn check_bounds(
+    tx: &mut PgConnection,
+    projection: &str,
+    prepared: &Prepared,
+    outcomes: &[Outcome],
+    bounds: Bounds,
+) -> Result<()> {
+    // Each aggregate the batch parked or held events of, at its first such event.
+    let mut checked = std::collections::HashSet::new();
+    let mut aggregates = Vec::new();
+    for (index, _) in outcomes.iter().enumerate().filter(|(_, o)| matches!(o, Outcome::Parked | Outcome::DeadLettered))
+    {
+        let Some((aggregate_type, aggregate_id, _)) = prepared.aggregate(index) else { continue };
+        if checked.insert((aggregate_type, aggregate_id)) {
+            aggregates.push((index, (aggregate_type, aggregate_id)));
+        }
+    }
+    if aggregates.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<(&str, &str)> = aggregates.iter().map(|(_, a)| *a).collect();
+    let (parked, held) = park::bounds_in(tx, projection, &keys).await?;
+    let bound = |(index, (aggregate_type, aggregate_id)): (usize, (&str, &str)), problem: String| Error::Bound {
+        index,
+        aggregate: format!("{aggregate_type}/{aggregate_id}"),
+        problem,
+    };
+    if parked as u64 > bounds.parked_aggregates {
+        return Err(bound(
+            aggregates[0],
+            format!(
+                "{parked} aggregates would be parked, over max_parked_aggregates ({}): resolve them (`parked`, \
+                 `dead-letters list`) or raise it (--max-parked-aggregates)",
+                bounds.parked_aggregates
+            ),
+        ));
+    }
+    if let Some((&at, held)) = aggregates.iter().zip(held).find(|(_, held)| *held as u64 > bounds.held_per_aggregate) {
+        return Err(bound(
+            at,
+            format!(
+                "{held} events would be held for it, over max_held_per_aggregate ({}): resolve what it waits for \
+                 (`parked`) or raise it (--max-held-per-aggregate)",
+                bounds.held_per_aggregate
+            ),
+        ));
+    }
+    Ok(())
+}
