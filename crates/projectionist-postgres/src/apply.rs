@@ -6,7 +6,7 @@ use sqlx::PgPool;
 
 use crate::park::{Source, SourceMessage};
 use crate::writer::{self, Mode};
-use crate::{Error, PgProjection, Result};
+use crate::{Error, EventErrorKind, PgProjection, Result};
 
 /// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka
 /// engine adds its own in the same transaction): set-based, or per event where the batch
@@ -43,7 +43,9 @@ pub async fn apply_batch_in(
     policy: Policy,
 ) -> Result<Vec<Outcome>> {
     let halts = |e: &Error| {
-        policy.on_poison == OnPoison::Halt || matches!(e, Error::UnknownType { .. } | Error::Declaration { .. })
+        policy.on_poison == OnPoison::Halt
+            || matches!(e, Error::Declaration { .. })
+            || matches!(e.event_kind(), Some(EventErrorKind::UnknownType { .. }))
     };
     let mut tx = pool.begin().await?;
     let mut outcomes = Vec::with_capacity(batch.len());

@@ -11,7 +11,7 @@ use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use crate::park::Source;
-use crate::{Checks, Error, Result};
+use crate::{Checks, Error, EventError, EventErrorKind, Result};
 
 /// A batch decoded and projected once, outside any transaction, so that writing it again
 /// (a retry, a prefix after a failure) decodes and projects nothing again. Made by
@@ -149,15 +149,17 @@ impl Prepared {
     /// Marks the event `error` is about as poison: what retrying the batch cannot fix (a
     /// value the table refuses, an `apply` that keeps failing), so that the next write
     /// dead-letters it and applies the rest. The event at `index`, or for
-    /// [`Error::Held`] the held event it names. `Err(error)` when that event is poison
+    /// [`EventErrorKind::Held`] the held event it names. `Err(error)` when that event is poison
     /// already, or there is no such event: writing again would fail the same way.
     pub fn poison(&mut self, index: usize, error: Error) -> Result<()> {
-        if let Error::Held { held, .. } = &error {
-            if self.held_poison.contains_key(held) {
+        if let Some(&EventErrorKind::Held { held, .. }) = error.event_kind() {
+            if self.held_poison.contains_key(&held) {
                 return Err(error);
             }
-            let Error::Held { held, source, .. } = error else { unreachable!("a held event's error") };
-            self.held_poison.insert(held, *source);
+            let Error::Event(EventError { kind: EventErrorKind::Held { source, .. }, .. }) = error else {
+                unreachable!("a held event's error")
+            };
+            self.held_poison.insert(held, Error::Event(*source));
             return Ok(());
         }
         match self.events.get_mut(index) {
@@ -209,13 +211,13 @@ impl Prepared {
     /// Where the events were read, and each one's message as it arrived (in the order of
     /// the envelopes given to [`PgProjection::prepare`](crate::PgProjection::prepare)), with the messages of the batch
     /// that are not even an envelope: what parking holds and dead letters keep. Without
-    /// it, a gap is [`Outcome::Gap`] whatever the policy, and a poison event an error.
+    /// it, a gap is [`Outcome::Gap`](projectionist_core::Outcome::Gap) whatever the policy, and a poison event an error.
     pub fn set_source(&mut self, source: Source) {
         self.source = Some(source);
     }
 
     /// Sets what PostgreSQL checks of the projection's tables beyond their declarations
-    /// ([`checked_tables`]), as the caller last read it, so that writing the batch does not
+    /// ([`checked_tables`](crate::checked_tables)), as the caller last read it, so that writing the batch does not
     /// ask the catalog. A run that writes a row of a table checked row by row twice is
     /// written in rounds, one that writes a table checked across rows event by event (see
     /// [`Checks`]), and a rebuild folds only where nothing is checked. Unset, the catalog is
@@ -252,11 +254,8 @@ impl Prepared {
             return event;
         }
         // A problem of the whole batch (its declarations), met by every event.
-        let problem = || Error::Invalid {
-            index,
-            aggregate: format!("{}/{}", aggregate.0, aggregate.1),
-            version,
-            problem: "the held event was not prepared".into(),
+        let problem = || {
+            Error::event(index, aggregate, version, EventErrorKind::Invalid("the held event was not prepared".into()))
         };
         PreparedEvent {
             aggregate_type: aggregate.0.to_owned(),
@@ -318,16 +317,16 @@ pub(crate) fn prepare_event<P: Projection<PgConnection>>(
     if upcasters.iter().any(|u| u.event_type() == event_type) {
         let mut tree = serde_json::from_str(data.get()).expect("a RawValue holds valid JSON");
         if let Err(source) = upcast(upcasters, &mut event_type, &mut tree, metadata.as_ref()) {
-            let aggregate = format!("{aggregate_type}/{aggregate_id}");
-            return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
+            let error = Error::event(index, (&aggregate_type, &aggregate_id), version, EventErrorKind::Decode(source));
+            return poison(aggregate_type, aggregate_id, error);
         }
         upcast_data = Some(tree);
     }
     if !decoder.handles(&event_type) {
         if halt_on_unknown {
-            let aggregate = format!("{aggregate_type}/{aggregate_id}");
             let known = decoder.types().unwrap_or_default().join(", ");
-            let error = Error::UnknownType { index, aggregate, version, event_type, known };
+            let kind = EventErrorKind::UnknownType { event_type, known };
+            let error = Error::event(index, (&aggregate_type, &aggregate_id), version, kind);
             return poison(aggregate_type, aggregate_id, error);
         }
         let step = Step::Ignored(event_type);
@@ -340,8 +339,8 @@ pub(crate) fn prepare_event<P: Projection<PgConnection>>(
     let event = match decoded {
         Ok(event) => event,
         Err(source) => {
-            let aggregate = format!("{aggregate_type}/{aggregate_id}");
-            return poison(aggregate_type, aggregate_id, Error::Decode { index, aggregate, version, source });
+            let error = Error::event(index, (&aggregate_type, &aggregate_id), version, EventErrorKind::Decode(source));
+            return poison(aggregate_type, aggregate_id, error);
         }
     };
     let env = Envelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, event, metadata };

@@ -32,7 +32,7 @@ pub trait PgProjection: Send + Sync + 'static {
     /// type is not an enum tagged by `type`: it is offered every type).
     fn event_types(&self) -> &'static [&'static str];
     /// Decodes and projects `batch`, each event once, up to the first that fails (an
-    /// [`Error::Decode`] naming it, or [`Error::Declaration`] for the whole batch). The
+    /// [`EventErrorKind::Decode`](crate::EventErrorKind::Decode) naming it, or [`Error::Declaration`] for the whole batch). The
     /// envelopes are consumed: their fields move into the typed events, uncopied.
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared;
     /// [`PgProjection::prepare`] for envelopes whose data is still JSON text, as the engine

@@ -11,7 +11,7 @@ use projectionist_core::{OnPoison, OnUnknownType, Outcome, OutcomeCounts};
 use projectionist_postgres::checkpoint::Passed;
 use projectionist_postgres::park::Source;
 use projectionist_postgres::writer::{self, Batch};
-use projectionist_postgres::{folding, Prepared, Written};
+use projectionist_postgres::{folding, EventErrorKind, Prepared, Written};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -81,12 +81,8 @@ impl Partition {
             let on_poison = this.on_poison;
             let halts = move |e: &projectionist_postgres::Error| {
                 on_poison == OnPoison::Halt
-                    || matches!(
-                        e,
-                        projectionist_postgres::Error::UnknownType { .. }
-                            | projectionist_postgres::Error::Declaration { .. }
-                            | projectionist_postgres::Error::Bound { .. }
-                    )
+                    || matches!(e, projectionist_postgres::Error::Declaration { .. })
+                    || matches!(e.event_kind(), Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_)))
             };
             let mut end = prepared.len();
             if let Some((index, failure)) = prepared.failures().find(|(_, e)| halts(e)) {
@@ -487,13 +483,17 @@ fn is_undefined(e: &sqlx::Error) -> bool {
 }
 
 fn classify(e: &projectionist_postgres::Error, retries: u32) -> (String, HaltKind) {
+    match e.event_kind() {
+        Some(EventErrorKind::Decode(source)) => return (source.to_string(), HaltKind::Poison),
+        Some(EventErrorKind::UnknownType { event_type, known }) => {
+            let reason =
+                format!("type {event_type:?} is none the projection handles ({known}), and it halts on such events");
+            return (reason, HaltKind::Poison);
+        }
+        Some(EventErrorKind::Invalid(problem)) => return (problem.clone(), HaltKind::Error),
+        _ => {}
+    }
     match e {
-        projectionist_postgres::Error::Decode { source, .. } => (source.to_string(), HaltKind::Poison),
-        projectionist_postgres::Error::UnknownType { event_type, known, .. } => (
-            format!("type {event_type:?} is none the projection handles ({known}), and it halts on such events"),
-            HaltKind::Poison,
-        ),
-        projectionist_postgres::Error::Invalid { problem, .. } => (problem.clone(), HaltKind::Error),
         other if other.is_retryable() => (format!("{other} (gave up after {retries} retries)"), HaltKind::Error),
         // A table or column of the declarations missing: the tables changed under the run.
         projectionist_postgres::Error::Database(d) if is_undefined(d) => (

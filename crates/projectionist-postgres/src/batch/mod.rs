@@ -29,7 +29,7 @@ use stored::{read_stored, write_aggregates};
 
 use crate::checks::Checks;
 use crate::shared_rows::SharedRows;
-use crate::{Error, Ident, Mode, Result};
+use crate::{Error, EventErrorKind, Ident, Mode, Result};
 
 /// Whether the database refused a statement for a value in it — a data exception (class
 /// 22: a value the column type cannot take, an overflow), a constraint (23: NOT NULL, CHECK,
@@ -272,7 +272,8 @@ fn planned<'a>(
         if e.disagreement {
             Error::Conflict { detail: format!("{} v{}: {}", aggregate(event), event.version, e.problem) }
         } else {
-            Error::Invalid { index: e.index, aggregate: aggregate(event), version: event.version, problem: e.problem }
+            let of = (event.aggregate_type, event.aggregate_id);
+            Error::event(e.index, of, event.version, EventErrorKind::Invalid(e.problem))
         }
     })
 }
@@ -290,7 +291,7 @@ pub(crate) fn aggregate(event: &EventRef<'_>) -> String {
 /// The per-event path: each event planned and written alone under a savepoint, re-planned
 /// when a concurrent writer moved its rows (its statements then wait on that writer's row
 /// locks and see its commit). Slower, and exact under any concurrency. A statement the
-/// database refuses is [`Error::Rejected`], naming the event.
+/// database refuses is [`EventErrorKind::Rejected`](crate::EventErrorKind::Rejected), naming the event.
 async fn apply_per_event(
     conn: &mut PgConnection,
     projection: &str,
@@ -318,12 +319,9 @@ async fn apply_per_event(
                     if tries == PER_EVENT_TRIES {
                         // Not a race any more: the tables disagree with each other for good.
                         let (e, _) = event;
-                        return Err(Error::Invalid {
-                            index,
-                            aggregate: aggregate(e),
-                            version: e.version,
-                            problem: format!("{detail} (still after {tries} tries)"),
-                        });
+                        let problem = format!("{detail} (still after {tries} tries)");
+                        let of = (e.aggregate_type, e.aggregate_id);
+                        return Err(Error::event(index, of, e.version, EventErrorKind::Invalid(problem)));
                     }
                 }
                 Err(e) => return Err(e.of_event(index, &event.0)),

@@ -495,7 +495,7 @@ pub(crate) async fn discarded(
 }
 
 /// The bounds on parking (`EngineConfig::max_parked_aggregates`, `max_held_per_aggregate`):
-/// a batch that would pass one is refused ([`Error::Bound`](crate::Error::Bound)).
+/// a batch that would pass one is refused ([`EventErrorKind::Bound`](crate::EventErrorKind::Bound)).
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
     /// Aggregates parked at once, per projection.

@@ -7,7 +7,7 @@ use sqlx::{PgConnection, PgPool};
 use super::{write, Mode, Written};
 use crate::checkpoint::{self, Passed};
 use crate::park::{self, Bounds};
-use crate::{folding, Error, Folding, PgProjection, Prepared, Result};
+use crate::{folding, Error, EventErrorKind, Folding, PgProjection, Prepared, Result};
 
 /// Where a batch was read and how it commits.
 #[derive(Debug, Clone, Copy)]
@@ -126,10 +126,9 @@ async fn check_bounds(
     }
     let keys: Vec<(&str, &str)> = aggregates.iter().map(|(_, a)| *a).collect();
     let (parked, held) = park::bounds_in(tx, projection, &keys).await?;
-    let bound = |(index, (aggregate_type, aggregate_id)): (usize, (&str, &str)), problem: String| Error::Bound {
-        index,
-        aggregate: format!("{aggregate_type}/{aggregate_id}"),
-        problem,
+    let bound = |(index, aggregate): (usize, (&str, &str)), problem: String| {
+        let version = prepared.aggregate(index).map_or(0, |(_, _, version)| version);
+        Error::event(index, aggregate, version, EventErrorKind::Bound(problem))
     };
     if parked as u64 > bounds.parked_aggregates {
         return Err(bound(

@@ -10,7 +10,7 @@ use super::{Writer, Written};
 use crate::park::{self, HeldRow};
 use crate::prepared::{PreparedEvent, Step};
 use crate::shared_rows::SharedRows;
-use crate::{Error, Result};
+use crate::{Error, EventError, EventErrorKind, Result};
 
 /// What a batch drained of the events earlier batches held.
 #[derive(Default)]
@@ -66,7 +66,14 @@ impl Writer<'_> {
         let (outcomes, per_event, _) = self.write_events(conn, &drain_events, &shared).await.map_err(|e| {
             match e.event_index().and_then(|i| drain.get(i)).map(|(origin, _)| *origin) {
                 // A held event: named, so that the next attempt dead-letters it.
-                Some(Ok(h)) => Error::Held { index: resumed_at, held: held.rows[h].0.id, source: Box::new(e) },
+                Some(Ok(h)) => match e {
+                    Error::Event(source) => {
+                        let (aggregate, version) = (source.aggregate.clone(), source.version);
+                        let kind = EventErrorKind::Held { held: held.rows[h].0.id, source: Box::new(source) };
+                        Error::Event(EventError { index: resumed_at, aggregate, version, kind })
+                    }
+                    other => other,
+                },
                 // An event of this batch parked before its aggregate resumed.
                 Some(Err(index)) => e.at(index),
                 None => e.at(resumed_at),
@@ -112,12 +119,8 @@ impl Writer<'_> {
                 }
             },
             Err(source) => {
-                let error = Error::Decode {
-                    index: resumed_at,
-                    aggregate: format!("{}/{}", aggregate.0, aggregate.1),
-                    version: row.version,
-                    source,
-                };
+                let of = (aggregate.0.as_str(), aggregate.1.as_str());
+                let error = Error::event(resumed_at, of, row.version, EventErrorKind::Decode(source));
                 poison(aggregate.0.clone(), aggregate.1.clone(), row.version, error)
             }
         }

@@ -9,7 +9,7 @@ use super::drain::Held;
 use super::{Writer, Written};
 use crate::park::{self, DeadLetter, Hold, Source};
 use crate::prepared::PreparedEvent;
-use crate::{Error, Prepared, Result};
+use crate::{Error, EventErrorKind, Prepared, Result};
 
 /// The indexes of the batch's poison events whose dead letters an operator discarded:
 /// skipped again, as the discard skipped them.
@@ -43,11 +43,9 @@ pub(super) async fn save(
             continue;
         }
         let (e, message) = (events[index], source.messages.get(index));
-        let message = message.ok_or_else(|| Error::Invalid {
-            index,
-            aggregate: format!("{}/{}", e.aggregate_type, e.aggregate_id),
-            version: e.version,
-            problem: "the batch's source holds no message for this event".into(),
+        let message = message.ok_or_else(|| {
+            let problem = "the batch's source holds no message for this event".into();
+            Error::event(index, e.aggregate(), e.version, EventErrorKind::Invalid(problem))
         })?;
         let (aggregate_type, aggregate_id, version) = (&e.aggregate_type, &e.aggregate_id, e.version);
         if *outcome == Outcome::Parked {

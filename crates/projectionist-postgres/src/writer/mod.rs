@@ -8,6 +8,7 @@ mod drain;
 mod keep;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use projectionist_core::plan::{Effect, EventRef, Parked};
 use projectionist_core::{OnGap, Outcome, OutcomeCounts};
@@ -17,7 +18,7 @@ use crate::batch::{self, ParkedMap, RunContext};
 use crate::park;
 use crate::prepared::{PreparedEvent, Step};
 use crate::shared_rows::SharedRows;
-use crate::{Checks, Error, PgProjection, Prepared, Result};
+use crate::{Checks, Error, EventErrorKind, PgProjection, Prepared, Result};
 
 pub use commit::{commit_batch, Batch, Committed};
 
@@ -33,7 +34,7 @@ pub enum Mode {
     PerEvent,
 }
 
-/// What [`write`] did.
+/// What [`write()`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Written {
     /// One outcome per event, up to and including the first [`Outcome::Gap`] (the batch
@@ -222,12 +223,9 @@ impl Writer<'_> {
     /// The projection's own `apply` of a custom event, the `index`th of a run.
     async fn apply(&self, conn: &mut PgConnection, event: &PreparedEvent, index: usize) -> Result<Outcome> {
         let Step::Custom(envelope) = &event.step else { unreachable!("a custom event") };
-        self.projection.apply_prepared(conn, envelope.as_ref()).await.map_err(|error| Error::Apply {
-            projection: self.projection.name().into(),
-            index,
-            aggregate: format!("{}/{}", event.aggregate_type, event.aggregate_id),
-            version: event.version,
-            error,
+        self.projection.apply_prepared(conn, envelope.as_ref()).await.map_err(|error| {
+            let kind = EventErrorKind::Apply { projection: self.projection.name().into(), error: Arc::new(error) };
+            Error::event(index, event.aggregate(), event.version, kind)
         })
     }
 }

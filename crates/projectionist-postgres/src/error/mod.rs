@@ -1,6 +1,13 @@
-//! The Postgres side's error type, classified for retry at the boundary.
+//! The Postgres side's error type, classified for retry at the boundary; an error about one
+//! event of a batch is an [`EventError`] (`event.rs`).
 
-use projectionist_core::{ApplyError, DecodeError};
+mod event;
+
+use std::sync::Arc;
+
+use projectionist_core::ApplyError;
+
+pub use event::{EventError, EventErrorKind};
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -46,17 +53,6 @@ pub enum Error {
     /// this build does not know, or one of them failed).
     #[error("migration refused: {0}")]
     Migration(String),
-    /// Parking would pass one of its bounds: the partition halts at the event, rather than
-    /// hold events without end.
-    #[error("event #{index} of the batch ({aggregate}): {problem}")]
-    Bound {
-        /// Position in the batch.
-        index: usize,
-        /// Aggregate of the event, `type/id`.
-        aggregate: String,
-        /// Which bound, and how to raise it.
-        problem: String,
-    },
     /// A dead letter cannot be retried or discarded as asked.
     #[error("dead letter {id}: {problem}")]
     DeadLetter {
@@ -89,63 +85,6 @@ pub enum Error {
         /// Which rule it breaks.
         reason: &'static str,
     },
-    /// An event of the batch does not decode into the projection's event type (poison).
-    #[error("event #{index} of the batch ({aggregate} v{version}) does not decode: {source}")]
-    Decode {
-        /// Position in the batch.
-        index: usize,
-        /// Aggregate of the event, `type/id`.
-        aggregate: String,
-        /// Version of the event.
-        version: i64,
-        /// Why.
-        source: DecodeError,
-    },
-    /// An event's type is none the projection handles, and the projection halts on such
-    /// an event ([`OnUnknownType::Halt`](projectionist_core::OnUnknownType::Halt)).
-    #[error(
-        "event #{index} of the batch ({aggregate} v{version}) has type {event_type:?}, which the projection does not \
-         handle (on_unknown_type = halt; its types: {known})"
-    )]
-    UnknownType {
-        /// Position in the batch.
-        index: usize,
-        /// Aggregate of the event, `type/id`.
-        aggregate: String,
-        /// Version of the event.
-        version: i64,
-        /// The event's type, as on the wire.
-        event_type: String,
-        /// The types the projection handles, comma-separated.
-        known: String,
-    },
-    /// An event's writes break the projection's table declarations (an undeclared table or
-    /// column, `add` on an upsert table, a key too long to store, …): a bug in the
-    /// projection or an event that can never be stored.
-    #[error("event #{index} of the batch ({aggregate} v{version}): {problem}")]
-    Invalid {
-        /// Position in the batch.
-        index: usize,
-        /// Aggregate of the event, `type/id`.
-        aggregate: String,
-        /// Version of the event.
-        version: i64,
-        /// What is wrong, naming table and column.
-        problem: String,
-    },
-    /// The database refused an event's writes for good (a value its column cannot take, a
-    /// NOT NULL or CHECK constraint): found by applying the batch event by event.
-    #[error("the database refused event #{index} of the batch ({aggregate} v{version}): {}", describe(source))]
-    Rejected {
-        /// Position in the batch.
-        index: usize,
-        /// Aggregate of the event, `type/id`.
-        aggregate: String,
-        /// Version of the event.
-        version: i64,
-        /// The database's error.
-        source: sqlx::Error,
-    },
     /// A projection's declaration is incomplete (a gated table without its aggregate type).
     #[error("projection {projection}: {problem}")]
     Declaration {
@@ -153,19 +92,6 @@ pub enum Error {
         projection: String,
         /// What is missing.
         problem: String,
-    },
-    /// An event held for a parked aggregate cannot be applied now that the aggregate resumes
-    /// (its data does not decode, the database refuses a value, …): the batch's event that
-    /// resumed it (`index`) stands for it in the batch, and `held` names it, so that the
-    /// held event itself is dead-lettered on the next attempt ([`crate::Prepared::poison`]).
-    #[error("{source} (an event held for its aggregate, drained behind event #{index} of the batch)")]
-    Held {
-        /// Position in the batch of the event that resumed the aggregate.
-        index: usize,
-        /// The held event's id in `projectionist_held`.
-        held: i64,
-        /// Why it cannot be applied.
-        source: Box<Error>,
     },
     /// A concurrent writer moved (or inserted) rows under the batch: a statement changed
     /// another number of rows than planned, or the aggregate's gates were read at different
@@ -184,20 +110,9 @@ pub enum Error {
         /// Each difference, naming table and column.
         drift: Vec<crate::Drift>,
     },
-    /// The projection's own `apply` failed on an event of the batch.
-    #[error("projection {projection} failed on event #{index} of the batch ({aggregate} v{version}): {error}")]
-    Apply {
-        /// Projection name.
-        projection: String,
-        /// Position in the batch.
-        index: usize,
-        /// Aggregate of the event, `type/id`.
-        aggregate: String,
-        /// Version of the event.
-        version: i64,
-        /// The projection's error.
-        error: ApplyError,
-    },
+    /// An event of the batch cannot be applied: which, and why ([`EventError`]).
+    #[error("{0}")]
+    Event(#[from] EventError),
 }
 
 /// Every difference on a line of its own, then what to do about them.
@@ -234,7 +149,7 @@ fn describe_drift(projection: &str, drift: &[crate::Drift]) -> String {
 
 /// A database error with what PostgreSQL says besides its message: the detail (which
 /// often quotes the value), the column, the constraint.
-fn describe(e: &sqlx::Error) -> String {
+pub(crate) fn describe(e: &sqlx::Error) -> String {
     let mut text = e.to_string();
     if let Some(db) = e.as_database_error().and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()) {
         if let Some(detail) = db.detail() {
@@ -254,18 +169,11 @@ fn describe(e: &sqlx::Error) -> String {
 }
 
 impl Error {
-    /// What kind of poison an error of one event is, as dead letters record it: `data` (it
-    /// does not decode, or an upcaster failed), `unknown_type`, `value` (the database refused
-    /// a value), `declaration` (a write the tables' declarations forbid), `apply` (the
-    /// projection's own `apply` failed); `other` for the rest.
+    /// What kind of poison an error of one event is, as dead letters record it (see
+    /// [`EventError::reason`]); `other` for the rest.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::Decode { .. } => "data",
-            Self::UnknownType { .. } => "unknown_type",
-            Self::Rejected { .. } => "value",
-            Self::Invalid { .. } => "declaration",
-            Self::Apply { .. } => "apply",
-            Self::Held { source, .. } => source.reason(),
+            Self::Event(e) => e.reason(),
             _ => "other",
         }
     }
@@ -274,55 +182,34 @@ impl Error {
     /// the batch is gone): what a dead letter records.
     pub fn of_the_event(&self) -> String {
         match self {
-            Self::Decode { aggregate, version, source, .. } => {
-                format!("{aggregate} v{version} does not decode: {source}")
-            }
-            Self::UnknownType { aggregate, version, event_type, known, .. } => {
-                format!(
-                    "{aggregate} v{version} has type {event_type:?}, none of those the projection handles ({known})"
-                )
-            }
-            Self::Invalid { aggregate, version, problem, .. } => format!("{aggregate} v{version}: {problem}"),
-            Self::Rejected { aggregate, version, source, .. } => {
-                format!("the database refused {aggregate} v{version}: {}", describe(source))
-            }
-            Self::Apply { projection, aggregate, version, error, .. } => {
-                format!("projection {projection} failed on {aggregate} v{version}: {error}")
-            }
-            Self::Held { source, .. } => source.of_the_event(),
+            Self::Event(e) => e.of_the_event(),
             other => other.to_string(),
         }
     }
 
+    /// The error of the event at `index` of the batch, of `aggregate` (type and id) at
+    /// `version`: what is wrong is `kind`.
+    pub(crate) fn event(index: usize, aggregate: (&str, &str), version: i64, kind: EventErrorKind) -> Self {
+        Self::Event(EventError::new(index, aggregate, version, kind))
+    }
+
     /// The same error, owned: a copy where its parts can be copied, else one that says the
-    /// same ([`Error::Invalid`] for an event, [`Error::Migration`] otherwise).
+    /// same ([`Error::Migration`]).
     pub(crate) fn clone_of_batch(&self) -> Self {
         match self {
-            Self::Decode { index, aggregate, version, source } => {
-                Self::Decode { index: *index, aggregate: aggregate.clone(), version: *version, source: source.clone() }
-            }
-            Self::UnknownType { index, aggregate, version, event_type, known } => Self::UnknownType {
-                index: *index,
-                aggregate: aggregate.clone(),
-                version: *version,
-                event_type: event_type.clone(),
-                known: known.clone(),
-            },
+            Self::Event(e) => Self::Event(e.clone()),
             Self::Declaration { projection, problem } => {
                 Self::Declaration { projection: projection.clone(), problem: problem.clone() }
             }
-            Self::Held { index, held, source } => {
-                Self::Held { index: *index, held: *held, source: Box::new(source.clone_of_batch()) }
-            }
-            Self::Invalid { index, aggregate, version, .. }
-            | Self::Rejected { index, aggregate, version, .. }
-            | Self::Apply { index, aggregate, version, .. } => Self::Invalid {
-                index: *index,
-                aggregate: aggregate.clone(),
-                version: *version,
-                problem: self.to_string(),
-            },
             other => Self::Migration(other.to_string()),
+        }
+    }
+
+    /// What is wrong with the event the error is about, when it is about one.
+    pub fn event_kind(&self) -> Option<&EventErrorKind> {
+        match self {
+            Self::Event(e) => Some(&e.kind),
+            _ => None,
         }
     }
 
@@ -333,8 +220,7 @@ impl Error {
         match self {
             Self::Database(e) => is_retryable_sqlx(e),
             Self::Conflict { .. } => true,
-            Self::Apply { error, .. } => is_retryable_apply(error),
-            Self::Held { source, .. } => source.is_retryable(),
+            Self::Event(e) => e.is_retryable(),
             _ => false,
         }
     }
@@ -350,11 +236,7 @@ impl Error {
     pub fn is_environment(&self) -> bool {
         match self {
             Self::Database(e) => is_environment_sqlx(e),
-            Self::Apply { error, .. } => {
-                error.downcast_ref::<sqlx::Error>().is_some_and(is_environment_sqlx)
-                    || error.downcast_ref::<Error>().is_some_and(Error::is_environment)
-            }
-            Self::Held { source, .. } => source.is_environment(),
+            Self::Event(e) => e.is_environment(),
             _ => false,
         }
     }
@@ -362,23 +244,14 @@ impl Error {
     /// True for an event that can never be applied as it is (decode failure): retrying
     /// cannot help, it must be dead-lettered or halt its partition.
     pub fn is_poison(&self) -> bool {
-        match self {
-            Self::Held { source, .. } => source.is_poison(),
-            _ => matches!(self, Self::Decode { .. } | Self::UnknownType { .. }),
-        }
+        matches!(self, Self::Event(e) if e.is_poison())
     }
 
     /// The position in the batch of the event the error is about, when it is about one:
     /// everything before it can be applied without it.
     pub fn event_index(&self) -> Option<usize> {
         match self {
-            Self::Decode { index, .. }
-            | Self::UnknownType { index, .. }
-            | Self::Invalid { index, .. }
-            | Self::Bound { index, .. }
-            | Self::Rejected { index, .. }
-            | Self::Apply { index, .. }
-            | Self::Held { index, .. } => Some(*index),
+            Self::Event(e) => Some(e.index),
             _ => None,
         }
     }
@@ -397,37 +270,21 @@ impl Error {
 
     fn reindexed(self, to: impl Fn(usize) -> usize) -> Self {
         match self {
-            Self::Decode { index, aggregate, version, source } => {
-                Self::Decode { index: to(index), aggregate, version, source }
-            }
-            Self::Invalid { index, aggregate, version, problem } => {
-                Self::Invalid { index: to(index), aggregate, version, problem }
-            }
-            Self::UnknownType { index, aggregate, version, event_type, known } => {
-                Self::UnknownType { index: to(index), aggregate, version, event_type, known }
-            }
-            Self::Rejected { index, aggregate, version, source } => {
-                Self::Rejected { index: to(index), aggregate, version, source }
-            }
-            Self::Apply { projection, index, aggregate, version, error } => {
-                Self::Apply { projection, index: to(index), aggregate, version, error }
-            }
-            Self::Bound { index, aggregate, problem } => Self::Bound { index: to(index), aggregate, problem },
-            Self::Held { index, held, source } => Self::Held { index: to(index), held, source },
+            Self::Event(e) => Self::Event(EventError { index: to(e.index), ..e }),
             other => other,
         }
     }
 
     /// The error of applying the event at `index` alone: a database error retrying cannot
-    /// fix becomes [`Error::Rejected`], naming the event.
+    /// fix becomes [`EventErrorKind::Rejected`], naming the event.
     pub(crate) fn of_event(self, index: usize, event: &projectionist_core::plan::EventRef<'_>) -> Self {
         match self {
-            Self::Database(source) if !is_retryable_sqlx(&source) => Self::Rejected {
+            Self::Database(source) if !is_retryable_sqlx(&source) => Self::event(
                 index,
-                aggregate: format!("{}/{}", event.aggregate_type, event.aggregate_id),
-                version: event.version,
-                source,
-            },
+                (event.aggregate_type, event.aggregate_id),
+                event.version,
+                EventErrorKind::Rejected(Arc::new(source)),
+            ),
             other => other.shifted(index),
         }
     }
@@ -481,6 +338,10 @@ impl Error {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use super::{EventError, EventErrorKind};
+
     #[test]
     fn classifies_sqlstates() {
         for code in ["40001", "40P01", "08006", "08003", "57P01", "53300"] {
@@ -511,12 +372,9 @@ mod tests {
         }
         let io = || sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert!(super::Error::Database(io()).is_environment());
-        let apply = |error| super::Error::Apply {
-            projection: "p".into(),
-            index: 0,
-            aggregate: "t/a".into(),
-            version: 1,
-            error,
+        let apply = |error| {
+            let kind = EventErrorKind::Apply { projection: "p".into(), error: Arc::new(error) };
+            super::Error::event(0, ("t", "a"), 1, kind)
         };
         assert!(apply(projectionist_core::ApplyError::from(io())).is_environment());
         assert!(!apply(projectionist_core::ApplyError::msg("rule broken")).is_environment());
@@ -525,6 +383,23 @@ mod tests {
             conflict.is_retryable() && !conflict.is_environment(),
             "a conflict is the batch's, not the environment's"
         );
+    }
+
+    #[test]
+    fn a_copy_of_an_event_error_keeps_its_kind() {
+        let refused = EventErrorKind::Rejected(Arc::new(sqlx::Error::RowNotFound));
+        let error = super::Error::event(3, ("account", "a-1"), 2, refused);
+        let copy = error.clone_of_batch();
+        // A refused value stays one (it once became a declaration problem when copied).
+        assert_eq!((copy.reason(), copy.to_string()), ("value", error.to_string()));
+        assert!(copy.to_string().starts_with("the database refused event #3 of the batch (account/a-1 v2)"));
+        assert_eq!(copy.shifted(2).event_index(), Some(5));
+        let held = EventErrorKind::Held {
+            held: 7,
+            source: Box::new(EventError::new(0, ("account", "a-1"), 4, EventErrorKind::Invalid("no".into()))),
+        };
+        let held = super::Error::event(1, ("account", "a-1"), 4, held).clone_of_batch();
+        assert_eq!((held.reason(), held.of_the_event().as_str()), ("declaration", "account/a-1 v4: no"));
     }
 
     #[test]
