@@ -13,3 +13,14 @@ pub use projectionist_kafka as kafka;
 pub use projectionist_postgres as postgres;
 #[cfg(feature = "testing")]
 pub use projectionist_testing as testing;
+
+/// The Rust examples of docs/projections.md, compiled as doc tests so that the page stays
+/// true (not part of the API).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/projections.md")]
+pub struct ProjectionsGuide;
+
+/// The Rust examples of docs/running.md, compiled as doc tests (not part of the API).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/running.md")]
+pub struct RunningGuide;
