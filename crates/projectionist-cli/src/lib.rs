@@ -536,7 +536,7 @@ impl App {
         serve_metrics(args.metrics_addr.as_deref(), engine.readiness(), Some(waits)).await?;
         let started = Instant::now();
         let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
-        let mut progress = ProgressDisplay::new(what, target);
+        let mut progress = ProgressDisplay::new(what, "offsets", target);
         let reporter = tokio::spawn(report_progress(engine.stats(), progress.clone()));
         let report = engine.run(shutdown_signal()).await;
         reporter.abort();
@@ -690,7 +690,7 @@ async fn report_rebuild(
     };
     let from = read(&shadow(pool.clone(), name.clone()).await);
     let total: u64 = positions.iter().map(|p| (p.high - p.low).max(0) as u64).sum();
-    let mut progress = ProgressDisplay::new("Rebuilding", Some(total.saturating_sub(from)));
+    let mut progress = ProgressDisplay::new("Rebuilding", "offsets", Some(total.saturating_sub(from)));
     let mut done = from;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -43,6 +43,8 @@ fn show(bar: Option<&ProgressBar>) {
 #[derive(Clone)]
 pub(crate) struct ProgressDisplay {
     what: &'static str,
+    /// What is counted: `events`, or `offsets` where transaction markers take offsets too.
+    unit: &'static str,
     total: Option<u64>,
     started: Instant,
     last: Instant,
@@ -52,12 +54,14 @@ pub(crate) struct ProgressDisplay {
 }
 
 impl ProgressDisplay {
-    /// `total`: the target fixed at start (e.g. messages up to the high watermarks).
-    pub(crate) fn new(what: &'static str, total: Option<u64>) -> Self {
+    /// `unit`: what is counted (`events`, or `offsets`: a position in a partition, where a
+    /// transaction's commit marker takes one too). `total`: the target fixed at start (e.g.
+    /// offsets up to the high watermarks).
+    pub(crate) fn new(what: &'static str, unit: &'static str, total: Option<u64>) -> Self {
         let now = Instant::now();
-        let bar = std::io::stderr().is_terminal().then(|| bar(what, total, ProgressDrawTarget::stderr()));
+        let bar = std::io::stderr().is_terminal().then(|| bar(what, unit, total, ProgressDrawTarget::stderr()));
         show(bar.as_ref());
-        Self { what, total, started: now, last: now, last_done: None, bar }
+        Self { what, unit, total, started: now, last: now, last_done: None, bar }
     }
 
     fn line(&self, done: u64) -> String {
@@ -71,9 +75,10 @@ impl ProgressDisplay {
                 } else {
                     "-".to_owned()
                 };
-                format!("{}: {done}/{total} events ({pct:.1}%), {rate:.0} events/s, ETA {eta}", self.what)
+                let (what, unit) = (self.what, self.unit);
+                format!("{what}: {done}/{total} {unit} ({pct:.1}%), {rate:.0} {unit}/s, ETA {eta}")
             }
-            _ => format!("{}: {done} events, {rate:.0} events/s", self.what),
+            _ => format!("{}: {done} {unit}, {rate:.0} {unit}/s", self.what, unit = self.unit),
         }
     }
 
@@ -114,18 +119,21 @@ impl ProgressDisplay {
 
 /// A bar when the target is known and positive, a spinner line otherwise. Past the target
 /// the bar stays full at 100% with no ETA, and the position goes on counting.
-fn bar(what: &'static str, total: Option<u64>, target: ProgressDrawTarget) -> ProgressBar {
+fn bar(what: &'static str, unit: &'static str, total: Option<u64>, target: ProgressDrawTarget) -> ProgressBar {
     let (len, template) = match total {
-        Some(total) if total > 0 => {
-            (Some(total), "{prefix}: [{bar:30}] {human_pos}/{human_len} events ({percent}%), {rate}, ETA {eta}")
-        }
-        _ => (None, "{spinner} {prefix}: {human_pos} events, {rate}"),
+        Some(total) if total > 0 => (
+            Some(total),
+            format!(
+                "{{prefix}}: [{{bar:30}}] {{human_pos}}/{{human_len}} {unit} ({{percent}}%), {{rate}}, ETA {{eta}}"
+            ),
+        ),
+        _ => (None, format!("{{spinner}} {{prefix}}: {{human_pos}} {unit}, {{rate}}")),
     };
-    let style = ProgressStyle::with_template(template)
+    let style = ProgressStyle::with_template(&template)
         .expect("a valid progress template")
         .progress_chars("=> ")
-        .with_key("rate", |state: &ProgressState, w: &mut dyn std::fmt::Write| {
-            let _ = write!(w, "{:.0} events/s", state.per_sec());
+        .with_key("rate", move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.0} {unit}/s", state.per_sec());
         })
         // indicatif says 0s while nothing moves yet; "-" as the log line does, and once done.
         .with_key("eta", |state: &ProgressState, w: &mut dyn std::fmt::Write| {
@@ -196,28 +204,28 @@ mod tests {
     #[test]
     fn the_bar_shows_position_percentage_rate_and_eta_and_stays_full_past_the_target() {
         let screen = Screen::default();
-        let b = bar("Replaying", Some(1000), ProgressDrawTarget::term_like(Box::new(screen.clone())));
+        let b = bar("Replaying", "offsets", Some(1000), ProgressDrawTarget::term_like(Box::new(screen.clone())));
         let line = screen.last();
-        assert_eq!(line, format!("Replaying: [{}] 0/1,000 events (0%), 0 events/s, ETA -", " ".repeat(30)));
+        assert_eq!(line, format!("Replaying: [{}] 0/1,000 offsets (0%), 0 offsets/s, ETA -", " ".repeat(30)));
         b.set_position(250);
         b.tick();
         let line = screen.last();
-        assert!(line.starts_with("Replaying: [=======>                      ] 250/1,000 events (25%), "), "{line}");
-        assert!(line.contains(" events/s, ETA ") && !line.ends_with("ETA -"), "{line}");
+        assert!(line.starts_with("Replaying: [=======>                      ] 250/1,000 offsets (25%), "), "{line}");
+        assert!(line.contains(" offsets/s, ETA ") && !line.ends_with("ETA -"), "{line}");
         b.set_position(1500);
         b.tick();
         let past = screen.last();
-        assert!(past.starts_with(&format!("Replaying: [{}] 1,500/1,000 events (100%), ", "=".repeat(30))), "{past}");
-        assert!(past.ends_with(" events/s, ETA -"), "{past}");
+        assert!(past.starts_with(&format!("Replaying: [{}] 1,500/1,000 offsets (100%), ", "=".repeat(30))), "{past}");
+        assert!(past.ends_with(" offsets/s, ETA -"), "{past}");
         b.abandon();
         let left = screen.last();
-        assert!(left.starts_with(&format!("Replaying: [{}] 1,500/1,000 events (100%), ", "=".repeat(30))), "{left}");
+        assert!(left.starts_with(&format!("Replaying: [{}] 1,500/1,000 offsets (100%), ", "=".repeat(30))), "{left}");
     }
 
     #[test]
     fn without_a_target_a_spinner_line_shows_count_and_rate() {
         let screen = Screen::default();
-        let b = bar("Publishing", None, ProgressDrawTarget::term_like(Box::new(screen.clone())));
+        let b = bar("Publishing", "events", None, ProgressDrawTarget::term_like(Box::new(screen.clone())));
         b.set_position(12_345);
         b.abandon();
         let line = screen.last();
@@ -227,13 +235,13 @@ mod tests {
 
     #[test]
     fn lines_show_position_rate_and_eta() {
-        let p = ProgressDisplay::new("Replaying", Some(1000));
+        let p = ProgressDisplay::new("Replaying", "offsets", Some(1000));
         let line = p.line(250);
-        assert!(line.starts_with("Replaying: 250/1000 events (25.0%), "), "{line}");
-        assert!(line.contains("events/s, ETA "), "{line}");
-        assert!(ProgressDisplay::new("Publishing", None).line(5).starts_with("Publishing: 5 events, "));
+        assert!(line.starts_with("Replaying: 250/1000 offsets (25.0%), "), "{line}");
+        assert!(line.contains("offsets/s, ETA "), "{line}");
+        assert!(ProgressDisplay::new("Publishing", "events", None).line(5).starts_with("Publishing: 5 events, "));
         assert!(p.line(1000).ends_with("ETA -"));
         let past = p.line(1500);
-        assert!(past.starts_with("Replaying: 1500/1000 events (100.0%), ") && past.ends_with("ETA -"), "{past}");
+        assert!(past.starts_with("Replaying: 1500/1000 offsets (100.0%), ") && past.ends_with("ETA -"), "{past}");
     }
 }

@@ -17,7 +17,8 @@ pub(crate) struct PublishArgs {
     topic: String,
     /// NDJSON file of envelopes, one per line, or - for stdin. A line:
     /// {"id":"6f1c2a8e-8d0b-4c1e-9a57-2f4d1c3b5e70","aggregate_type":"account","aggregate_id":"acc-1","version":2,"type":"MoneyDeposited","occurred_at":"2026-11-21T10:00:00Z","data":{"amount":500}}
-    /// (optional: "metadata": {…}). Fields: see the README, "The event envelope".
+    /// (optional: "metadata": {…}). Fields: see the README, "The event envelope". Each line is
+    /// checked, then published as written, byte for byte (keyed by its aggregate_id).
     file: String,
     /// Events per producer transaction.
     #[arg(long, default_value_t = 1000)]
@@ -62,14 +63,15 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
             std::fs::File::create(path).with_context(|| format!("cannot create {path}"))?,
         ))),
     };
-    let mut progress = crate::progress::ProgressDisplay::new("Publishing", total);
+    let mut progress = crate::progress::ProgressDisplay::new("Publishing", "events", total);
     let mut lines = BufReader::new(reader).lines();
     let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) =
         (0_usize, 0_usize, 0_usize, 0_usize, 0_usize);
     let chunk_size = args.chunk_size.max(1);
     let mut done = false;
     while !done {
-        let mut chunk: Vec<RawEnvelope> = Vec::with_capacity(chunk_size);
+        // Each envelope, checked, with its line: what is published, byte for byte.
+        let mut chunk: Vec<(RawEnvelope, String)> = Vec::with_capacity(chunk_size);
         let mut errors = Vec::new();
         while chunk.len() + errors.len() < chunk_size {
             let Some(line) = lines.next_line().await.with_context(|| format!("reading {}", args.file))? else {
@@ -81,7 +83,7 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
                 continue;
             }
             match RawEnvelope::from_slice(line.as_bytes()) {
-                Ok(e) => chunk.push(e),
+                Ok(e) => chunk.push((e, line.trim_end_matches('\r').to_owned())),
                 Err(e) => errors.push(format!("line {line_no}: {e}")),
             }
         }
@@ -99,7 +101,7 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         }
         let delivered = send_chunk(&producer, &args.topic, &chunk).await?;
         if let Some(report) = report.as_mut() {
-            for (e, (partition, offset)) in chunk.iter().zip(delivered) {
+            for ((e, _), (partition, offset)) in chunk.iter().zip(delivered) {
                 let line = serde_json::json!({
                     "id": e.id, "aggregate_type": e.aggregate_type, "aggregate_id": e.aggregate_id,
                     "version": e.version, "topic": args.topic, "partition": partition, "offset": offset,
@@ -115,21 +117,31 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
     if let Some(mut report) = report {
         report.flush().context("writing the offsets report")?;
     }
-    println!(
+    let summary = format!(
         "Published {published} events to {} in {transactions} transaction(s); {bad_lines} malformed line(s), \
         {skipped_chunks} chunk(s) not published.",
         args.topic
     );
+    // With the offsets report on stdout, stdout holds JSON lines only.
+    if args.report_offsets.as_deref() == Some("-") {
+        eprintln!("{summary}");
+    } else {
+        println!("{summary}");
+    }
     Ok(if bad_lines > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// Publishes `chunk` in one transaction; where each event went (partition, offset).
-async fn send_chunk(producer: &FutureProducer, topic: &str, chunk: &[RawEnvelope]) -> anyhow::Result<Vec<(i32, i64)>> {
+/// Publishes `chunk` in one transaction, each envelope as its line was written (keyed by its
+/// aggregate id); where each event went (partition, offset).
+async fn send_chunk(
+    producer: &FutureProducer,
+    topic: &str,
+    chunk: &[(RawEnvelope, String)],
+) -> anyhow::Result<Vec<(i32, i64)>> {
     producer.begin_transaction()?;
-    let payloads: Vec<Vec<u8>> = chunk.iter().map(RawEnvelope::to_json).collect();
-    let sends = chunk.iter().zip(&payloads).map(|(e, p)| {
+    let sends = chunk.iter().map(|(e, line)| {
         producer
-            .send(FutureRecord::to(topic).key(e.aggregate_id.as_str()).payload(p.as_slice()), Duration::from_secs(30))
+            .send(FutureRecord::to(topic).key(e.aggregate_id.as_str()).payload(line.as_str()), Duration::from_secs(30))
     });
     let results = futures_util::future::join_all(sends).await;
     let mut delivered = Vec::with_capacity(results.len());

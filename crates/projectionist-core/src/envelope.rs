@@ -236,8 +236,12 @@ impl<E: DeserializeOwned + 'static> EventDecoder<E> {
     where
         D: serde::Deserializer<'a, Error = serde_json::Error>,
     {
-        E::deserialize(Tagged { event_type, data: Some(data) })
-            .map_err(|e| DecodeError::Data { event_type: event_type.to_owned(), reason: e.to_string() })
+        // The path of what does not fit, from `data` (`data.lines[2].qty`).
+        serde_path_to_error::deserialize(Tagged { event_type, data: Some(data) }).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path.starts_with("data") { path } else { "data".to_owned() };
+            DecodeError::Data { event_type: event_type.to_owned(), field, reason: e.into_inner().to_string() }
+        })
     }
 }
 
@@ -852,6 +856,13 @@ mod tests {
         let mut v = good();
         v["data"] = serde_json::json!({"amount": "lots"});
         let err = RawEnvelope::from_value(v).unwrap().decode::<Ev>().unwrap_err().to_string();
-        assert!(err.starts_with("field `data` of event type Deposited: invalid type"), "{err}");
+        // The field inside `data` is named, not only `data`.
+        assert!(err.starts_with("field `data.amount` of event type Deposited: invalid type"), "{err}");
+        let decoder = EventDecoder::<Ev>::new();
+        let data = serde_json::value::RawValue::from_string(r#"{"amount": "lots"}"#.into()).unwrap();
+        let lazy = decoder.event_from_json("Deposited", &data).unwrap_err().to_string();
+        assert_eq!(lazy, err, "the engine's path says the same");
+        let missing = decoder.event("Deposited", serde_json::json!({})).unwrap_err().to_string();
+        assert_eq!(missing, "field `data` of event type Deposited: missing field `amount`");
     }
 }

@@ -31,10 +31,13 @@ pub enum DecodeError {
         reason: String,
     },
     /// The event type is one the projection handles but its `data` does not fit.
-    #[error("field `data` of event type {event_type}: {reason}")]
+    #[error("field `{field}` of event type {event_type}: {reason}")]
     Data {
         /// The event type on the wire.
         event_type: String,
+        /// Where in the envelope the data does not fit: `data`, or the path inside it
+        /// (`data.qty`, `data.lines[2].sku`).
+        field: String,
         /// Why the data does not decode.
         reason: String,
     },

@@ -8,6 +8,11 @@
 //! came out. The schema version of an event is its envelope's `metadata.schema_version` (an
 //! integer ≥ 1), 1 when absent. They run wherever an event is decoded: the live path and
 //! replays alike.
+//!
+//! Because an absent version is 1, a version-1 upcaster also runs on every event whose
+//! producer stamps no version, today's included: stamp the new number from the producer's
+//! release that changes the shape, and let an upcaster pass data already in the new shape
+//! through unchanged (docs/projections.md, "Old shapes of an event").
 
 use serde_json::Value;
 

@@ -1064,6 +1064,62 @@ async fn publish_reports_offsets_and_wait_answers_once_each_is_applied(pool: PgP
     let reported: Vec<serde_json::Value> =
         std::fs::read_to_string(&report).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(reported.len(), 3, "one line per event");
+    // To stdout (`-`, to another topic): JSON lines only, the summary on stderr; each line
+    // published as written (its keys in its own order, its spaces), byte for byte.
+    let other = format!("{}.report", env.topic);
+    let written: Vec<String> = events
+        .iter()
+        .map(|e| {
+            format!(
+                r#"{{"version": {}, "type": "{}", "data": {}, "aggregate_id": "{}", "aggregate_type": "{}", "occurred_at": "{}", "id": "{}"}}"#,
+                e.version,
+                e.event_type,
+                e.data,
+                e.aggregate_id,
+                e.aggregate_type,
+                e.occurred_at.to_rfc3339(),
+                e.id
+            )
+        })
+        .collect();
+    let as_written = env.dir.join("as-written.ndjson");
+    std::fs::write(&as_written, written.join("\n") + "\n").unwrap();
+    let args = ["publish", "--topic", &other, "--report-offsets", "-", as_written.to_str().unwrap()];
+    let out = env.cli(&args).output().await.unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "publish: {stderr}");
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_eq!(lines.len(), 3, "one line per event, nothing else: {stdout}");
+    assert!(stderr.contains("Published 3 events"), "the summary on stderr: {stderr}");
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("as-written-{}", uuid::Uuid::new_v4().simple()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let at = |line: &serde_json::Value| (line["partition"].as_i64().unwrap() as i32, line["offset"].as_i64().unwrap());
+    let mut first = std::collections::BTreeMap::new();
+    for (partition, offset) in lines.iter().map(at) {
+        first.entry(partition).and_modify(|o: &mut i64| *o = (*o).min(offset)).or_insert(offset);
+    }
+    for (partition, offset) in first {
+        assignment.add_partition_offset(&other, partition, rdkafka::Offset::Offset(offset)).unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut read = std::collections::HashMap::new();
+    while read.len() < 3 && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            read.insert(
+                (m.partition(), m.offset()),
+                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+            );
+        }
+    }
+    for (line, text) in lines.iter().zip(&written) {
+        assert_eq!(read.get(&at(line)), Some(text), "the record at {:?} is the line as written", at(line));
+    }
     for (line, event) in reported.iter().zip(&events) {
         assert_eq!(line["id"], event.id.to_string());
         assert_eq!((line["aggregate_id"].as_str(), line["version"].as_i64()), (Some("acc-wait"), Some(event.version)));
