@@ -2,9 +2,6 @@
 //! engine derives from a declaration the DDL, the version gate, what a reset empties and
 //! what the test kit compares.
 
-use crate::write::{Target, Write};
-use crate::Envelope;
-
 /// How a table's rows are protected against duplicates, replays and reordering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Gate {
@@ -377,37 +374,6 @@ impl Table {
             cols.push((self.version, "bigint NOT NULL".to_owned()));
         }
         cols
-    }
-
-    /// The row of `event`'s aggregate in this upsert or transition table, written at the
-    /// event's version: add `set`s (and, for transitions, `add`s).
-    pub fn write<E>(&self, event: &Envelope<E>) -> Write {
-        Write::new(*self, Target::Aggregate { key: event.aggregate_id.clone(), version: event.version })
-    }
-
-    /// The row keyed `key` in this fan-in table: add `set`s and `add`s. Applied once per
-    /// event, gated by the aggregate's version.
-    pub fn row(&self, key: impl Into<String>) -> Write {
-        Write::new(*self, Target::Row(key.into()))
-    }
-
-    /// The row keyed `first` and `second` in this fan-in table of two key columns (see
-    /// [`Table::fan_in_keys`]): add `set`s and `add`s, or delete it.
-    pub fn row_keys(&self, first: impl Into<String>, second: impl Into<String>) -> Write {
-        Write::new(*self, Target::Keys(first.into(), second.into()))
-    }
-
-    /// The child keyed `key` of `event`'s aggregate in this child table: add `set`s and
-    /// `add`s, or [`delete`](Write::delete) it. Applied once per event, gated by the
-    /// aggregate's version.
-    pub fn child_row<E>(&self, event: &Envelope<E>, key: impl Into<String>) -> Write {
-        Write::new(*self, Target::Child { parent: event.aggregate_id.clone(), key: key.into() })
-    }
-
-    /// Removes every child of `event`'s aggregate from this child table (a cart checked
-    /// out); what the event or a later one writes after it makes children again.
-    pub fn clear<E>(&self, event: &Envelope<E>) -> Write {
-        Write::new(*self, Target::Children { parent: event.aggregate_id.clone() }).delete()
     }
 }
 

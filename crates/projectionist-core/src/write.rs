@@ -4,6 +4,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::envelope::Envelope;
 use crate::table::Table;
 
 /// How a column changes.
@@ -76,6 +77,40 @@ pub struct Write {
     pub(crate) changes: Vec<Change>,
     pub(crate) delete: bool,
     pub(crate) error: Option<String>,
+}
+
+/// The writes a table's rows start from.
+impl Table {
+    /// The row of `event`'s aggregate in this upsert or transition table, written at the
+    /// event's version: add `set`s (and, for transitions, `add`s).
+    pub fn write<E>(&self, event: &Envelope<E>) -> Write {
+        Write::new(*self, Target::Aggregate { key: event.aggregate_id.clone(), version: event.version })
+    }
+
+    /// The row keyed `key` in this fan-in table: add `set`s and `add`s. Applied once per
+    /// event, gated by the aggregate's version.
+    pub fn row(&self, key: impl Into<String>) -> Write {
+        Write::new(*self, Target::Row(key.into()))
+    }
+
+    /// The row keyed `first` and `second` in this fan-in table of two key columns (see
+    /// [`Table::fan_in_keys`]): add `set`s and `add`s, or delete it.
+    pub fn row_keys(&self, first: impl Into<String>, second: impl Into<String>) -> Write {
+        Write::new(*self, Target::Keys(first.into(), second.into()))
+    }
+
+    /// The child keyed `key` of `event`'s aggregate in this child table: add `set`s and
+    /// `add`s, or [`delete`](Write::delete) it. Applied once per event, gated by the
+    /// aggregate's version.
+    pub fn child_row<E>(&self, event: &Envelope<E>, key: impl Into<String>) -> Write {
+        Write::new(*self, Target::Child { parent: event.aggregate_id.clone(), key: key.into() })
+    }
+
+    /// Removes every child of `event`'s aggregate from this child table (a cart checked
+    /// out); what the event or a later one writes after it makes children again.
+    pub fn clear<E>(&self, event: &Envelope<E>) -> Write {
+        Write::new(*self, Target::Children { parent: event.aggregate_id.clone() }).delete()
+    }
 }
 
 impl Write {

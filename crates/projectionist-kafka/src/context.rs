@@ -13,7 +13,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 
-use crate::partition::Progress;
+use crate::partition::shared::Progress;
 use crate::tp::Tp;
 
 /// A change of assignment, for the runner to act on. The group waits until the runner has

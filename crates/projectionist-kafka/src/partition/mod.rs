@@ -15,6 +15,7 @@ mod apply;
 mod decode;
 mod halt;
 mod progress;
+pub(crate) mod shared;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,7 +40,7 @@ use apply::{Applied, Reads};
 use decode::Msg;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
 use progress::MarkerRetry;
-pub(crate) use progress::Progress;
+pub(crate) use shared::Progress;
 
 /// How long a revoked partition waits for its batch in flight before abandoning it (its
 /// transaction rolls back; the next owner reads it again from the checkpoint), so that a

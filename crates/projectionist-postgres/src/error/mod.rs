@@ -27,7 +27,7 @@ pub enum Error {
         /// What it waited for.
         wanted: String,
         /// Where the projection stood when it gave up.
-        position: crate::wait::Position,
+        position: crate::wait::answer::Position,
     },
     /// The stored checkpoint is no longer the one the writer read or last stored: someone
     /// else moved it (a rebuild's swap or rollback, `run --reset`, another process given the
@@ -47,7 +47,7 @@ pub enum Error {
         /// What it waited for.
         wanted: String,
         /// What became of the event.
-        fate: crate::wait::Fate,
+        fate: crate::wait::answer::Fate,
     },
     /// The engine's migrations cannot run on this database (its history names a migration
     /// this build does not know, or one of them failed).

@@ -4,52 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use serde::Serialize;
 use sqlx::PgPool;
 
+use super::Fate;
 use crate::Result;
-
-/// An event past the checkpoint that is not in the read model, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "fate", rename_all = "kebab-case")]
-pub enum Fate {
-    /// Held behind its parked aggregate: it applies once the version the aggregate waits
-    /// for arrives (or its dead letter is resolved).
-    Parked {
-        /// The aggregate's type.
-        aggregate_type: String,
-        /// The aggregate's id.
-        aggregate_id: String,
-        /// The event's version.
-        version: i64,
-        /// Why the aggregate is parked (`parked` lists it).
-        reason: String,
-    },
-    /// A dead letter, open: it applies only if an operator retries it.
-    DeadLettered {
-        /// The dead letter's id (`dead-letters show`).
-        id: i64,
-        /// Why it could not be applied.
-        error: String,
-    },
-    /// A dead letter an operator discarded: its version was skipped on purpose.
-    Discarded {
-        /// The dead letter's id.
-        id: i64,
-    },
-}
-
-impl std::fmt::Display for Fate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Fate::Parked { aggregate_type, aggregate_id, version, reason } => {
-                write!(f, "held: {aggregate_type}/{aggregate_id} v{version} is parked ({reason})")
-            }
-            Fate::DeadLettered { id, error } => write!(f, "dead-lettered as dead letter {id}: {error}"),
-            Fate::Discarded { id } => write!(f, "dead-lettered, then discarded (dead letter {id})"),
-        }
-    }
-}
 
 /// What became of the message at `offset` of `topic`/`partition`, read by `projection`, once
 /// its checkpoint is past it: `None` when it is in the read model (applied, a duplicate, or a

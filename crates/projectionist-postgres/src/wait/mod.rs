@@ -23,9 +23,10 @@ use tokio::sync::oneshot;
 use crate::error::{Error, Result};
 use crate::projection::PgProjection;
 
+pub(crate) mod answer;
 mod fate;
 mod versions;
-pub use fate::Fate;
+pub use answer::{Fate, Position};
 use versions::{VersionQuery, Watched};
 
 /// The channel batches notify on: a JSON object per batch and partition, `{"schema",
@@ -44,34 +45,6 @@ pub const RECONNECT: Duration = Duration::from_secs(1);
 
 /// A partition of a projection's topic.
 type Partition = (String, String, i32);
-
-/// Where a projection stands, as the waits report it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Position {
-    /// On a partition: the next offset it reads (`None`: nothing checkpointed yet).
-    Offset {
-        /// The partition's next offset to read; every offset below it is applied.
-        next_offset: Option<i64>,
-    },
-    /// An aggregate: the version its rows stand at (`None`: no row of it yet).
-    Version {
-        /// The highest version of the aggregate's rows in the projection's gated tables.
-        version: Option<i64>,
-    },
-}
-
-impl std::fmt::Display for Position {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Position::Offset { next_offset: Some(next) } => {
-                write!(f, "applied up to offset {} (next {next})", next - 1)
-            }
-            Position::Offset { next_offset: None } => write!(f, "nothing applied on that partition yet"),
-            Position::Version { version: Some(v) } => write!(f, "the aggregate stands at version {v}"),
-            Position::Version { version: None } => write!(f, "no row of the aggregate yet"),
-        }
-    }
-}
 
 /// Waits for projections to apply events; cheap to clone (clones share one listening
 /// connection, taken from the pool given to [`Waiter::new`], and its task).
