@@ -1,0 +1,94 @@
+//! The PostgreSQL pool of a command: its size, and a connection error told with its cause.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::bail;
+use projectionist_kafka::{KafkaClientConfig, Registration};
+use projectionist_postgres::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Pool size for commands other than `run` and `rebuild`, and for those when the broker
+/// cannot say how many partitions there are.
+pub(crate) const DEFAULT_SIZE: u32 = 8;
+
+/// The pool size of `run` and `rebuild`: `pg_max_connections` when given, else one
+/// connection per partition of the registrations' topics (each applies its batches on its
+/// own) plus two, at most 64.
+pub(crate) async fn size(
+    client: &KafkaClientConfig,
+    registrations: &[Registration],
+    pg_max_connections: Option<u32>,
+) -> u32 {
+    match pg_max_connections {
+        Some(n) => n.max(1),
+        None => partitions(client, registrations).await.map_or(DEFAULT_SIZE, |n| (n + 2).min(64)),
+    }
+}
+
+/// Partitions of the registrations' topics: the most a process can be assigned.
+async fn partitions(client: &KafkaClientConfig, registrations: &[Registration]) -> Option<u32> {
+    let mut n = 0;
+    for r in registrations {
+        for topic in &r.topics {
+            let (c, t) = (client.clone(), topic.clone());
+            n += tokio::task::spawn_blocking(move || projectionist_kafka::topics::partitions(c, &t))
+                .await
+                .ok()?
+                .ok()?
+                .len() as u32;
+        }
+    }
+    Some(n)
+}
+
+pub(crate) async fn open(url: &Option<String>) -> anyhow::Result<PgPool> {
+    open_with(url, DEFAULT_SIZE).await
+}
+
+pub(crate) async fn open_with(url: &Option<String>, max_connections: u32) -> anyhow::Result<PgPool> {
+    let Some(url) = url else { bail!("no database: set DATABASE_URL or pass --database-url") };
+    // The URL may hold a password: errors below never repeat it.
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    if !matches!(scheme, "postgres" | "postgresql") {
+        bail!(
+            "DATABASE_URL is not a PostgreSQL URL (its scheme is {scheme:?}): expected \
+             postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+        );
+    }
+    let options =
+        PgConnectOptions::from_str(url).map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
+    let where_ = format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or("?"));
+    reachable(&options).await.map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {e}"))?;
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        // One line, the cause said once (sqlx's errors repeat their source in Display).
+        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {}", pg_connect_reason(&e)))
+}
+
+/// Whether PostgreSQL's host answers on its port, within a few seconds: the pool keeps
+/// retrying a refused connection until its acquire timeout and then says only "pool timed
+/// out", so a wrong host or port is found here first, with the system's reason. (A Unix
+/// socket directory is left to the pool.)
+async fn reachable(options: &PgConnectOptions) -> Result<(), String> {
+    const WITHIN: Duration = Duration::from_secs(5);
+    let host = options.get_host();
+    if host.starts_with('/') {
+        return Ok(());
+    }
+    match tokio::time::timeout(WITHIN, tokio::net::TcpStream::connect((host, options.get_port()))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {}s", WITHIN.as_secs())),
+    }
+}
+
+fn pg_connect_reason(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Tls(inner) => format!("TLS failed (check sslmode, sslrootcert, sslcert, sslkey): {inner}"),
+        other => other.to_string(),
+    }
+}

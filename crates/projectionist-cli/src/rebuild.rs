@@ -1,0 +1,135 @@
+//! `rebuild`: a projection built again beside its live tables and swapped in, with its
+//! progress shown; `--rollback`, `--drop-old` and `--abandon`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use projectionist_kafka::{Engine, KafkaClientConfig, Registration};
+use projectionist_postgres::PgPool;
+
+use crate::args::RebuildArgs;
+use crate::progress::ProgressDisplay;
+use crate::run::{serve_metrics, shutdown_signal};
+use crate::{pool, status, App};
+
+impl App {
+    pub(crate) async fn rebuild(
+        self,
+        database_url: &Option<String>,
+        client: KafkaClientConfig,
+        args: RebuildArgs,
+    ) -> anyhow::Result<ExitCode> {
+        use projectionist_postgres::rebuild;
+        if args.run.reset || args.run.from_beginning || args.run.exit_when_caught_up {
+            bail!(
+                "a rebuild reads from offset zero into tables of its own and ends with its swap: --reset, \
+                 --from-beginning and --exit-when-caught-up are `run`'s"
+            );
+        }
+        let mut config = args.run.engine_config(&client)?;
+        let selected = self.select(args.run.projections.as_deref(), &mut config)?;
+        let maintenance = args.rollback || args.drop_old || args.abandon;
+        // Sized as `run`'s, and its shadow's as this one: the connections its warm-up opens
+        // are then all its batches use (a pool allowed more opens them mid-run, each a TLS
+        // set-up, while the batches wait).
+        let connections = if maintenance {
+            pool::DEFAULT_SIZE
+        } else {
+            pool::size(&client, &selected, args.run.pg_max_connections).await
+        };
+        let pool = pool::open_with(database_url, connections).await?;
+        status::engine_tables(&pool).await?;
+        if !maintenance {
+            // The rebuild's own metrics, and its shadow run's (ready: PostgreSQL answers).
+            let readiness = Engine::new(pool.clone(), config.clone()).readiness();
+            serve_metrics(args.run.metrics_addr.as_deref(), readiness, None).await?;
+        }
+        for r in selected {
+            let name = r.projection.name().to_owned();
+            if maintenance {
+                let _lock = rebuild::lock(&pool, &name).await?;
+                if args.rollback {
+                    rebuild::rollback(&pool, r.projection.as_ref()).await?;
+                    println!("{name}: the tables the last rebuild replaced are live again, with their checkpoints.");
+                } else if args.drop_old {
+                    let dropped = rebuild::drop_old(&pool, &name).await?;
+                    println!(
+                        "{name}: {}",
+                        if dropped { "the replaced tables are removed." } else { "no replaced tables kept." }
+                    );
+                } else {
+                    let dropped = rebuild::abandon(&pool, &name).await?;
+                    println!(
+                        "{name}: {}",
+                        if dropped { "the unfinished rebuild is removed." } else { "no unfinished rebuild." }
+                    );
+                }
+                continue;
+            }
+            let mut config = config.for_projection(&name);
+            // Its dead letters were produced to the topic when first met.
+            config.dead_letter_topic = None;
+            let started = Instant::now();
+            let folded = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone(), folded.clone()));
+            let (projection, topics) = (r.projection, r.topics);
+            let rebuilt =
+                projectionist_kafka::rebuild::rebuild(&pool, config, projection, topics, &folded, shutdown_signal())
+                    .await;
+            reporter.abort();
+            let _ = reporter.await;
+            let rebuilt = rebuilt?;
+            match rebuilt {
+                projectionist_kafka::rebuild::Rebuilt::Swapped { resumed, .. } => println!(
+                    "{name}: rebuilt{} in {:.1}s and swapped in; the replaced tables are kept for `rebuild --rollback` \
+                     (`rebuild --drop-old` removes them).",
+                    if resumed { " (resumed)" } else { "" },
+                    started.elapsed().as_secs_f64()
+                ),
+                projectionist_kafka::rebuild::Rebuilt::Stopped => {
+                    println!(
+                        "{name}: stopped before its swap; the live tables are untouched, and `rebuild` resumes it."
+                    );
+                    return Ok(ExitCode::from(130));
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Shows a rebuild's progress (a bar on a terminal, a log line every 5 s otherwise): its
+/// shadow's checkpoints, plus the offsets it has `folded` and not yet written, against the
+/// high watermarks at start, counted from where it starts (a resumed rebuild's rate and ETA
+/// are its own).
+pub(crate) async fn report_rebuild(
+    pool: PgPool,
+    client: KafkaClientConfig,
+    registration: Registration,
+    folded: Arc<std::sync::atomic::AtomicU64>,
+) {
+    let name = registration.projection.name().to_owned();
+    let Ok(positions) = status::positions(&pool, &client, std::slice::from_ref(&registration)).await else { return };
+    let read = |shadow: &[(String, i32, i64)]| -> u64 {
+        positions.iter().map(|p| (p.in_shadow(shadow).min(p.high) - p.low).max(0) as u64).sum()
+    };
+    let shadow = |pool: PgPool, name: String| async move {
+        projectionist_postgres::rebuild::shadow_checkpoints(&pool, &name).await.ok().flatten().unwrap_or_default()
+    };
+    let from = read(&shadow(pool.clone(), name.clone()).await);
+    let total: u64 = positions.iter().map(|p| (p.high - p.low).max(0) as u64).sum();
+    let mut progress = ProgressDisplay::new("Rebuilding", "offsets", Some(total.saturating_sub(from)));
+    let mut done = from;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The checkpoints first: a fold written in between is then missed in both (for one
+        // report), never counted in both. Shown as it only ever grows (a round that halts
+        // reads its folded offsets again).
+        let written = read(&shadow(pool.clone(), name.clone()).await);
+        done = done.max((written + folded.load(std::sync::atomic::Ordering::Relaxed)).min(total));
+        projectionist_kafka::metrics::rebuild_progress(&name, done, total.saturating_sub(done));
+        progress.update(done.saturating_sub(from));
+    }
+}

@@ -1,0 +1,155 @@
+//! `run`: the engine over the selected projections, its progress shown, its metrics and
+//! waits served, until a signal or (with `--exit-when-caught-up`) the head.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use projectionist_kafka::{Engine, KafkaClientConfig, Registration};
+use projectionist_postgres::PgPool;
+
+use crate::progress::ProgressDisplay;
+use crate::{config, http, pool, status, App};
+
+impl App {
+    pub(crate) async fn run(
+        self,
+        database_url: &Option<String>,
+        client: KafkaClientConfig,
+        args: config::RunOptions,
+    ) -> anyhow::Result<ExitCode> {
+        let mut config = args.engine_config(&client)?;
+        let selected = self.select(args.projections.as_deref(), &mut config)?;
+        let connections = pool::size(&client, &selected, args.pg_max_connections).await;
+        let pool = pool::open_with(database_url, connections).await?;
+        tracing::debug!(connections, "PostgreSQL pool sized.");
+        if args.reset {
+            for r in &selected {
+                projectionist_postgres::reset(&pool, r.projection.as_ref()).await?;
+                tracing::info!(
+                    projection = %r.projection.name(),
+                    "Projection reset: tables truncated, checkpoints and aggregate versions forgotten."
+                );
+            }
+        }
+        let target = progress_target(&pool, &client, &selected, args.from_beginning || args.reset).await;
+        let waits = http::Waits::new(pool.clone(), selected.iter().map(|r| r.projection.clone()).collect());
+        let mut engine = Engine::new(pool, config);
+        for r in selected {
+            engine = engine.register(r.projection, r.topics);
+        }
+        serve_metrics(args.metrics_addr.as_deref(), engine.readiness(), Some(waits)).await?;
+        let started = Instant::now();
+        let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
+        let mut progress = ProgressDisplay::new(what, "offsets", target);
+        let reporter = tokio::spawn(report_progress(engine.stats(), progress.clone()));
+        let report = engine.run(shutdown_signal()).await;
+        reporter.abort();
+        let _ = reporter.await;
+        let report = report?;
+        let advanced: u64 =
+            report.projections.iter().map(|(_, s)| s.advanced.load(std::sync::atomic::Ordering::Relaxed)).sum();
+        progress.finish_quiet(advanced);
+        let elapsed = started.elapsed().as_secs_f64();
+        for (name, stats) in &report.projections {
+            let c = stats.outcomes();
+            let read = stats.read.load(std::sync::atomic::Ordering::Relaxed);
+            let offsets = stats.advanced.load(std::sync::atomic::Ordering::Relaxed);
+            let halted = stats.partitions_halted();
+            let types = stats.ignored_types.lock().expect("ignored types lock");
+            let ignored_types = if types.is_empty() {
+                String::new()
+            } else {
+                let each: Vec<String> = types.iter().map(|(t, n)| format!("{t} {n}")).collect();
+                format!(" ({})", each.join(", "))
+            };
+            // The progress line counts offsets, transaction markers included: say both.
+            let halted = if halted == 0 { String::new() } else { format!("; {halted} partition(s) halted") };
+            let drained = stats.drained.load(std::sync::atomic::Ordering::Relaxed);
+            let dead = stats.dead_letters.load(std::sync::atomic::Ordering::Relaxed);
+            let mut parked = String::new();
+            if c.parked + drained > 0 {
+                parked = format!(", parked {} (`parked` lists them), held ones applied {drained}", c.parked);
+            }
+            if dead > 0 {
+                parked.push_str(&format!(", dead letters {dead} (`dead-letters list`)"));
+            }
+            println!(
+                "{name}: read {read} events in {elapsed:.2}s ({:.0}/s; checkpoints moved {offsets} offsets, \
+                transaction markers included): applied {}, duplicates skipped {}, stale skipped {}, ignored \
+                {}{ignored_types}{parked}{halted}",
+                read as f64 / elapsed.max(1e-9),
+                c.applied,
+                c.duplicate,
+                c.stale,
+                c.ignored
+            );
+        }
+        let halts = report.halts();
+        if halts.is_empty() {
+            Ok(ExitCode::SUCCESS)
+        } else {
+            for h in &halts {
+                eprintln!("error: {h}");
+            }
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+/// Updates the progress line from the engine's counters while a run works: offsets the
+/// checkpoints moved past, the same measure as the target (transaction markers take offsets
+/// too, so counting messages read would end short of 100 %).
+pub(crate) async fn report_progress(stats: Vec<Arc<projectionist_kafka::Stats>>, mut progress: ProgressDisplay) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let advanced: u64 = stats.iter().map(|s| s.advanced.load(std::sync::atomic::Ordering::Relaxed)).sum();
+        progress.update(advanced);
+    }
+}
+
+/// Serves /metrics, /health, /ready and (with `waits`) /wait on `addr` (default
+/// [`config::DEFAULT_METRICS_ADDR`]; `off`: nothing), ready as `readiness` says.
+pub(crate) async fn serve_metrics(
+    addr: Option<&str>,
+    readiness: projectionist_kafka::Readiness,
+    waits: Option<http::Waits>,
+) -> anyhow::Result<()> {
+    let addr = addr.unwrap_or(config::DEFAULT_METRICS_ADDR);
+    if addr == "off" {
+        return Ok(());
+    }
+    let parsed = addr.parse().map_err(|_| anyhow::anyhow!("--metrics-addr {addr:?} is not host:port or off"))?;
+    let handle = http::install_recorder()?;
+    let served = if waits.is_some() { "/metrics, /health, /ready and /wait" } else { "/metrics, /health and /ready" };
+    let bound = http::serve(parsed, handle, readiness, waits).await?;
+    tracing::info!(address = %bound, "Serving {served}.");
+    Ok(())
+}
+
+/// Messages between each partition's start (checkpoint, or low watermark when replaying)
+/// and its high watermark now: the run's target. `None` when the broker cannot say.
+pub(crate) async fn progress_target(
+    pool: &PgPool,
+    client: &KafkaClientConfig,
+    registrations: &[Registration],
+    replay: bool,
+) -> Option<u64> {
+    let positions = status::positions(pool, client, registrations).await.ok()?;
+    let start = |p: &status::Position| if replay { p.low } else { p.checkpoint.unwrap_or(p.low) };
+    Some(positions.iter().map(|p| (p.high - start(p)).max(0) as u64).sum())
+}
+
+pub(crate) async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
