@@ -1,16 +1,19 @@
-//! The event envelope: wire format, validation and typed decoding.
-
-use std::borrow::Cow;
+//! The event envelope: wire format, validation (`wire.rs`) and typed decoding (`decoder.rs`).
 
 use chrono::{DateTime, Utc};
-use serde::de::value::BorrowedStrDeserializer;
-use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::error::DecodeError;
+
+mod decoder;
+mod wire;
+
+pub use decoder::EventDecoder;
+use wire::{from_slice, json_kind, Checked, Wire};
 
 /// An envelope whose payload is still JSON: every envelope field has been validated,
 /// the event type has not yet been matched against a projection's event enum.
@@ -164,87 +167,6 @@ impl RawEnvelope {
     }
 }
 
-/// Decodes envelopes into a projection's event enum `E`, with the event types `E` accepts
-/// looked up once (for a whole batch) rather than per envelope.
-pub struct EventDecoder<E> {
-    types: Option<&'static [&'static str]>,
-    event: std::marker::PhantomData<fn() -> E>,
-}
-
-impl<E: DeserializeOwned + 'static> Default for EventDecoder<E> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<E: DeserializeOwned + 'static> EventDecoder<E> {
-    /// A decoder for `E`.
-    pub fn new() -> Self {
-        Self { types: crate::event_types::<E>(), event: std::marker::PhantomData }
-    }
-
-    /// Whether `E` has a variant for `event_type` (every type is offered to an `E` that is
-    /// not an enum tagged by `type`).
-    pub fn handles(&self, event_type: &str) -> bool {
-        self.types.is_none_or(|types| types.contains(&event_type))
-    }
-
-    /// The event types `E` has variants for (`None`: `E` is not an enum tagged by `type`,
-    /// and takes every type).
-    pub fn types(&self) -> Option<&'static [&'static str]> {
-        self.types
-    }
-
-    /// As [`RawEnvelope::decode`].
-    pub fn decode(&self, raw: RawEnvelope) -> Result<Decoded<E>, DecodeError> {
-        if !self.handles(&raw.event_type) {
-            return Ok(Decoded::Ignored(raw));
-        }
-        let RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata } = raw;
-        let event = self.event(&event_type, data)?;
-        Ok(Decoded::Event(Envelope {
-            id,
-            aggregate_type,
-            aggregate_id,
-            version,
-            event_type,
-            occurred_at,
-            event,
-            metadata,
-        }))
-    }
-
-    /// The event of a handled `event_type` carrying `data`, moved out of its envelope; an
-    /// error names the type and the problem.
-    pub fn event(&self, event_type: &str, data: Value) -> Result<E, DecodeError> {
-        self.data(event_type, data)
-    }
-
-    /// The event of a handled `event_type` carrying `data` as JSON text (a
-    /// [`LazyEnvelope`]'s), read straight into `E`. Data it cannot read is read again as a
-    /// `Value` tree, so that what is refused, and why, is exactly what [`EventDecoder::event`]
-    /// says (a key given twice, which the tree keeps the last of, included).
-    pub fn event_from_json(&self, event_type: &str, data: &RawValue) -> Result<E, DecodeError> {
-        match E::deserialize(Tagged { event_type, data: Some(data) }) {
-            Ok(event) => Ok(event),
-            Err(_) => self.event(event_type, serde_json::from_str(data.get()).expect("a RawValue holds valid JSON")),
-        }
-    }
-
-    /// The event of type `event_type` carrying `data` (a `Value` or a `&Value`).
-    fn data<'a, D>(&self, event_type: &'a str, data: D) -> Result<E, DecodeError>
-    where
-        D: serde::Deserializer<'a, Error = serde_json::Error>,
-    {
-        // The path of what does not fit, from `data` (`data.lines[2].qty`).
-        serde_path_to_error::deserialize(Tagged { event_type, data: Some(data) }).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path.starts_with("data") { path } else { "data".to_owned() };
-            DecodeError::Data { event_type: event_type.to_owned(), field, reason: e.into_inner().to_string() }
-        })
-    }
-}
-
 /// A [`RawEnvelope`] whose `data` is still the JSON text it arrived in, every other field
 /// validated as [`RawEnvelope::from_slice`] does: what the engine reads off Kafka. A
 /// projection's event is decoded straight from that text ([`EventDecoder::event_from_json`]),
@@ -317,271 +239,6 @@ impl From<RawEnvelope> for LazyEnvelope {
     }
 }
 
-/// Decodes and validates an envelope from JSON bytes, its data read as `D`.
-fn from_slice<'a, D: Deserialize<'a>>(bytes: &'a [u8]) -> Result<Checked<D>, DecodeError> {
-    // serde would also read an array into the struct: only an object is an envelope.
-    let object = bytes.trim_ascii_start().first() == Some(&b'{');
-    match serde_json::from_slice::<Wire<'_, D>>(bytes) {
-        Ok(wire) if object => wire.validate(),
-        // Not an object, or not JSON: say which.
-        Err(e) => match serde_json::from_slice::<Value>(bytes) {
-            Ok(value) if !value.is_object() => Err(DecodeError::NotAnObject(json_kind(&value))),
-            _ => Err(DecodeError::Json(e.to_string())),
-        },
-        Ok(_) => match serde_json::from_slice::<Value>(bytes) {
-            Ok(value) => Err(DecodeError::NotAnObject(json_kind(&value))),
-            Err(e) => Err(DecodeError::Json(e.to_string())),
-        },
-    }
-}
-
-/// An envelope's fields, validated, its data read as `D`.
-struct Checked<D> {
-    id: Uuid,
-    aggregate_type: String,
-    aggregate_id: String,
-    version: i64,
-    event_type: String,
-    occurred_at: DateTime<Utc>,
-    data: D,
-    metadata: Option<Value>,
-}
-
-impl Checked<Value> {
-    fn into_raw(self) -> RawEnvelope {
-        let (id, aggregate_type, aggregate_id, version) =
-            (self.id, self.aggregate_type, self.aggregate_id, self.version);
-        let (event_type, occurred_at, data, metadata) = (self.event_type, self.occurred_at, self.data, self.metadata);
-        RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata }
-    }
-}
-
-/// The envelope as it arrives: every field kept as whatever JSON it is, so that checking it
-/// names the field and the problem (serde's own errors would name a position instead).
-/// Strings are borrowed from the bytes where they hold no escapes; `data` is read as `D`
-/// (a `Value` tree, or its JSON text).
-#[derive(serde::Deserialize)]
-#[serde(bound(deserialize = "D: Deserialize<'de>"))]
-struct Wire<'a, D = Value> {
-    #[serde(borrow, default)]
-    id: Scalar<'a>,
-    #[serde(borrow, default)]
-    aggregate_type: Scalar<'a>,
-    #[serde(borrow, default)]
-    aggregate_id: Scalar<'a>,
-    #[serde(borrow, default)]
-    version: Scalar<'a>,
-    #[serde(borrow, default, rename = "type")]
-    event_type: Scalar<'a>,
-    #[serde(borrow, default)]
-    occurred_at: Scalar<'a>,
-    #[serde(default, deserialize_with = "present")]
-    data: Option<D>,
-    #[serde(default)]
-    metadata: Option<Value>,
-}
-
-/// A field that is there, even as `null` (`Option<Value>` alone reads `null` as absent).
-fn present<'de, De: serde::Deserializer<'de>, T: Deserialize<'de>>(d: De) -> Result<Option<T>, De::Error> {
-    T::deserialize(d).map(Some)
-}
-
-impl<D> Wire<'_, D> {
-    fn validate(self) -> Result<Checked<D>, DecodeError> {
-        let id = self.id.string("id")?;
-        let id = Uuid::parse_str(&id).map_err(|e| DecodeError::field("id", format!("not a UUID ({e}): {id:?}")))?;
-        let aggregate_type = self.aggregate_type.key("aggregate_type")?;
-        let aggregate_id = self.aggregate_id.key("aggregate_id")?;
-        let version = match self.version {
-            Scalar::Null => return Err(DecodeError::missing("version")),
-            Scalar::Number(n) => match n.as_i64() {
-                Some(v) if v >= 1 => v,
-                Some(v) => return Err(DecodeError::field("version", format!("must be >= 1, got {v}"))),
-                None => return Err(DecodeError::field("version", format!("must be an integer >= 1, got {n}"))),
-            },
-            other => {
-                let kind = other.kind();
-                return Err(DecodeError::field("version", format!("must be an integer >= 1, got {kind}")));
-            }
-        };
-        let event_type = self.event_type.nonempty("type")?;
-        let occurred_at = self.occurred_at.string("occurred_at")?;
-        let occurred_at = DateTime::parse_from_rfc3339(&occurred_at)
-            .map_err(|e| {
-                DecodeError::field("occurred_at", format!("not an RFC 3339 timestamp ({e}): {occurred_at:?}"))
-            })?
-            .with_timezone(&Utc);
-        let data = self.data.ok_or_else(|| DecodeError::missing("data"))?;
-        let metadata = match self.metadata {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(v),
-            Some(other) => {
-                return Err(DecodeError::field("metadata", format!("must be an object, got {}", json_kind(&other))))
-            }
-        };
-        Ok(Checked { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
-    }
-}
-
-/// An envelope field of any JSON kind (absent reads as `Null`); only strings and numbers
-/// keep their value.
-#[derive(Default)]
-enum Scalar<'a> {
-    #[default]
-    Null,
-    Bool,
-    Number(serde_json::Number),
-    String(Cow<'a, str>),
-    Array,
-    Object,
-}
-
-impl<'a> Scalar<'a> {
-    fn kind(&self) -> &'static str {
-        match self {
-            Self::Null => "null",
-            Self::Bool => "a boolean",
-            Self::Number(_) => "a number",
-            Self::String(_) => "a string",
-            Self::Array => "an array",
-            Self::Object => "an object",
-        }
-    }
-
-    fn string(self, field: &'static str) -> Result<Cow<'a, str>, DecodeError> {
-        match self {
-            Self::Null => Err(DecodeError::missing(field)),
-            Self::String(s) => Ok(s),
-            other => Err(DecodeError::field(field, format!("must be a string, got {}", other.kind()))),
-        }
-    }
-
-    fn nonempty(self, field: &'static str) -> Result<String, DecodeError> {
-        let s = self.string(field)?;
-        if s.trim().is_empty() {
-            return Err(DecodeError::field(field, "must not be empty"));
-        }
-        Ok(s.into_owned())
-    }
-
-    /// A non-empty string the engine can store as a key (see [`crate::MAX_KEY_BYTES`]).
-    fn key(self, field: &'static str) -> Result<String, DecodeError> {
-        let s = self.nonempty(field)?;
-        crate::check_key("the value", &s).map_err(|problem| DecodeError::field(field, problem))?;
-        Ok(s)
-    }
-}
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for Scalar<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ScalarVisitor(std::marker::PhantomData))
-    }
-}
-
-struct ScalarVisitor<'a>(std::marker::PhantomData<&'a ()>);
-
-impl<'de: 'a, 'a> Visitor<'de> for ScalarVisitor<'a> {
-    type Value = Scalar<'a>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_unit<E>(self) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::Null)
-    }
-    fn visit_none<E>(self) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::Null)
-    }
-    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Scalar<'a>, D::Error> {
-        d.deserialize_any(self)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::Bool)
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::Number(v.into()))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::Number(v.into()))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Scalar<'a>, E> {
-        Ok(serde_json::Number::from_f64(v).map_or(Scalar::Null, Scalar::Number))
-    }
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::String(Cow::Borrowed(v)))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::String(Cow::Owned(v.to_owned())))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Scalar<'a>, E> {
-        Ok(Scalar::String(Cow::Owned(v)))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar<'a>, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Scalar::Array)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar<'a>, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Scalar::Object)
-    }
-}
-
-/// The event as the projection's enum reads it, `{"type": …, "data": …}`, without building
-/// that object: the tag is the envelope's `type`, the content its `data` (read in place, or
-/// moved out of an envelope the decoding consumes).
-struct Tagged<'a, D> {
-    event_type: &'a str,
-    data: Option<D>,
-}
-
-impl<'de, D> serde::Deserializer<'de> for Tagged<'de, D>
-where
-    D: serde::Deserializer<'de, Error = serde_json::Error>,
-{
-    type Error = serde_json::Error;
-
-    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        visitor.visit_map(TaggedFields { tagged: self, next: 0 })
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
-        unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier ignored_any
-    }
-}
-
-struct TaggedFields<'a, D> {
-    tagged: Tagged<'a, D>,
-    next: u8,
-}
-
-impl<'de, D> MapAccess<'de> for TaggedFields<'de, D>
-where
-    D: serde::Deserializer<'de, Error = serde_json::Error>,
-{
-    type Error = serde_json::Error;
-
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
-        let key = match self.next {
-            0 => "type",
-            1 => "data",
-            _ => return Ok(None),
-        };
-        seed.deserialize(BorrowedStrDeserializer::new(key)).map(Some)
-    }
-
-    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Self::Error> {
-        self.next += 1;
-        match self.next {
-            1 => seed.deserialize(BorrowedStrDeserializer::new(self.tagged.event_type)),
-            _ => match self.tagged.data.take() {
-                Some(data) => seed.deserialize(data),
-                None => Err(serde::de::Error::custom("data read twice")),
-            },
-        }
-    }
-}
-
 impl<E: Serialize> Envelope<E> {
     /// Converts back to a [`RawEnvelope`] (used by producers and test kits).
     pub fn to_raw(&self) -> RawEnvelope {
@@ -600,17 +257,6 @@ impl<E: Serialize> Envelope<E> {
             data,
             metadata: self.metadata.clone(),
         }
-    }
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
@@ -689,7 +335,7 @@ mod tests {
     /// required ones, the version's lower bound, metadata an object or null.
     #[test]
     fn the_json_schema_matches_the_decoder() {
-        let schema: Value = serde_json::from_str(include_str!("../envelope.schema.json")).unwrap();
+        let schema: Value = serde_json::from_str(include_str!("../../envelope.schema.json")).unwrap();
         let mut full = good();
         full["metadata"] = serde_json::json!({"correlation_id": "c-1"});
         let fields: std::collections::BTreeSet<&String> = full.as_object().unwrap().keys().collect();
