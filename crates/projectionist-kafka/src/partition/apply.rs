@@ -11,7 +11,7 @@ use projectionist_core::{OnPoison, OnUnknownType, Outcome, OutcomeCounts};
 use projectionist_postgres::checkpoint::Passed;
 use projectionist_postgres::park::Source;
 use projectionist_postgres::writer::{self, Batch};
-use projectionist_postgres::{folding, EventErrorKind, Prepared, Written};
+use projectionist_postgres::{EventErrorKind, Prepared, Written};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -20,16 +20,6 @@ use super::{Halt, HaltKind, Order, Partition};
 use crate::metrics as m;
 use crate::outage::Outage;
 use crate::retry::Retry;
-
-/// Whether a partition goes on reading its tables after writing what a rebuild folded: then
-/// their statistics are read again once they have grown enough (see
-/// [`projectionist_postgres::Folding::statistics_due`]); at the end of its reading, they are
-/// left to the rebuild, which reads them once before its swap.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reads {
-    Follow,
-    End,
-}
 
 impl Partition {
     /// Applies one batch, waiting out PostgreSQL outages for as long as they last and
@@ -236,14 +226,7 @@ impl Partition {
         };
         if let Some(folding) = folding.as_deref_mut() {
             // A rebuild's bulk load: folded, written with a checkpoint once due.
-            let mut conn = self.pool.acquire().await?;
-            if let Some(written) = folding::fold(&mut conn, self.projection.as_ref(), prepared, folding).await? {
-                drop(conn);
-                folding.folded_through(next_offset);
-                self.folded(at.first().map_or(next_offset, |a| a.offset), next_offset);
-                if folding.due() {
-                    self.flush(folding, Reads::Follow).await?;
-                }
+            if let Some(written) = self.try_fold(prepared, at, next_offset, folding).await? {
                 return Ok(self.committed(prepared, written, next_offset, None).await);
             }
         }
@@ -311,62 +294,6 @@ impl Partition {
             let message = "Could not notify the waits of a checkpoint; they read it again within a second.";
             tracing::debug!(projection = %name, %topic, partition, error = %e, "{message}");
         }
-    }
-
-    /// Writes what the fold of a rebuild's bulk load holds, with the checkpoint past the last
-    /// batch folded (see [`projectionist_postgres::Folding`]); nothing when it holds nothing.
-    /// `reads`: whether this partition goes on reading its tables after it (else the tables'
-    /// statistics are left to the rebuild, which reads them once before its swap).
-    pub(super) async fn write_fold(&self, reads: Reads) -> projectionist_postgres::Result<()> {
-        let Some(folding) = &self.folding else { return Ok(()) };
-        self.flush(&mut *folding.lock().await, reads).await
-    }
-
-    /// Writes what `folding` holds with the checkpoint past the last batch folded, in one
-    /// transaction, then forgets it; nothing when it holds nothing.
-    async fn flush(
-        &self,
-        folding: &mut projectionist_postgres::Folding,
-        reads: Reads,
-    ) -> projectionist_postgres::Result<()> {
-        let Some(through) = folding.through() else { return Ok(()) };
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        folding::write_folded(&mut tx, self.projection.as_ref(), folding, None).await?;
-        self.store_checkpoint(&mut tx, through).await?;
-        tx.commit().await?;
-        self.stored(through);
-        // What the fold wrote is not told: the waits read what it passed themselves.
-        self.notify_checkpoint(&mut conn, through, None).await;
-        drop(conn);
-        folding.written(false);
-        self.written_fold();
-        if reads == Reads::Follow {
-            self.analyze_if_due(folding).await;
-        }
-        Ok(())
-    }
-
-    /// Reads the statistics of the tables a fold fills again once they have grown enough
-    /// (see [`projectionist_postgres::Folding::statistics_due`]); a failure is only logged.
-    async fn analyze_if_due(&self, folding: &mut projectionist_postgres::Folding) {
-        if !folding.statistics_due() {
-            return;
-        }
-        let analyzed = match self.pool.acquire().await {
-            Ok(mut conn) => projectionist_postgres::analyze(&mut conn, self.projection.as_ref()).await,
-            Err(e) => Err(e.into()),
-        };
-        if let Err(e) = analyzed {
-            tracing::warn!(projection = %self.name(), error = %e, "Could not analyze the tables the rebuild fills.");
-        }
-    }
-
-    /// Whether the fold of a rebuild's bulk load holds what is not yet written: rows, or no
-    /// rows but the checkpoint past batches that changed none (duplicates, stale events),
-    /// which is stored all the same.
-    pub(super) fn fold_held(&self) -> bool {
-        self.folding.as_ref().is_some_and(|f| f.try_lock().map_or(true, |f| f.through().is_some()))
     }
 
     /// What a batch whose transaction committed (or whose events were folded) did, counted.

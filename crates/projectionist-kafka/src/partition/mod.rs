@@ -13,6 +13,7 @@
 
 mod apply;
 mod decode;
+mod fold;
 mod halt;
 mod progress;
 pub(crate) mod shared;
@@ -36,8 +37,9 @@ use crate::context::EngineContext;
 use crate::retry::RetryPolicy;
 use crate::stats::Stats;
 use crate::tp::Tp;
-use apply::{Applied, Reads};
+use apply::Applied;
 use decode::Msg;
+use fold::Reads;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
 use progress::MarkerRetry;
 pub(crate) use shared::Progress;
