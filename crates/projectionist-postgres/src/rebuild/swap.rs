@@ -18,7 +18,7 @@ pub enum Swap {
     /// the shadow's next offset, the live one): catch it up, then swap again.
     Behind(Vec<(String, i32, Option<i64>, i64)>),
     /// An operator discarded these live dead letters (ids) since their discards were carried
-    /// over ([`carry_discards`]): the shadow still holds them open. Carry them, then swap again
+    /// over ([`carry_discards`](super::carry_discards)): the shadow still holds them open. Carry them, then swap again
     /// (swapped now, the discards would be undone).
     Undiscarded(Vec<i64>),
 }
