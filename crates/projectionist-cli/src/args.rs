@@ -179,7 +179,7 @@ pub(crate) enum ConfigCommand {
     Example,
 }
 
-/// The command line [`App`] parses (flags, subcommands and the environment variables they
+/// The command line [`App`](crate::App) parses (flags, subcommands and the environment variables they
 /// read), to check a deployment's arguments and environment without running anything.
 pub fn command() -> clap::Command {
     let command = config::with_defaults_shown(Cli::command());

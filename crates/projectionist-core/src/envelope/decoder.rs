@@ -67,7 +67,7 @@ impl<E: DeserializeOwned + 'static> EventDecoder<E> {
     }
 
     /// The event of a handled `event_type` carrying `data` as JSON text (a
-    /// [`LazyEnvelope`]'s), read straight into `E`. Data it cannot read is read again as a
+    /// [`LazyEnvelope`](super::LazyEnvelope)'s), read straight into `E`. Data it cannot read is read again as a
     /// `Value` tree, so that what is refused, and why, is exactly what [`EventDecoder::event`]
     /// says (a key given twice, which the tree keeps the last of, included).
     pub fn event_from_json(&self, event_type: &str, data: &RawValue) -> Result<E, DecodeError> {
