@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bank_accounts::{AccountEvent, BankAccounts};
 use order_status::{OrderEvent, OrderStatus};
-use projectionist::kafka::{topics, Engine, EngineConfig};
+use projectionist::kafka::{topics, Engine, EngineConfig, Exclusive};
 use projectionist::postgres::migrate;
 use projectionist::postgres::PgConnection;
 use projectionist::{Envelope, OnGap, OnPoison, OnUnknownType, Projection, RawEnvelope, Table, Upcaster, Writes};
@@ -547,9 +547,8 @@ async fn a_fold_of_duplicates_alone_still_stores_its_checkpoint(pool: PgPool) {
     ];
     produce(&topic, &first).await;
     let folding = || {
-        let mut config = config();
-        (config.fold, config.sole_writer) = (true, true);
-        Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])
+        let exclusive = Exclusive { fold: true, sole_writer: true, ..Exclusive::default() };
+        Engine::new(pool.clone(), config()).exclusive(exclusive).register(Arc::new(BankAccounts), [topic.clone()])
     };
     let stored = || async {
         sqlx::query_scalar::<_, Option<i64>>("SELECT sum(next_offset)::bigint FROM projectionist_checkpoints")
@@ -1344,12 +1343,14 @@ async fn a_rebuild_whose_fold_postgresql_refuses_goes_again_batch_by_batch(pool:
 async fn folded_offsets_count_until_the_fold_is_written(pool: PgPool) {
     use std::sync::atomic::Ordering;
     migrate(&pool, &[&BankAccounts]).await.unwrap();
-    let mut folding = config();
-    (folding.fold, folding.sole_writer) = (true, true);
+    let folding = config();
+    let exclusive = Exclusive { fold: true, sole_writer: true, ..Exclusive::default() };
     let topic = rand_test_topic("folded");
     let events = bank_accounts::generate::stream(40, 12, 11);
     produce(&topic, &events).await;
-    let engine = Engine::new(pool.clone(), folding.clone()).register(Arc::new(BankAccounts), [topic.clone()]);
+    let engine = Engine::new(pool.clone(), folding.clone())
+        .exclusive(exclusive)
+        .register(Arc::new(BankAccounts), [topic.clone()]);
     let stats = engine.stats().remove(0);
     assert!(run(engine).await.halts().is_empty());
     assert_eq!(stats.advanced.load(Ordering::Relaxed), events.len() as u64, "every offset read");
@@ -1364,7 +1365,8 @@ async fn folded_offsets_count_until_the_fold_is_written(pool: PgPool) {
         e("acc-big", 3, &AccountEvent::MoneyDeposited { amount: 1 }),
     ];
     produce(&refused, &big).await;
-    let engine = Engine::new(pool.clone(), folding).register(Arc::new(BankAccounts), [refused.clone()]);
+    let engine =
+        Engine::new(pool.clone(), folding).exclusive(exclusive).register(Arc::new(BankAccounts), [refused.clone()]);
     let stats = engine.stats().remove(0);
     let halts = run(engine).await.halts();
     assert!(halts.len() == 1 && halts[0].contains("refused"), "{halts:?}");

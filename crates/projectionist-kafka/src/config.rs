@@ -118,24 +118,6 @@ pub struct EngineConfig {
     /// PostgreSQL's table stays the record. Unset: none.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
-    /// Whether the engine is the only writer of its projections' tables, as `rebuild` is of
-    /// its shadow (it sets this): the rows a batch builds on are then read without row
-    /// locks; every write still checks the version it builds on. Not in the settings file:
-    /// `run` processes of one projection may overlap during a rebalance.
-    #[serde(skip)]
-    pub sole_writer: bool,
-    /// Whether batches are folded in memory and written together once due, with the
-    /// checkpoint past the last (see `projectionist_postgres::Folding`), as `rebuild` does
-    /// for its bulk load (it sets this, with `sole_writer`). Not in the settings file.
-    #[serde(skip)]
-    pub fold: bool,
-    /// Whether the engine is the only reader of its projections' topics in its groups, as
-    /// `rebuild` is behind its lock (it sets this): it reads every partition by direct
-    /// assignment, without joining a consumer group (no join to wait for, no leave on
-    /// exit). Not in the settings file: `run` processes share their partitions through the
-    /// group.
-    #[serde(skip)]
-    pub sole_reader: bool,
     /// Settings of single projections that differ from the ones above, by projection name,
     /// e.g. `{"order_status": {"on_gap": "halt"}}`; see [`ProjectionSettings`]. A name that
     /// is not registered makes [`crate::Engine::run`] refuse to start.
@@ -200,6 +182,26 @@ fn default_max_held_per_aggregate() -> u64 {
     EngineConfig::DEFAULT_MAX_HELD_PER_AGGREGATE
 }
 
+/// What an engine may assume it has to itself, as `rebuild` does behind its lock and `run`
+/// never does: not settings (processes of `run` overlap in a rebalance and share their
+/// partitions through the group), so not in [`EngineConfig`] nor in the settings file. Set
+/// with [`Engine::exclusive`](crate::Engine::exclusive).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exclusive {
+    /// The only writer of its projections' tables (a rebuild's shadow): the rows a batch
+    /// builds on are read without row locks; every write still checks the version it
+    /// builds on.
+    pub sole_writer: bool,
+    /// Batches folded in memory and written together once due, with the checkpoint past the
+    /// last (see `projectionist_postgres::Folding`): a rebuild's bulk load. Needs
+    /// `sole_writer`.
+    pub fold: bool,
+    /// The only reader of its projections' topics in its groups: every partition read by
+    /// direct assignment, without joining a consumer group (no join to wait for, no leave on
+    /// exit).
+    pub sole_reader: bool,
+}
+
 impl EngineConfig {
     /// Default of [`EngineConfig::batch_max_events`].
     pub const DEFAULT_BATCH_MAX_EVENTS: usize = 5000;
@@ -234,9 +236,6 @@ impl EngineConfig {
             batch_max_wait_ms: default_batch_max_wait_ms(),
             rebuild_batch_max_events: default_rebuild_batch_max_events(),
             rebuild_batch_max_bytes: default_rebuild_batch_max_bytes(),
-            sole_writer: false,
-            fold: false,
-            sole_reader: false,
             max_retries: default_max_retries(),
             retry_backoff_ms: default_retry_backoff_ms(),
             from_beginning: false,
@@ -366,8 +365,6 @@ impl fmt::Debug for EngineConfig {
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("rebuild_batch_max_events", &self.rebuild_batch_max_events)
             .field("rebuild_batch_max_bytes", &self.rebuild_batch_max_bytes)
-            .field("sole_writer", &self.sole_writer)
-            .field("fold", &self.fold)
             .field("per_projection", &self.per_projection)
             .finish()
     }

@@ -17,7 +17,7 @@ use crate::retry::Retry;
 use crate::runner::{Member, Runner};
 use crate::stats::Stats;
 use crate::tp::Tp;
-use crate::{EngineConfig, Error, Result};
+use crate::{EngineConfig, Error, Exclusive, Result};
 
 /// A projection and the topics it consumes.
 #[derive(Clone)]
@@ -44,6 +44,7 @@ pub struct Registration {
 pub struct Engine {
     pool: PgPool,
     config: EngineConfig,
+    exclusive: Exclusive,
     registrations: Vec<Registration>,
     stats: Vec<Arc<Stats>>,
     joined: Vec<Arc<AtomicBool>>,
@@ -171,7 +172,22 @@ impl RunReport {
 impl Engine {
     /// An engine writing to `pool`.
     pub fn new(pool: PgPool, config: EngineConfig) -> Self {
-        Self { pool, config, registrations: Vec::new(), stats: Vec::new(), joined: Vec::new(), unreachable: Vec::new() }
+        Self {
+            pool,
+            config,
+            exclusive: Exclusive::default(),
+            registrations: Vec::new(),
+            stats: Vec::new(),
+            joined: Vec::new(),
+            unreachable: Vec::new(),
+        }
+    }
+
+    /// What the engine may assume it has to itself (see [`Exclusive`]): `rebuild`'s, behind
+    /// its lock. Nothing, by default.
+    pub fn exclusive(mut self, exclusive: Exclusive) -> Self {
+        self.exclusive = exclusive;
+        self
     }
 
     /// Adds a projection consuming `topics`.
@@ -236,7 +252,7 @@ impl Engine {
             let (rebalances_tx, rebalances) = mpsc::unbounded_channel();
             let context = EngineContext::new(name.clone(), rebalances_tx.clone(), self.unreachable[i].clone());
             let consumer = Arc::new(self.consumer(reg, &group, context)?);
-            if self.config.sole_reader {
+            if self.exclusive.sole_reader {
                 let parts = every_partition(consumer.clone(), reg.topics.clone()).await?;
                 let _ = rebalances_tx.send(Rebalance::Assign(parts));
             }
@@ -245,7 +261,8 @@ impl Engine {
             let (pool, config) = (self.pool.clone(), self.config.for_projection(&name));
             let dead_letter_topic = crate::dead_letters::DeadLetterTopic::from_config(&config)?;
             let runner = Runner::new(reg.projection.clone(), pool, config, member, stats.clone(), joined.clone())
-                .with_dead_letter_topic(dead_letter_topic);
+                .with_dead_letter_topic(dead_letter_topic)
+                .exclusive(self.exclusive);
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
@@ -335,7 +352,7 @@ impl Engine {
             cfg.set("group.instance.id", id);
         }
         let consumer: StreamConsumer<EngineContext> = cfg.create_with_context(context)?;
-        if !self.config.sole_reader {
+        if !self.exclusive.sole_reader {
             let topics: Vec<&str> = reg.topics.iter().map(String::as_str).collect();
             consumer.subscribe(&topics)?;
         }
@@ -344,7 +361,7 @@ impl Engine {
 }
 
 /// Every partition of `topics`, from the broker's metadata: what a sole reader assigns
-/// itself (see [`EngineConfig::sole_reader`]).
+/// itself (see [`Exclusive::sole_reader`]).
 async fn every_partition(consumer: Arc<StreamConsumer<EngineContext>>, topics: Vec<String>) -> Result<Vec<Tp>> {
     let listed = tokio::task::spawn_blocking(move || {
         let mut parts = Vec::new();

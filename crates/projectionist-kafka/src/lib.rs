@@ -18,7 +18,7 @@ pub mod topics;
 mod tp;
 
 pub use client::{ConnectFailure, KafkaClientConfig};
-pub use config::{redact_userinfo, EngineConfig, ProjectionSettings};
+pub use config::{redact_userinfo, EngineConfig, Exclusive, ProjectionSettings};
 pub use engine::{Engine, Readiness, ReadyState, Registration, RunReport};
 pub use error::{Error, Result};
 pub use retry::{Retry, RetryPolicy, Retrying};

@@ -12,7 +12,7 @@ use projectionist_postgres::{PgPool, SharedProjection};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::metrics as m;
-use crate::{Engine, EngineConfig, Error, Result, RunReport};
+use crate::{Engine, EngineConfig, Error, Exclusive, Result, RunReport};
 
 /// Most catch-up rounds before a swap is given up: each one reads up to the head as it was
 /// when it started, and the swap needs the live checkpoints not ahead of the shadow's.
@@ -37,7 +37,7 @@ pub enum Rebuilt {
 /// Rebuilds `projection` (consuming `topics`) beside its live tables and swaps it in (see
 /// the module). Holds the projection's rebuild lock throughout, so that a second rebuild is
 /// refused: the only reader, it assigns itself every partition (see
-/// [`EngineConfig::sole_reader`]) and joins no group, so it waits for no join, and a rebuild
+/// [`Exclusive::sole_reader`]) and joins no group, so it waits for no join, and a rebuild
 /// killed and started again never waits for the killed member to leave. It commits offsets
 /// under a group of its own, new for each rebuild process,
 /// `<group_id>.rebuild-<start, ms since the epoch>.<projection>`; the shadow's checkpoints in
@@ -45,7 +45,7 @@ pub enum Rebuilt {
 ///
 /// `folded` tells, as it goes, the offsets it has read past by folding batches whose rows
 /// are not yet written with their checkpoint (up to 100,000 rows or 15 s per partition; see
-/// [`EngineConfig::fold`]): the shadow's checkpoints plus these are how far it has read,
+/// [`Exclusive::fold`]): the shadow's checkpoints plus these are how far it has read,
 /// for a progress display.
 pub async fn rebuild(
     pool: &PgPool,
@@ -70,10 +70,8 @@ pub async fn rebuild(
     // Behind the rebuild lock, no one else writes the shadow; its batches are folded into
     // each other where they can be (every table but custom ones), else made large: each
     // row's events within one in one write.
-    config.sole_writer = true;
-    config.fold = true;
     // The only reader of its group: every partition is its own, assigned without a join.
-    config.sole_reader = true;
+    let mut exclusive = Exclusive { sole_writer: true, fold: true, sole_reader: true };
     if projection.tables().iter().any(|t| t.gate() == projectionist_core::Gate::Custom) {
         config.batch_max_events = config.rebuild_batch_max_events;
         config.batch_max_bytes = config.rebuild_batch_max_bytes;
@@ -89,7 +87,9 @@ pub async fn rebuild(
     // Whether the bulk load is done: its secondary indexes made, its statistics read.
     let mut loaded = false;
     for round in 1..=MAX_CATCH_UPS {
-        let engine = Engine::new(shadow_pool.clone(), config.clone()).register(projection.clone(), topics.clone());
+        let engine = Engine::new(shadow_pool.clone(), config.clone())
+            .exclusive(exclusive)
+            .register(projection.clone(), topics.clone());
         let stats = engine.stats();
         let run = engine.run(shutdown.as_mut());
         tokio::pin!(run);
@@ -105,12 +105,12 @@ pub async fn rebuild(
         folded.store(0, Ordering::Relaxed);
         let report = report?;
         if let Some(halt) = report.halts().first() {
-            if config.fold {
+            if exclusive.fold {
                 // Folded, PostgreSQL cannot name an event it refuses: go again batch by batch
                 // from the shadow's checkpoints, which halts (if it does) naming the event.
                 let again = "The rebuild halted while folding its batches; going on batch by batch.";
                 tracing::warn!(projection = %name, %halt, "{again}");
-                config.fold = false;
+                exclusive.fold = false;
                 continue;
             }
             return Err(problem(&name, format!("it halted, the live tables untouched: {halt}")));

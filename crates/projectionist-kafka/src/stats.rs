@@ -19,7 +19,7 @@ pub struct Stats {
     /// watermarks exactly (progress against them).
     pub advanced: AtomicU64,
     /// Offsets a rebuild's partitions moved past by folding batches whose rows are not yet
-    /// written with their checkpoint (see [`EngineConfig::fold`](crate::EngineConfig)):
+    /// written with their checkpoint (see [`Exclusive::fold`](crate::Exclusive::fold)):
     /// with the checkpoints in PostgreSQL, how far the rebuild has read.
     pub folded: AtomicU64,
     /// Events that changed the read model.

@@ -207,11 +207,11 @@ impl Runner {
                 on_poison: self.config.on_poison,
                 dead_letter_topic: self.dead_letter_topic.clone(),
                 checked: self.checked.clone(),
-                sole_writer: self.config.sole_writer,
+                sole_writer: self.exclusive.sole_writer,
                 // Read from its start with no checkpoint, as a rebuild's shadow first is: its
                 // tables hold nothing of the partition (checkpoints commit with the rows).
-                folding: self.config.fold.then(|| {
-                    let fresh = self.config.sole_writer && read.is_none();
+                folding: self.exclusive.fold.then(|| {
+                    let fresh = self.exclusive.sole_writer && read.is_none();
                     let folding = if fresh { Folding::from_nothing() } else { Folding::default() };
                     folding.into()
                 }),

@@ -23,7 +23,7 @@ use crate::outage::Throttle;
 use crate::partition::{Halt, HaltKind, Order, Progress};
 use crate::stats::Stats;
 use crate::tp::Tp;
-use crate::{EngineConfig, Result};
+use crate::{EngineConfig, Exclusive, Result};
 
 mod assign;
 use assign::{checkpoints_read, Assigning};
@@ -65,6 +65,8 @@ pub(crate) struct Runner {
     checked: Arc<crate::partition::Checked>,
     /// Notified by a partition that catches up (see `exit_when_caught_up`).
     caught_up_told: Arc<tokio::sync::Notify>,
+    /// What the engine has to itself (see [`Exclusive`]).
+    exclusive: Exclusive,
 }
 
 /// A projection's membership of its consumer group: the group, the consumer, and the
@@ -104,7 +106,14 @@ impl Runner {
             dead_letter_topic: None,
             checked: Arc::default(),
             caught_up_told: Arc::default(),
+            exclusive: Exclusive::default(),
         }
+    }
+
+    /// What the engine has to itself (see [`Exclusive`]).
+    pub(crate) fn exclusive(mut self, exclusive: Exclusive) -> Self {
+        self.exclusive = exclusive;
+        self
     }
 
     /// Dead letters also go to this topic.
