@@ -53,29 +53,9 @@ impl Partition {
         async move {
             let first_offset = messages.first().map_or(0, |m| m.at.offset);
             let last_offset = messages.last().map_or(0, |m| m.at.offset);
-            let Split { places, envelopes, messages, undecodable, mut halt } = split(messages, this.on_poison);
-            // Decoded and projected once: a retry writes the same prepared events again.
-            let mut prepared = this.projection.prepare_lazy(envelopes);
-            let (topic, partition) = (this.tp.topic.clone(), this.tp.partition);
-            prepared.set_source(Source { topic, partition, messages, undecodable });
-            if let Some(tables) = this.checked.get(&this.pool, this.projection.as_ref()).await {
-                prepared.set_checked(tables);
-            }
-            if this.sole_writer {
-                prepared.set_sole_writer();
-            }
-            // Each attempt's transaction begins holding the swap lock (see `try_apply`).
-            prepared.set_swap_locked();
-            // What halts rather than being dead-lettered: a problem of the whole batch, an
-            // unknown type the projection halts on, and any poison under `on_poison = halt`.
-            let on_poison = this.on_poison;
-            let halts = move |e: &projectionist_postgres::Error| {
-                on_poison == OnPoison::Halt
-                    || matches!(e, projectionist_postgres::Error::Declaration { .. })
-                    || matches!(e.event_kind(), Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_)))
-            };
+            let (mut prepared, places, mut halt) = this.prepare(messages).await;
             let mut end = prepared.len();
-            if let Some((index, failure)) = prepared.failures().find(|(_, e)| halts(e)) {
+            if let Some((index, failure)) = prepared.failures().find(|(_, e)| this.halts(e)) {
                 halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, failure));
                 end = index;
             }
@@ -94,84 +74,132 @@ impl Partition {
                     break;
                 }
                 let started = Instant::now();
-                let mut outage = Outage::new(this.stats.clone(), this.name());
-                let mut order = order.clone();
-                let result = this
-                    .retry
-                    .run_until(
-                        || this.try_apply(&prepared, &places, next_offset),
-                        Retry::of,
-                        |e, retrying| {
-                            if retrying.kind == Retry::WaitOut {
-                                outage.failed(e, retrying);
-                            } else {
-                                let delay_ms = retrying.delay.as_millis() as u64;
-                                let attempt = retrying.attempt;
-                                let message = "Retryable failure; trying the batch again.";
-                                tracing::warn!(error = %e, attempt, delay_ms, "{message}");
-                            }
-                            metrics::counter!(m::BATCH_RETRIES, "projection" => this.name().to_owned()).increment(1);
-                        },
-                        async move {
-                            let _ = order.wait_for(|o| *o != Order::Run).await;
-                        },
-                    )
-                    .await;
-                let Some(result) = result else { return Applied::Abandoned };
-                match result {
+                let Some(result) = this.attempt(&prepared, &places, next_offset, order.clone()).await else {
+                    return Applied::Abandoned;
+                };
+                let e = match result {
+                    Ok(counted) => {
+                        return this.committed_batch(counted, &prepared, &places, first_offset, started, halt)
+                    }
                     Err(projectionist_postgres::Error::CheckpointMoved { stored, .. }) => {
                         return Applied::Moved(stored)
                     }
-                    Ok(Counted { counts, next_offset, gap, ignored, parking }) => {
-                        outage.over();
-                        this.stats.add(&counts);
-                        this.count_ignored(ignored);
-                        this.count_parking(&parking);
-                        let applied = gap.as_ref().map_or(prepared.len(), |(index, _)| *index);
-                        let last =
-                            applied.checked_sub(1).and_then(|i| prepared.occurred_at(i)).map(|t| t.timestamp_millis());
-                        m::batch_committed(
-                            &this.pool,
-                            this.name(),
-                            &this.tp,
-                            applied,
-                            last,
-                            &counts,
-                            started.elapsed(),
-                        );
-                        if let Some((index, reason)) = gap {
-                            let m = places[index];
-                            let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
-                            let kind = HaltKind::Gap;
-                            halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind });
-                        }
-                        return Applied::Committed { first_offset, next_offset, halt };
-                    }
-                    Err(e) => {
-                        let index = e.event_index().unwrap_or(0);
-                        let e = match e.event_index() {
-                            Some(_) if !halts(&e) => {
-                                // An event retrying cannot fix: dead-lettered, the rest written again.
-                                let error = e.to_string();
-                                match prepared.poison(index, e) {
-                                    Ok(()) => {
-                                        tracing::warn!(%error, "An event the batch cannot apply; dead-lettering it.");
-                                        continue;
-                                    }
-                                    Err(e) => e,
-                                }
+                    Err(e) => e,
+                };
+                let index = e.event_index().unwrap_or(0);
+                let e = match e.event_index() {
+                    Some(_) if !this.halts(&e) => {
+                        // An event retrying cannot fix: dead-lettered, the rest written again.
+                        let error = e.to_string();
+                        match prepared.poison(index, e) {
+                            Ok(()) => {
+                                tracing::warn!(%error, "An event the batch cannot apply; dead-lettering it.");
+                                continue;
                             }
-                            _ => e,
-                        };
-                        halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, &e));
-                        end = index;
+                            Err(e) => e,
+                        }
                     }
-                }
+                    _ => e,
+                };
+                halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, &e));
+                end = index;
             }
             Applied::Halted(halt.expect("a batch commits, or halts at an event"))
         }
         .instrument(span)
         .await
+    }
+
+    /// The batch's messages split (those that are not envelopes set aside, or under
+    /// `on_poison = halt` a halt at the first) and its envelopes decoded and projected once:
+    /// a retry writes the same prepared events again. Where each message was read, and the
+    /// halt, if any.
+    async fn prepare(&self, messages: Vec<Msg>) -> (Prepared, Vec<At>, Option<Halt>) {
+        let Split { places, envelopes, messages, undecodable, halt } = split(messages, self.on_poison);
+        let mut prepared = self.projection.prepare_lazy(envelopes);
+        let (topic, partition) = (self.tp.topic.clone(), self.tp.partition);
+        prepared.set_source(Source { topic, partition, messages, undecodable });
+        if let Some(tables) = self.checked.get(&self.pool, self.projection.as_ref()).await {
+            prepared.set_checked(tables);
+        }
+        if self.sole_writer {
+            prepared.set_sole_writer();
+        }
+        // Each attempt's transaction begins holding the swap lock (see `try_apply`).
+        prepared.set_swap_locked();
+        (prepared, places, halt)
+    }
+
+    /// What halts rather than being dead-lettered: a problem of the whole batch, an unknown
+    /// type the projection halts on, a bound on parking, and any poison under
+    /// `on_poison = halt`.
+    fn halts(&self, e: &projectionist_postgres::Error) -> bool {
+        self.on_poison == OnPoison::Halt
+            || matches!(e, projectionist_postgres::Error::Declaration { .. })
+            || matches!(e.event_kind(), Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_)))
+    }
+
+    /// Writes `prepared` up to `next_offset`, waiting out PostgreSQL's outages and retrying
+    /// other transient failures; `None` once `order` says stop between attempts.
+    async fn attempt(
+        &self,
+        prepared: &Prepared,
+        places: &[At],
+        next_offset: i64,
+        mut order: watch::Receiver<Order>,
+    ) -> Option<projectionist_postgres::Result<Counted>> {
+        let mut outage = Outage::new(self.stats.clone(), self.name());
+        let result = self
+            .retry
+            .run_until(
+                || self.try_apply(prepared, places, next_offset),
+                Retry::of,
+                |e, retrying| {
+                    if retrying.kind == Retry::WaitOut {
+                        outage.failed(e, retrying);
+                    } else {
+                        let delay_ms = retrying.delay.as_millis() as u64;
+                        let attempt = retrying.attempt;
+                        let message = "Retryable failure; trying the batch again.";
+                        tracing::warn!(error = %e, attempt, delay_ms, "{message}");
+                    }
+                    metrics::counter!(m::BATCH_RETRIES, "projection" => self.name().to_owned()).increment(1);
+                },
+                async move {
+                    let _ = order.wait_for(|o| *o != Order::Run).await;
+                },
+            )
+            .await;
+        if matches!(result, Some(Ok(_))) {
+            outage.over();
+        }
+        result
+    }
+
+    /// A batch committed (from `first_offset`, begun at `started`): counted and measured,
+    /// and the partition halted at its gap, if one ended it (else at `halt`, if any).
+    fn committed_batch(
+        &self,
+        counted: Counted,
+        prepared: &Prepared,
+        places: &[At],
+        first_offset: i64,
+        started: Instant,
+        mut halt: Option<Halt>,
+    ) -> Applied {
+        let Counted { counts, next_offset, gap, ignored, parking } = counted;
+        self.stats.add(&counts);
+        self.count_ignored(ignored);
+        self.count_parking(&parking);
+        let applied = gap.as_ref().map_or(prepared.len(), |(index, _)| *index);
+        let last = applied.checked_sub(1).and_then(|i| prepared.occurred_at(i)).map(|t| t.timestamp_millis());
+        m::batch_committed(&self.pool, self.name(), &self.tp, applied, last, &counts, started.elapsed());
+        if let Some((index, reason)) = gap {
+            let m = places[index];
+            let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
+            halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind: HaltKind::Gap });
+        }
+        Applied::Committed { first_offset, next_offset, halt }
     }
 
     /// Counts a committed batch's ignored events by type, and warns the first time a run
