@@ -268,6 +268,26 @@ pub(crate) async fn save(
     dead: &[DeadLetter<'_>],
 ) -> Result<Vec<i64>> {
     // The dead letters first: the aggregates parked behind them name them.
+    let (letter_ids, behind) = insert_dead_letters(conn, projection, dead).await?;
+    save_parked(conn, projection, source, parks, &behind).await?;
+    insert_held(conn, projection, source, hold).await?;
+    if !drained.is_empty() {
+        sqlx::query("DELETE FROM projectionist_held WHERE id = ANY($1)").bind(drained).execute(&mut *conn).await?;
+    }
+    Ok(letter_ids)
+}
+
+/// Each dead letter's id, and the dead letter each aggregate is parked behind (its id and
+/// error), by aggregate.
+type Behind<'a> = HashMap<(&'a str, &'a str), (i64, &'a str)>;
+
+/// Stores `dead` (a dead letter met again counts an attempt more): their ids, and which
+/// aggregates they park.
+async fn insert_dead_letters<'a>(
+    conn: &mut PgConnection,
+    projection: &str,
+    dead: &'a [DeadLetter<'a>],
+) -> Result<(Vec<i64>, Behind<'a>)> {
     let mut behind: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
     let mut letter_ids = Vec::with_capacity(dead.len());
     for d in dead {
@@ -303,6 +323,18 @@ pub(crate) async fn save(
             behind.insert((t, i), (id, d.error.as_str()));
         }
     }
+    Ok((letter_ids, behind))
+}
+
+/// Stores the aggregates `parks` parked (with why: a gap, or the dead letter in `behind`)
+/// and forgets those it resumed.
+async fn save_parked(
+    conn: &mut PgConnection,
+    projection: &str,
+    source: &Source,
+    parks: &HashMap<(String, String), Option<Parked>>,
+    behind: &Behind<'_>,
+) -> Result<()> {
     let (mut types, mut ids, mut waits, mut reasons) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut letters: Vec<Option<i64>> = Vec::new();
     let (mut resumed_types, mut resumed_ids) = (Vec::new(), Vec::new());
@@ -356,6 +388,11 @@ pub(crate) async fn save(
         .execute(&mut *conn)
         .await?;
     }
+    Ok(())
+}
+
+/// Stores the events `hold` holds behind their parked aggregates, as read.
+async fn insert_held(conn: &mut PgConnection, projection: &str, source: &Source, hold: &[Hold<'_>]) -> Result<()> {
     if !hold.is_empty() {
         let types: Vec<&str> = hold.iter().map(|h| h.aggregate_type).collect();
         let ids: Vec<&str> = hold.iter().map(|h| h.aggregate_id).collect();
@@ -385,10 +422,7 @@ pub(crate) async fn save(
         .execute(&mut *conn)
         .await?;
     }
-    if !drained.is_empty() {
-        sqlx::query("DELETE FROM projectionist_held WHERE id = ANY($1)").bind(drained).execute(&mut *conn).await?;
-    }
-    Ok(letter_ids)
+    Ok(())
 }
 
 /// The bounds on parking (`EngineConfig::max_parked_aggregates`, `max_held_per_aggregate`):
