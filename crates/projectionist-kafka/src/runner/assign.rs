@@ -154,26 +154,7 @@ impl Runner {
             max_wait: self.config.batch_max_wait(),
         };
         for (tp, start, queue) in queues {
-            let begin = if self.stats.halted.lock().expect("halted lock").contains(&tp) {
-                tracing::warn!(
-                    projection = %name,
-                    topic = %tp.topic,
-                    partition = tp.partition,
-                    "Partition assigned again, but it halted in this process: it stays halted until restarted."
-                );
-                Begin::Halted
-            } else {
-                match &start {
-                    StartAt::Unreadable(reason) => Begin::Halt(Halt {
-                        offset: -1,
-                        timestamp: None,
-                        aggregate: "?".into(),
-                        reason: reason.clone(),
-                        kind: HaltKind::Error,
-                    }),
-                    StartAt::Checkpoint(_) | StartAt::Beginning => Begin::Run,
-                }
-            };
+            let begin = self.begin(&tp, &start);
             tracing::info!(
                 projection = %name,
                 topic = %tp.topic,
@@ -194,34 +175,7 @@ impl Runner {
             // starts from the beginning past it.
             let read = stored.as_ref().ok().and_then(|found| found.get(&tp).copied());
             let progress = Arc::new(Progress::new(start.checkpoint(), read, self.caught_up_told.clone()));
-            let partition = Partition {
-                tp: tp.clone(),
-                projection: self.projection.clone(),
-                pool: self.pool.clone(),
-                consumer: self.consumer.clone(),
-                stats: self.stats.clone(),
-                limits,
-                retry: self.config.retry_policy(),
-                exit_when_caught_up: self.config.exit_when_caught_up,
-                on_gap: self.config.on_gap,
-                on_poison: self.config.on_poison,
-                dead_letter_topic: self.dead_letter_topic.clone(),
-                checked: self.checked.clone(),
-                sole_writer: self.exclusive.sole_writer,
-                // Read from its start with no checkpoint, as a rebuild's shadow first is: its
-                // tables hold nothing of the partition (checkpoints commit with the rows).
-                folding: self.exclusive.fold.then(|| {
-                    let fresh = self.exclusive.sole_writer && read.is_none();
-                    let folding = if fresh { Folding::from_nothing() } else { Folding::default() };
-                    folding.into()
-                }),
-                max_event_bytes: self.config.max_event_bytes,
-                bounds: projectionist_postgres::park::Bounds {
-                    parked_aggregates: self.config.max_parked_aggregates,
-                    held_per_aggregate: self.config.max_held_per_aggregate,
-                },
-                progress: progress.clone(),
-            };
+            let partition = self.partition(&tp, limits, read, progress.clone());
             let (stop, stopped) = watch::channel(Order::Run);
             let handle = tokio::spawn(partition.run(queue, stopped, begin));
             self.tasks.insert(tp.clone(), Task { stop, handle, progress: progress.clone() });
@@ -239,6 +193,63 @@ impl Runner {
             );
         }
         self.joined.store(true, Ordering::SeqCst);
+    }
+
+    /// How the task of `tp`, to start at `start`, begins: halted already in this process,
+    /// halting at once (its checkpoint cannot be read), or running.
+    fn begin(&self, tp: &Tp, start: &StartAt) -> Begin {
+        if self.stats.halted.lock().expect("halted lock").contains(tp) {
+            tracing::warn!(
+                projection = %self.name(),
+                topic = %tp.topic,
+                partition = tp.partition,
+                "Partition assigned again, but it halted in this process: it stays halted until restarted."
+            );
+            return Begin::Halted;
+        }
+        match start {
+            StartAt::Unreadable(reason) => Begin::Halt(Halt {
+                offset: -1,
+                timestamp: None,
+                aggregate: "?".into(),
+                reason: reason.clone(),
+                kind: HaltKind::Error,
+            }),
+            StartAt::Checkpoint(_) | StartAt::Beginning => Begin::Run,
+        }
+    }
+
+    /// The task of `tp`: this runner's settings and handles, its checkpoint as `read`
+    /// (`None`: none stored) and its `progress`.
+    fn partition(&self, tp: &Tp, limits: Limits, read: Option<i64>, progress: Arc<Progress>) -> Partition {
+        Partition {
+            tp: tp.clone(),
+            projection: self.projection.clone(),
+            pool: self.pool.clone(),
+            consumer: self.consumer.clone(),
+            stats: self.stats.clone(),
+            limits,
+            retry: self.config.retry_policy(),
+            exit_when_caught_up: self.config.exit_when_caught_up,
+            on_gap: self.config.on_gap,
+            on_poison: self.config.on_poison,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            checked: self.checked.clone(),
+            sole_writer: self.exclusive.sole_writer,
+            // Read from its start with no checkpoint, as a rebuild's shadow first is: its
+            // tables hold nothing of the partition (checkpoints commit with the rows).
+            folding: self.exclusive.fold.then(|| {
+                let fresh = self.exclusive.sole_writer && read.is_none();
+                let folding = if fresh { Folding::from_nothing() } else { Folding::default() };
+                folding.into()
+            }),
+            max_event_bytes: self.config.max_event_bytes,
+            bounds: projectionist_postgres::park::Bounds {
+                parked_aggregates: self.config.max_parked_aggregates,
+                held_per_aggregate: self.config.max_held_per_aggregate,
+            },
+            progress,
+        }
     }
 
     /// Stops the revoked partitions' tasks (each finishes its batch in flight, so the next
