@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use projectionist_postgres::rebuild::{self, Swap};
-use projectionist_postgres::{PgPool, SharedProjection};
+use projectionist_postgres::{PgPool, PgProjection, SharedProjection};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::metrics as m;
@@ -56,27 +56,36 @@ pub async fn rebuild(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Rebuilt> {
     let name = projection.name().to_owned();
-    let rebuilt: Result<Rebuilt> = async {
+    let rebuilt = build_and_swap(pool, config, projection, topics, folded, shutdown).await;
+    match &rebuilt {
+        Ok(Rebuilt::Swapped { .. }) => {}
+        Ok(Rebuilt::Stopped) => m::rebuild_ended(&name, "stopped", None),
+        Err(_) => m::rebuild_ended(&name, "failed", None),
+    }
+    rebuilt
+}
+
+/// [`rebuild`]'s work: the shadow prepared, built in rounds until it has caught up with the
+/// live run, then swapped in (or stopped, or failed).
+async fn build_and_swap(
+    pool: &PgPool,
+    config: EngineConfig,
+    projection: SharedProjection,
+    topics: Vec<String>,
+    folded: &AtomicU64,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<Rebuilt> {
+    let name = projection.name().to_owned();
     let lock = rebuild::lock(pool, &name).await?;
     m::rebuild_phase(&name, 1);
     let shadow = rebuild::prepare(pool, projection.as_ref()).await?;
     tracing::info!(projection = %name, schema = %shadow.schema, resumed = shadow.resumed, "Rebuild starting.");
     let shadow_pool = shadow_pool(pool, &name).await?;
-    let mut config = config;
-    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-    let prefix = config.group_id.as_deref().unwrap_or("projectionist");
-    config.group_id = Some(format!("{prefix}.rebuild-{started}"));
-    config.exit_when_caught_up = true;
-    // Behind the rebuild lock, no one else writes the shadow; its batches are folded into
-    // each other where they can be (every table but custom ones), else made large: each
-    // row's events within one in one write.
-    // The only reader of its group: every partition is its own, assigned without a join.
+    let config = shadow_config(config, projection.as_ref());
+    // Behind the rebuild lock, no one else writes the shadow: its batches are folded into
+    // each other where they can be (every table but custom ones); and it is the only reader
+    // of its group: every partition is its own, assigned without a join.
     let mut exclusive = Exclusive { sole_writer: true, fold: true, sole_reader: true };
-    if projection.tables().iter().any(|t| t.gate() == projectionist_core::Gate::Custom) {
-        config.batch_max_events = config.rebuild_batch_max_events;
-        config.batch_max_bytes = config.rebuild_batch_max_bytes;
-    }
-    config.from_beginning = false;
     let stopped = Arc::new(AtomicBool::new(false));
     let flag = stopped.clone();
     let shutdown = async move {
@@ -120,14 +129,7 @@ pub async fn rebuild(
             return Ok(Rebuilt::Stopped);
         }
         if !loaded {
-            let indexes = rebuild::create_indexes(pool, projection.as_ref()).await?;
-            if indexes > 0 {
-                tracing::info!(projection = %name, indexes, "Bulk load done; secondary indexes created.");
-            }
-            // Read once, here, for the live run and the readers after the swap: the
-            // partitions read them while they fill the tables, not at the end of their reading.
-            let mut conn = shadow_pool.acquire().await.map_err(projectionist_postgres::Error::from)?;
-            projectionist_postgres::analyze(&mut conn, projection.as_ref()).await?;
+            bulk_loaded(pool, &shadow_pool, projection.as_ref()).await?;
             loaded = true;
         }
         let carried = rebuild::carry_discards(pool, &shadow_pool, projection.as_ref()).await?;
@@ -159,14 +161,35 @@ pub async fn rebuild(
         }
     }
     Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
+}
+
+/// The settings a rebuild's shadow runs with: `config` in a group of its own, new for each
+/// rebuild process, read up to the head; a projection with a custom table in a rebuild's
+/// larger batches (the others fold across a run's).
+fn shadow_config(mut config: EngineConfig, projection: &dyn PgProjection) -> EngineConfig {
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    let prefix = config.group_id.as_deref().unwrap_or("projectionist");
+    config.group_id = Some(format!("{prefix}.rebuild-{started}"));
+    config.exit_when_caught_up = true;
+    if projection.tables().iter().any(|t| t.gate() == projectionist_core::Gate::Custom) {
+        config.batch_max_events = config.rebuild_batch_max_events;
+        config.batch_max_bytes = config.rebuild_batch_max_bytes;
     }
-    .await;
-    match &rebuilt {
-        Ok(Rebuilt::Swapped { .. }) => {}
-        Ok(Rebuilt::Stopped) => m::rebuild_ended(&name, "stopped", None),
-        Err(_) => m::rebuild_ended(&name, "failed", None),
+    config.from_beginning = false;
+    config
+}
+
+/// The bulk load is done: the shadow's secondary indexes made, and its tables' statistics
+/// read once, here, for the live run and the readers after the swap (the partitions read
+/// them while they fill the tables, not at the end of their reading).
+async fn bulk_loaded(pool: &PgPool, shadow_pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
+    let indexes = rebuild::create_indexes(pool, projection).await?;
+    if indexes > 0 {
+        tracing::info!(projection = %projection.name(), indexes, "Bulk load done; secondary indexes created.");
     }
-    rebuilt
+    let mut conn = shadow_pool.acquire().await.map_err(projectionist_postgres::Error::from)?;
+    projectionist_postgres::analyze(&mut conn, projection).await?;
+    Ok(())
 }
 
 fn problem(projection: &str, problem: String) -> Error {
