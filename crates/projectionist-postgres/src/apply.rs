@@ -6,7 +6,7 @@ use sqlx::PgPool;
 
 use crate::park::{Source, SourceMessage};
 use crate::writer::{self, Mode};
-use crate::{Error, EventErrorKind, PgProjection, Result};
+use crate::{Error, PgProjection, Result};
 
 /// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka
 /// engine adds its own in the same transaction): set-based, or per event where the batch
@@ -42,11 +42,7 @@ pub async fn apply_batch_in(
     mode: Mode,
     policy: Policy,
 ) -> Result<Vec<Outcome>> {
-    let halts = |e: &Error| {
-        policy.on_poison == OnPoison::Halt
-            || matches!(e, Error::Declaration { .. })
-            || matches!(e.event_kind(), Some(EventErrorKind::UnknownType { .. }))
-    };
+    let halts = |e: &Error| e.halts(policy.on_poison);
     let mut tx = pool.begin().await?;
     let mut outcomes = Vec::with_capacity(batch.len());
     while outcomes.len() < batch.len() {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use projectionist_core::{OnPoison, OnUnknownType, Outcome, OutcomeCounts};
+use projectionist_core::{OnUnknownType, Outcome, OutcomeCounts};
 use projectionist_postgres::checkpoint::Passed;
 use projectionist_postgres::park::Source;
 use projectionist_postgres::writer::{self, Batch};
@@ -130,13 +130,9 @@ impl Partition {
         (prepared, places, halt)
     }
 
-    /// What halts rather than being dead-lettered: a problem of the whole batch, an unknown
-    /// type the projection halts on, a bound on parking, and any poison under
-    /// `on_poison = halt`.
+    /// What halts rather than being dead-lettered (see [`projectionist_postgres::Error::halts`]).
     fn halts(&self, e: &projectionist_postgres::Error) -> bool {
-        self.on_poison == OnPoison::Halt
-            || matches!(e, projectionist_postgres::Error::Declaration { .. })
-            || matches!(e.event_kind(), Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_)))
+        e.halts(self.on_poison)
     }
 
     /// Writes `prepared` up to `next_offset`, waiting out PostgreSQL's outages and retrying

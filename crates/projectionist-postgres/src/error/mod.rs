@@ -5,7 +5,7 @@ mod event;
 
 use std::sync::Arc;
 
-use projectionist_core::ApplyError;
+use projectionist_core::{ApplyError, OnPoison};
 
 pub use event::{EventError, EventErrorKind};
 
@@ -203,6 +203,16 @@ impl Error {
             }
             other => Self::Migration(other.to_string()),
         }
+    }
+
+    /// Whether the error halts a partition rather than dead-lettering its event under the
+    /// policy `on_poison`: any poison under [`OnPoison::Halt`], and always a problem of the
+    /// whole batch (its declarations), an unknown type the projection halts on, and a bound
+    /// on parking.
+    pub fn halts(&self, on_poison: OnPoison) -> bool {
+        on_poison == OnPoison::Halt
+            || matches!(self, Self::Declaration { .. })
+            || matches!(self.event_kind(), Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_)))
     }
 
     /// What is wrong with the event the error is about, when it is about one.

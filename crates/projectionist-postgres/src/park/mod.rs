@@ -247,6 +247,29 @@ pub(crate) struct DeadLetter<'a> {
     pub error: String,
 }
 
+impl<'a> DeadLetter<'a> {
+    /// A dead letter of `message`, read from `source`.
+    pub(crate) fn of_message(
+        source: &'a Source,
+        message: &'a SourceMessage,
+        aggregate: Option<(&'a str, &'a str, i64)>,
+        reason: &'static str,
+        error: String,
+    ) -> Self {
+        DeadLetter {
+            aggregate,
+            topic: &source.topic,
+            partition: source.partition,
+            offset: message.offset,
+            key: message.key.as_deref(),
+            payload: &message.payload,
+            headers: &message.headers,
+            reason,
+            error,
+        }
+    }
+}
+
 /// An event of the batch to hold: its aggregate, its version and its message.
 pub(crate) struct Hold<'a> {
     pub aggregate_type: &'a str,

@@ -52,17 +52,8 @@ pub(super) async fn save(
             hold.push(Hold { aggregate_type, aggregate_id, version, message });
         } else {
             let error = e.poison().expect("a dead letter is poison");
-            dead.push(DeadLetter {
-                aggregate: Some((aggregate_type, aggregate_id, version)),
-                topic: &source.topic,
-                partition: source.partition,
-                offset: message.offset,
-                key: message.key.as_deref(),
-                payload: &message.payload,
-                headers: &message.headers,
-                reason: error.reason(),
-                error: error.of_the_event(),
-            });
+            let aggregate = Some((aggregate_type.as_str(), aggregate_id.as_str(), version));
+            dead.push(DeadLetter::of_message(source, message, aggregate, error.reason(), error.of_the_event()));
         }
     }
     let held_headers: Vec<park::Headers> = held.dead.iter().map(|(h, ..)| held.rows[*h].0.headers()).collect();
@@ -80,19 +71,8 @@ pub(super) async fn save(
             error,
         });
     }
-    for undecodable in &source.undecodable {
-        let message = &undecodable.message;
-        dead.push(DeadLetter {
-            aggregate: None,
-            topic: &source.topic,
-            partition: source.partition,
-            offset: message.offset,
-            key: message.key.as_deref(),
-            payload: &message.payload,
-            headers: &message.headers,
-            reason: undecodable.reason,
-            error: undecodable.error.clone(),
-        });
+    for u in &source.undecodable {
+        dead.push(DeadLetter::of_message(source, &u.message, None, u.reason, u.error.clone()));
     }
     for d in &dead {
         *written.dead_letters.entry(d.reason).or_default() += 1;
