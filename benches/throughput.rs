@@ -72,9 +72,12 @@ async fn empty_database(name: &str) -> (PgPool, String) {
         .connect_with(admin.clone().database(name))
         .await
         .expect("connect bench database");
-    let db_url = match url.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{name}"),
-        None => url.clone(),
+    // The same server and parameters (sslmode, ...), another database.
+    let (path, query) = url.split_once('?').map_or((url.as_str(), None), |(p, q)| (p, Some(q)));
+    let db_url = match (path.rsplit_once('/'), query) {
+        (Some((base, _)), Some(query)) => format!("{base}/{name}?{query}"),
+        (Some((base, _)), None) => format!("{base}/{name}"),
+        (None, _) => url.clone(),
     };
     (pool, db_url)
 }

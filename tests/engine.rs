@@ -1255,7 +1255,8 @@ async fn a_rebuild_is_built_beside_the_live_tables_and_swapped_in(pool: PgPool) 
 /// A rebuild of a projection whose rows are deleted and whose children are cleared (orders
 /// archived, their lines removed and cleared): built from offset zero into tables created
 /// with their composite keys, it swaps in exactly what a clean live run built (a deleted
-/// line put back by hand is gone again), and a rollback restores the tampered tables.
+/// line put back by hand is gone again, the aggregate versions moved by hand are the run's
+/// again), and a rollback restores the tampered tables.
 #[sqlx::test(migrations = false)]
 async fn a_rebuild_deletes_and_clears_as_the_live_run_did(pool: PgPool) {
     use projectionist::kafka::rebuild::{rebuild, Rebuilt};
@@ -1283,12 +1284,22 @@ async fn a_rebuild_deletes_and_clears_as_the_live_run_did(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
+    // The aggregate versions the gate keeps (part of the dump), tampered too: one moved, one
+    // gone, one stray.
+    sqlx::raw_sql(
+        "UPDATE projectionist_aggregate_versions SET version = version + 100 WHERE aggregate_id = 'ord-00002'; \
+         DELETE FROM projectionist_aggregate_versions WHERE aggregate_id = 'ord-00003'; \
+         INSERT INTO projectionist_aggregate_versions VALUES ('order_status', 'order', 'ord-stray', 7)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let tampered = dump().await;
     assert_ne!(tampered, clean);
     let rebuilt = rebuild(&pool, config(), Arc::new(OrderStatus), vec![topic.clone()], &folded, std::future::pending());
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
     assert!(matches!(rebuilt, Rebuilt::Swapped { .. }), "the rebuild swapped in");
-    assert_eq!(dump().await, clean, "the rebuilt tables equal the clean run's");
+    assert_eq!(dump().await, clean, "the rebuilt tables and versions equal the clean run's");
     shadow::rollback(&pool, &OrderStatus).await.unwrap();
     assert_eq!(dump().await, tampered, "rolled back");
 }

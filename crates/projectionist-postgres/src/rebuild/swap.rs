@@ -101,6 +101,7 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
             .await?;
     }
     move_rows(&mut tx, name, &shadow, &engine).await?;
+    move_parking(&mut tx, name, &shadow, &engine).await?;
     sqlx::raw_sql(&format!("DROP SCHEMA {shadow} CASCADE")).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(Swap::Done)
@@ -176,22 +177,64 @@ async fn hold_writers_back(conn: &mut PgConnection, projection: &str, live: &[(I
     Ok(())
 }
 
-/// Puts the shadow's engine rows of `projection` in place of the live ones. A dead letter
-/// of a message the live side has one of keeps that one's id and first sighting and takes the
-/// rebuild's state; the others come under new ids; the live open ones the rebuild did not
-/// meet again (an upcaster fixes them now) are resolved as `rebuilt`. The parked aggregates
-/// name their dead letters' ids; held events come under new ids.
+/// Puts the shadow's checkpoints and aggregate versions of `projection` in place of the
+/// live ones.
 async fn move_rows(conn: &mut PgConnection, projection: &str, shadow: &Ident, engine: &Ident) -> Result<()> {
-    for table in
-        ["projectionist_checkpoints", "projectionist_aggregate_versions", "projectionist_parked", "projectionist_held"]
-    {
+    sqlx::query(&format!("DELETE FROM {engine}.projectionist_checkpoints WHERE projection = $1"))
+        .bind(projection)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(&format!(
+        "INSERT INTO {engine}.projectionist_checkpoints SELECT * FROM {shadow}.projectionist_checkpoints \
+         WHERE projection = $1"
+    ))
+    .bind(projection)
+    .execute(&mut *conn)
+    .await?;
+    replace_versions(conn, projection, shadow, engine).await
+}
+
+/// The aggregate versions of `projection` become the shadow's. They are as many as the
+/// aggregates and mostly the same on both sides (the shadow read what the live tables did):
+/// only those that differ are written, so that the swap (which holds the writers back) does
+/// not rewrite every one of them. No writer runs meanwhile: the swap holds them back.
+async fn replace_versions(conn: &mut PgConnection, projection: &str, shadow: &Ident, engine: &Ident) -> Result<()> {
+    sqlx::query(&format!(
+        "DELETE FROM {engine}.projectionist_aggregate_versions l WHERE l.projection = $1 AND NOT EXISTS \
+         (SELECT FROM {shadow}.projectionist_aggregate_versions s WHERE s.projection = l.projection \
+         AND s.aggregate_type = l.aggregate_type AND s.aggregate_id = l.aggregate_id)"
+    ))
+    .bind(projection)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(&format!(
+        "UPDATE {engine}.projectionist_aggregate_versions l SET version = s.version \
+         FROM {shadow}.projectionist_aggregate_versions s WHERE l.projection = $1 AND s.projection = l.projection \
+         AND s.aggregate_type = l.aggregate_type AND s.aggregate_id = l.aggregate_id AND s.version <> l.version"
+    ))
+    .bind(projection)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(&format!(
+        "INSERT INTO {engine}.projectionist_aggregate_versions SELECT * FROM {shadow}.projectionist_aggregate_versions s \
+         WHERE s.projection = $1 AND NOT EXISTS (SELECT FROM {engine}.projectionist_aggregate_versions l \
+         WHERE l.projection = s.projection AND l.aggregate_type = s.aggregate_type AND l.aggregate_id = s.aggregate_id)"
+    ))
+    .bind(projection)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Puts the shadow's dead letters, parked aggregates and held events of `projection` in
+/// place of the live ones. A dead letter of a message the live side has one of keeps that
+/// one's id and first sighting and takes the rebuild's state; the others come under new ids;
+/// the live open ones the rebuild did not meet again (an upcaster fixes them now) are resolved
+/// as `rebuilt`. The parked aggregates name their dead letters' ids; held events come under
+/// new ids.
+async fn move_parking(conn: &mut PgConnection, projection: &str, shadow: &Ident, engine: &Ident) -> Result<()> {
+    for table in ["projectionist_parked", "projectionist_held"] {
         sqlx::query(&format!("DELETE FROM {engine}.{table} WHERE projection = $1"))
-            .bind(projection)
-            .execute(&mut *conn)
-            .await?;
-    }
-    for table in ["projectionist_checkpoints", "projectionist_aggregate_versions"] {
-        sqlx::query(&format!("INSERT INTO {engine}.{table} SELECT * FROM {shadow}.{table} WHERE projection = $1"))
             .bind(projection)
             .execute(&mut *conn)
             .await?;
