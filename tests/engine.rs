@@ -1304,6 +1304,91 @@ async fn a_rebuild_deletes_and_clears_as_the_live_run_did(pool: PgPool) {
     assert_eq!(dump().await, tampered, "rolled back");
 }
 
+/// `rebuild --verify`: a shadow built from the stream and compared with the live tables at
+/// the same offsets, instead of swapped in. Clean, it finds nothing and leaves no shadow;
+/// after rows and versions changed by hand it counts each kind of difference and names the
+/// first keys with both values, the live tables untouched and the shadow kept for a swap
+/// (which restores the clean read model). Compared at different offsets, it says which side
+/// is behind instead.
+#[sqlx::test(migrations = false)]
+async fn a_verification_compares_the_rebuilt_tables_with_the_live_ones_at_the_same_offsets(pool: PgPool) {
+    use projectionist::kafka::rebuild::{rebuild, verify, Rebuilt};
+    use projectionist::postgres::rebuild::{self as shadow, Verification};
+    let folded = std::sync::atomic::AtomicU64::default();
+    migrate(&pool, &[&OrderStatus]).await.unwrap();
+    let topic = rand_test_topic("verify");
+    produce(&topic, &order_status::generate::stream(60, 8, 21)).await;
+    let live = || Engine::new(pool.clone(), config()).register(Arc::new(OrderStatus), [topic.clone()]);
+    assert!(run(live()).await.halts().is_empty());
+    let dump = || projectionist_testing::dump_tables(&pool, &OrderStatus);
+    let clean = dump().await;
+    let verified = || async {
+        let verified =
+            verify(&pool, config(), Arc::new(OrderStatus), vec![topic.clone()], &folded, std::future::pending());
+        match tokio::time::timeout(Duration::from_secs(120), verified).await.expect("verified in time").unwrap() {
+            Rebuilt::Verified { differences, .. } => differences,
+            _ => panic!("a verification ends verified"),
+        }
+    };
+    assert_eq!(verified().await, vec![], "a clean run");
+    let shadow_kept = || async { shadow::shadow_checkpoints(&pool, "order_status").await.unwrap().is_some() };
+    assert!(!shadow_kept().await, "no shadow left when nothing differs");
+
+    let (lines, orders): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM order_lines), (SELECT count(*) FROM orders)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(lines > 0 && orders > 2, "{lines} lines, {orders} orders");
+    sqlx::raw_sql(
+        "INSERT INTO order_lines (order_id, sku, quantity) VALUES ('ord-00001', 'sku-stray', 9); \
+         UPDATE orders SET status = 'tampered' WHERE order_id = (SELECT min(order_id) FROM orders); \
+         DELETE FROM orders WHERE order_id = (SELECT max(order_id) FROM orders); \
+         UPDATE projectionist_aggregate_versions SET version = version + 100 WHERE aggregate_id = 'ord-00002'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let tampered = dump().await;
+    let differences = verified().await;
+    let found: Vec<(&str, i64, i64, i64)> =
+        differences.iter().map(|d| (d.table.as_str(), d.only_live, d.only_rebuilt, d.changed)).collect();
+    assert_eq!(
+        found,
+        vec![("orders", 0, 1, 1), ("order_lines", 1, 0, 0), ("projectionist_aggregate_versions", 0, 0, 1)],
+        "{differences:#?}"
+    );
+    let lines = &differences[1].first;
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].0, serde_json::json!(["ord-00001", "sku-stray"]));
+    assert_eq!(lines[0].1["quantity"], 9);
+    assert!(lines[0].2.is_null(), "the rebuilt table has no such line");
+    let tampered_order = differences[0].first.iter().find(|(_, live, _)| live["status"] == "tampered").unwrap();
+    assert_ne!(tampered_order.2["status"], "tampered", "the rebuilt row is the stream's");
+    assert_eq!(dump().await, tampered, "the live tables untouched");
+    assert!(shadow_kept().await, "the shadow kept when rows differ");
+
+    // At different offsets there is nothing to compare: the side behind is named.
+    let move_checkpoint = |schema: &str, by: i64| {
+        format!("UPDATE {schema}.projectionist_checkpoints SET next_offset = next_offset + {by} WHERE partition = 0")
+    };
+    sqlx::raw_sql(&move_checkpoint("public", 1)).execute(&pool).await.unwrap();
+    let topics = [topic.clone()];
+    let at = shadow::verify(&pool, &OrderStatus, &topics).await.unwrap();
+    assert!(matches!(&at, Verification::ShadowBehind(p) if p.len() == 1 && p[0].1 == 0), "{at:?}");
+    sqlx::raw_sql(&move_checkpoint("projectionist_rebuild_order_status", 2)).execute(&pool).await.unwrap();
+    let at = shadow::verify(&pool, &OrderStatus, &topics).await.unwrap();
+    assert!(matches!(&at, Verification::LiveBehind(p) if p.len() == 1 && p[0].1 == 0), "{at:?}");
+    sqlx::raw_sql(&move_checkpoint("projectionist_rebuild_order_status", -2)).execute(&pool).await.unwrap();
+    sqlx::raw_sql(&move_checkpoint("public", -1)).execute(&pool).await.unwrap();
+
+    // `rebuild` swaps the verified shadow in: the stream's read model again.
+    let rebuilt = rebuild(&pool, config(), Arc::new(OrderStatus), vec![topic.clone()], &folded, std::future::pending());
+    let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
+    assert!(matches!(rebuilt, Rebuilt::Swapped { resumed: true, .. }), "the kept shadow resumed and swapped in");
+    assert_eq!(dump().await, clean);
+}
+
 /// A rebuild folds its batches in memory (see `Folding`); an add that overflows only once
 /// the fold is written cannot be blamed on its event there, so the rebuild goes again batch
 /// by batch from its checkpoints: the overflowing deposit is dead-lettered as the live run

@@ -59,7 +59,8 @@ pub(crate) enum Command {
     /// ones current, then swap it in within one short transaction: readers see the old read
     /// model until the swap and the new one after, never an empty or partial one. Stopped
     /// or killed, the next `rebuild` resumes it. The replaced tables are kept:
-    /// `--rollback` swaps them back, `--drop-old` removes them. Takes `run`'s settings.
+    /// `--rollback` swaps them back, `--drop-old` removes them; `--verify` compares instead
+    /// of swapping. Takes `run`'s settings.
     Rebuild(Box<RebuildArgs>),
     /// Publish envelopes from NDJSON (a file, or - for stdin) keyed by aggregate_id, with a
     /// transactional producer, one transaction per chunk (`publish --help` shows a line).
@@ -102,6 +103,13 @@ pub(crate) struct RebuildArgs {
     /// Remove a rebuild's tables that were never swapped in (the next one starts over).
     #[arg(long)]
     pub(crate) abandon: bool,
+    /// Build the read model again from offset zero as a rebuild does, but instead of
+    /// swapping it in, compare it with the live tables once both have read to the same
+    /// offsets: print the rows that differ (how many per table, the first ones with both
+    /// values) and exit with status 1 when any do. The live tables are not touched. Kept
+    /// when they differ, the rebuilt tables are what `rebuild` then swaps in.
+    #[arg(long, conflicts_with_all = ["rollback", "drop_old", "abandon"])]
+    pub(crate) verify: bool,
     #[command(flatten)]
     pub(crate) run: config::RunOptions,
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use projectionist_kafka::{Engine, KafkaClientConfig, Registration};
+use projectionist_postgres::rebuild::Difference;
 use projectionist_postgres::PgPool;
 
 use crate::args::RebuildArgs;
@@ -31,6 +32,7 @@ impl App {
         let mut config = args.run.engine_config(&client)?;
         let selected = self.select(args.run.projections.as_deref(), &mut config)?;
         let maintenance = args.rollback || args.drop_old || args.abandon;
+        let mut differ = false;
         // Sized as `run`'s, and its shadow's as this one: the connections its warm-up opens
         // are then all its batches use (a pool allowed more opens them mid-run, each a TLS
         // set-up, while the batches wait).
@@ -75,9 +77,13 @@ impl App {
             let folded = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone(), folded.clone()));
             let (projection, topics) = (r.projection, r.topics);
-            let rebuilt =
+            let rebuilt = if args.verify {
+                projectionist_kafka::rebuild::verify(&pool, config, projection, topics, &folded, shutdown_signal())
+                    .await
+            } else {
                 projectionist_kafka::rebuild::rebuild(&pool, config, projection, topics, &folded, shutdown_signal())
-                    .await;
+                    .await
+            };
             reporter.abort();
             let _ = reporter.await;
             let rebuilt = rebuilt?;
@@ -88,6 +94,12 @@ impl App {
                     if resumed { " (resumed)" } else { "" },
                     started.elapsed().as_secs_f64()
                 ),
+                projectionist_kafka::rebuild::Rebuilt::Verified { differences, .. } => {
+                    print_verification(&name, &differences, started.elapsed());
+                    if !differences.is_empty() {
+                        differ = true;
+                    }
+                }
                 projectionist_kafka::rebuild::Rebuilt::Stopped => {
                     println!(
                         "{name}: stopped before its swap; the live tables are untouched, and `rebuild` resumes it."
@@ -96,8 +108,36 @@ impl App {
                 }
             }
         }
-        Ok(ExitCode::SUCCESS)
+        Ok(if differ { ExitCode::FAILURE } else { ExitCode::SUCCESS })
     }
+}
+
+/// What `rebuild --verify` found for projection `name`.
+fn print_verification(name: &str, differences: &[Difference], took: Duration) {
+    let took = took.as_secs_f64();
+    if differences.is_empty() {
+        println!("{name}: verified in {took:.1}s: the live tables are the stream's, row for row.");
+        return;
+    }
+    let rows: i64 = differences.iter().map(Difference::rows).sum();
+    println!("{name}: verified in {took:.1}s: {rows} rows differ from the stream's.");
+    for d in differences {
+        println!(
+            "  {}: {} rows differ ({} only live, {} only rebuilt, {} changed); the first:",
+            d.table,
+            d.rows(),
+            d.only_live,
+            d.only_rebuilt,
+            d.changed
+        );
+        for (key, live, rebuilt) in &d.first {
+            println!("    key {key}\n      live:    {live}\n      rebuilt: {rebuilt}");
+        }
+    }
+    println!(
+        "The rebuilt tables are kept: `rebuild` swaps them in (the replaced ones kept for a rollback), \
+         `rebuild --abandon` drops them."
+    );
 }
 
 /// Shows a rebuild's progress (a bar on a terminal, a log line every 5 s otherwise): its

@@ -89,7 +89,8 @@ pub const REBUILD_PHASE: &str = "projectionist_rebuild_phase";
 /// How long a rebuild's swap transaction took (the live tables locked meanwhile). Labels:
 /// `projection`.
 pub const REBUILD_SWAP_SECONDS: &str = "projectionist_rebuild_swap_seconds";
-/// Rebuilds ended. Labels: `projection`, `outcome` (`swapped`, `stopped`, `failed`).
+/// Rebuilds ended. Labels: `projection`, `outcome` (`swapped`, `verified`, `differs`,
+/// `stopped`, `failed`).
 pub const REBUILDS: &str = "projectionist_rebuilds_total";
 
 /// Registers descriptions and units with the installed recorder.

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use projectionist_postgres::rebuild::{self, Swap};
+use projectionist_postgres::rebuild::{self, Difference, Swap, Verification};
 use projectionist_postgres::{PgPool, PgProjection, SharedProjection};
 use sqlx::postgres::PgPoolOptions;
 
@@ -30,9 +30,28 @@ pub enum Rebuilt {
         /// What its runs did, the last one's counters.
         report: RunReport,
     },
+    /// Verified ([`verify`]): the shadow compared with the live tables at the same offsets,
+    /// these tables differing. None: the shadow is dropped; some: it is kept, for `rebuild`
+    /// to swap in (it resumes it) or `rebuild --abandon` to drop.
+    Verified {
+        /// Whether it resumed the shadow of a rebuild stopped earlier.
+        resumed: bool,
+        /// The tables whose live rows are not the rebuilt ones.
+        differences: Vec<Difference>,
+    },
     /// Stopped by the shutdown signal before the swap: the next rebuild resumes it.
     Stopped,
 }
+
+/// What a rebuild does once its shadow has caught up with the live run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    Swap,
+    Verify,
+}
+
+/// How long [`verify`] waits for a live run behind its shadow to catch up.
+const LIVE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Rebuilds `projection` (consuming `topics`) beside its live tables and swaps it in (see
 /// the module). Holds the projection's rebuild lock throughout, so that a second rebuild is
@@ -56,13 +75,40 @@ pub async fn rebuild(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Rebuilt> {
     let name = projection.name().to_owned();
-    let rebuilt = build_and_swap(pool, config, projection, topics, folded, shutdown).await;
-    match &rebuilt {
-        Ok(Rebuilt::Swapped { .. }) => {}
-        Ok(Rebuilt::Stopped) => m::rebuild_ended(&name, "stopped", None),
-        Err(_) => m::rebuild_ended(&name, "failed", None),
-    }
+    let rebuilt = build_and_swap(pool, config, projection, topics, folded, shutdown, Finish::Swap).await;
+    ended(&name, &rebuilt);
     rebuilt
+}
+
+/// Builds `projection`'s shadow as [`rebuild`] does and, instead of swapping it in, compares
+/// it with the live tables once both have read the topics to the same offsets (see
+/// [`projectionist_postgres::rebuild::verify`]): [`Rebuilt::Verified`] with the tables that
+/// differ. A live run goes on meanwhile; one behind the shadow is waited for (up to 30 s:
+/// a live run stopped behind the stream fails the verification, which names the partitions).
+pub async fn verify(
+    pool: &PgPool,
+    config: EngineConfig,
+    projection: SharedProjection,
+    topics: Vec<String>,
+    folded: &AtomicU64,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<Rebuilt> {
+    let name = projection.name().to_owned();
+    let verified = build_and_swap(pool, config, projection, topics, folded, shutdown, Finish::Verify).await;
+    ended(&name, &verified);
+    verified
+}
+
+/// The metric of how a rebuild ended (a swap's is counted with its time when it is done).
+fn ended(name: &str, rebuilt: &Result<Rebuilt>) {
+    match rebuilt {
+        Ok(Rebuilt::Swapped { .. }) => {}
+        Ok(Rebuilt::Verified { differences, .. }) => {
+            m::rebuild_ended(name, if differences.is_empty() { "verified" } else { "differs" }, None)
+        }
+        Ok(Rebuilt::Stopped) => m::rebuild_ended(name, "stopped", None),
+        Err(_) => m::rebuild_ended(name, "failed", None),
+    }
 }
 
 /// [`rebuild`]'s work: the shadow prepared, built in rounds until it has caught up with the
@@ -74,6 +120,7 @@ async fn build_and_swap(
     topics: Vec<String>,
     folded: &AtomicU64,
     shutdown: impl Future<Output = ()> + Send,
+    finish: Finish,
 ) -> Result<Rebuilt> {
     let name = projection.name().to_owned();
     let lock = rebuild::lock(pool, &name).await?;
@@ -137,6 +184,15 @@ async fn build_and_swap(
             let carried_over = "Discarded dead letters met again: discarded in the rebuild too.";
             tracing::info!(projection = %name, carried, "{carried_over}");
         }
+        if finish == Finish::Verify {
+            match compared(pool, projection.as_ref(), &topics).await? {
+                Some(differences) => {
+                    lock.release().await?;
+                    return Ok(Rebuilt::Verified { resumed: shadow.resumed, differences });
+                }
+                None => continue,
+            }
+        }
         let swapping = std::time::Instant::now();
         m::rebuild_phase(&name, 2);
         match rebuild::swap(pool, projection.as_ref(), &topics).await? {
@@ -161,6 +217,45 @@ async fn build_and_swap(
         }
     }
     Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
+}
+
+/// The shadow compared with the live tables (see [`verify`]): the tables that differ, or
+/// `None` when the live run has read past the shadow (another round catches it up). The
+/// shadow is dropped when none differ.
+async fn compared(pool: &PgPool, projection: &dyn PgProjection, topics: &[String]) -> Result<Option<Vec<Difference>>> {
+    let name = projection.name();
+    let waiting = std::time::Instant::now();
+    loop {
+        match rebuild::verify(pool, projection, topics).await? {
+            Verification::Compared(differences) => {
+                if differences.is_empty() {
+                    rebuild::abandon(pool, name).await?;
+                }
+                return Ok(Some(differences));
+            }
+            Verification::ShadowBehind(_) => return Ok(None),
+            Verification::LiveBehind(partitions) if waiting.elapsed() >= LIVE_CATCH_UP => {
+                let behind = partitions
+                    .iter()
+                    .map(|(topic, partition, shadow, live)| {
+                        format!(
+                            "{topic}/{partition} (live at {}, the rebuild at {})",
+                            live.unwrap_or(0),
+                            shadow.unwrap_or(0)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let problem_ = format!(
+                    "the live run stayed behind the stream the rebuild read, at {behind}, for {}s: a verification \
+                     compares both at the same offsets (is `run` running?)",
+                    LIVE_CATCH_UP.as_secs()
+                );
+                return Err(problem(name, problem_));
+            }
+            Verification::LiveBehind(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
 }
 
 /// The settings a rebuild's shadow runs with: `config` in a group of its own, new for each

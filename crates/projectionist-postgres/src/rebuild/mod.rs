@@ -9,6 +9,8 @@
 //! shadow's tables to the live schema, and the shadow's engine rows (checkpoints, aggregate
 //! versions, parked aggregates, held events, dead letters) in place of the projection's.
 //!
+//! Instead of swapping, a rebuild can be compared with the live tables ([`verify`]).
+//!
 //! A rebuild holds an advisory lock ([`lock`]) for as long as it runs: a second rebuild of
 //! the projection is refused, and a rebuild killed lets go of it (its shadow is resumed by
 //! the next one).
@@ -21,7 +23,9 @@ pub use crate::swap_lock::begin_sharing_swap_lock;
 use crate::Ident;
 
 mod swap;
+mod verify;
 pub use swap::{rollback, swap, Swap};
+pub use verify::{verify, Difference, Verification, FIRST_DIFFERENCES};
 
 /// The engine tables a projection's rows are kept in.
 const ENGINE_TABLES: [&str; 5] = [

@@ -150,7 +150,10 @@ pub async fn rollback(pool: &PgPool, projection: &dyn PgProjection) -> Result<()
 
 /// The schema of the engine's tables, and each of `projection`'s live tables with its schema
 /// (as `conn`'s `search_path` finds them).
-async fn live_tables(conn: &mut PgConnection, projection: &dyn PgProjection) -> Result<(Ident, Vec<(Ident, Ident)>)> {
+pub(super) async fn live_tables(
+    conn: &mut PgConnection,
+    projection: &dyn PgProjection,
+) -> Result<(Ident, Vec<(Ident, Ident)>)> {
     let missing = |table: &str| problem(projection.name(), format!("table {table} does not exist: run `migrate`"));
     let engine =
         live_schema(conn, "projectionist_checkpoints").await?.ok_or_else(|| missing("projectionist_checkpoints"))?;
