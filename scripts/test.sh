@@ -17,6 +17,14 @@ mkdir -p target && : >"$PROJECTIONIST_SKIP_LOG"
 # so test binaries run their tests in parallel; 4 threads suit the 2-core machines.
 cargo test --workspace --locked -- --test-threads="${TEST_THREADS:-4}" "$@"
 
+# The fault suite's short version (scripts/chaos.sh runs it at full strength): the projector
+# built with its kill points, one scenario at a time.
+echo
+CHAOS_REPORT="$PWD/target/chaos-report.txt"
+export CHAOS_REPORT && : >"$CHAOS_REPORT"
+cargo test --locked -p bank-accounts --features fault-hooks --test chaos -- --test-threads=1
+cat "$CHAOS_REPORT"
+
 # The README's quick start, built and tested from outside the workspace as a user would.
 echo
 scripts/quickstart.sh

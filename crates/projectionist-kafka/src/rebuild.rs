@@ -80,7 +80,7 @@ pub async fn rebuild(
     rebuilt
 }
 
-/// Builds `projection`'s shadow as [`rebuild`] does and, instead of swapping it in, compares
+/// Builds `projection`'s shadow as [`rebuild()`] does and, instead of swapping it in, compares
 /// it with the live tables once both have read the topics to the same offsets (see
 /// [`projectionist_postgres::rebuild::verify`]): [`Rebuilt::Verified`] with the tables that
 /// differ. A live run goes on meanwhile; one behind the shadow is waited for (up to 30 s:
@@ -125,7 +125,10 @@ async fn build_and_swap(
     let name = projection.name().to_owned();
     let lock = rebuild::lock(pool, &name).await?;
     m::rebuild_phase(&name, 1);
-    let shadow = rebuild::prepare(pool, projection.as_ref()).await?;
+    let shadow = match finish {
+        Finish::Swap => rebuild::prepare(pool, projection.as_ref()).await?,
+        Finish::Verify => rebuild::prepare_to_verify(pool, projection.as_ref()).await?,
+    };
     tracing::info!(projection = %name, schema = %shadow.schema, resumed = shadow.resumed, "Rebuild starting.");
     let shadow_pool = shadow_pool(pool, &name).await?;
     let config = shadow_config(config, projection.as_ref());

@@ -7,6 +7,7 @@ mod checks;
 mod dependents;
 mod drift;
 mod error;
+mod fault;
 pub mod folding;
 mod ident;
 mod migrate;

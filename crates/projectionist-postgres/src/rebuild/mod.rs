@@ -109,13 +109,10 @@ pub struct Shadow {
 /// costs far less than one kept up to date through every write of the load). Refuses while
 /// an earlier rebuild's old tables are kept (`rebuild --drop-old` first).
 pub async fn prepare(pool: &PgPool, projection: &dyn PgProjection) -> Result<Shadow> {
-    validate(projection)?;
     let name = projection.name();
-    unqualified(projection)?;
-    let (shadow, old) = (shadow_schema(name), old_schema(name));
-    let (shadow_ident, _) = (Ident::new(&shadow)?, Ident::new(&old)?);
-    let mut conn = pool.acquire().await?;
-    if schema_exists(&mut conn, &old).await? {
+    let old = old_schema(name);
+    Ident::new(&old)?;
+    if schema_exists(&mut *pool.acquire().await?, &old).await? {
         return Err(problem(
             name,
             format!(
@@ -124,6 +121,18 @@ pub async fn prepare(pool: &PgPool, projection: &dyn PgProjection) -> Result<Sha
             ),
         ));
     }
+    prepare_to_verify(pool, projection).await
+}
+
+/// Creates `projection`'s shadow as [`prepare`] does, for a [`verify`], which swaps nothing
+/// in: the tables an earlier rebuild replaced may be kept meanwhile.
+pub async fn prepare_to_verify(pool: &PgPool, projection: &dyn PgProjection) -> Result<Shadow> {
+    validate(projection)?;
+    let name = projection.name();
+    unqualified(projection)?;
+    let shadow = shadow_schema(name);
+    let shadow_ident = Ident::new(&shadow)?;
+    let mut conn = pool.acquire().await?;
     let resumed = schema_exists(&mut conn, &shadow).await?;
     let engine = live_schema(&mut conn, "projectionist_checkpoints")
         .await?

@@ -103,6 +103,7 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
     move_rows(&mut tx, name, &shadow, &engine).await?;
     move_parking(&mut tx, name, &shadow, &engine).await?;
     sqlx::raw_sql(&format!("DROP SCHEMA {shadow} CASCADE")).execute(&mut *tx).await?;
+    crate::fault::point("before-swap-commit");
     tx.commit().await?;
     Ok(Swap::Done)
 }

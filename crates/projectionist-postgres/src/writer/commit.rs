@@ -98,7 +98,9 @@ async fn write_in_transaction(
     };
     let next_offset = gap.as_ref().map_or(batch.next_offset, |(index, _)| batch.offsets[*index]);
     checkpoint::store(&mut tx, name, batch.topic, batch.partition, batch.expected, next_offset).await?;
+    crate::fault::point("before-postgres-commit");
     tx.commit().await?;
+    crate::fault::point("after-postgres-commit");
     Ok(Committed { written, next_offset, gap })
 }
 

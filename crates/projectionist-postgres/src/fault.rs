@@ -1,0 +1,38 @@
+//! Fault points for the fault suite (`scripts/chaos.sh`, docs/testing.md): places where a
+//! crash is worst for exactness, at which a test can have the process killed. Compiled in
+//! only with the `fault-hooks` feature; without it [`point`] is empty and costs nothing.
+//!
+//! `PROJECTIONIST_FAULT=<point>:<n>` kills the process with SIGKILL the `n`-th time it
+//! reaches `point` (no destructor runs, nothing is flushed, no offset is committed: as the
+//! kernel's OOM killer or a power cut would leave it). The points:
+//! - `before-postgres-commit`: a batch's transaction written, not committed;
+//! - `after-postgres-commit`: committed, its offsets not yet committed to Kafka;
+//! - `before-swap-commit`: a rebuild's swap done but for its commit.
+
+/// Kills the process here when `PROJECTIONIST_FAULT` names this point and this is the time
+/// it says (see the module).
+#[cfg(feature = "fault-hooks")]
+pub fn point(name: &'static str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PLAN: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static REACHED: AtomicU64 = AtomicU64::new(0);
+    let plan = PLAN.get_or_init(|| {
+        let plan = std::env::var("PROJECTIONIST_FAULT").ok()?;
+        let (point, n) = plan.rsplit_once(':')?;
+        Some((point.to_owned(), n.parse().ok()?))
+    });
+    let Some((point, n)) = plan else { return };
+    if point == name && REACHED.fetch_add(1, Ordering::SeqCst) + 1 == *n {
+        eprintln!("fault point {name} reached the {n}th time: SIGKILL");
+        let pid = std::process::id().to_string();
+        let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();
+        std::process::abort();
+    }
+}
+
+/// Kills the process here when `PROJECTIONIST_FAULT` says so: only with the `fault-hooks`
+/// feature (see the module).
+#[cfg(not(feature = "fault-hooks"))]
+#[inline(always)]
+pub fn point(_name: &'static str) {}

@@ -1,0 +1,289 @@
+//! The fault suite (docs/testing.md): faults a production cluster sees, each against the real
+//! services, each ending exact. Every scenario checks the read model against the oracle
+//! computed from the published stream (every account exact: none with an event lost, none
+//! with one applied twice), every partition checkpointed to its high watermark, nothing
+//! dead-lettered or left parked, and then `rebuild --verify` (the read model built again from
+//! the stream and compared row by row) as a second oracle. Each prints one row of the suite's
+//! table (and appends it to `CHAOS_REPORT`, which `scripts/chaos.sh` prints at the end).
+//!
+//! Built only with the `fault-hooks` feature: the projector's kill points (see
+//! `projectionist-postgres`'s `fault` module). The test command runs a short version;
+//! `CHAOS_FULL=1` (`scripts/chaos.sh`) runs it at full strength.
+
+mod common;
+
+use common::{brokers, rand_test_topic, read_model};
+
+use std::collections::BTreeMap;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use bank_accounts::generate::{self, ExpectedAccount};
+use projectionist::kafka::topics;
+use projectionist::RawEnvelope;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+const PARTITIONS: i32 = 4;
+
+/// Whether the suite runs at full strength (`CHAOS_FULL=1`) or its short version.
+fn full() -> bool {
+    std::env::var("CHAOS_FULL").is_ok_and(|v| v == "1")
+}
+
+/// The processes of one scenario: its database, topic and group.
+struct Scene {
+    database_url: String,
+    topic: String,
+    group: String,
+}
+
+impl Scene {
+    async fn new(pool: &PgPool, name: &str) -> Self {
+        let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+        let db = pool.connect_options().get_database().expect("test database").to_owned();
+        let (path, query) = base.split_once('?').map_or((base.as_str(), None), |(p, q)| (p, Some(q)));
+        let server = path.rsplit_once('/').expect("URL with a database").0;
+        let database_url = match query {
+            Some(query) => format!("{server}/{db}?{query}"),
+            None => format!("{server}/{db}"),
+        };
+        let scene = Self {
+            database_url,
+            topic: rand_test_topic(name),
+            group: format!("chaos-{}", uuid::Uuid::new_v4().simple()),
+        };
+        topics::create_topics(&brokers(), &[scene.topic.as_str()], PARTITIONS, 1).await.unwrap();
+        let out = scene.cli(&["migrate"]).output().await.unwrap();
+        assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
+        scene
+    }
+
+    fn cli(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(common::BIN);
+        c.args(args)
+            .env("DATABASE_URL", &self.database_url)
+            .env("KAFKA_BROKERS", brokers())
+            .env("BANK_ACCOUNTS_TOPIC", &self.topic)
+            .env("RUST_LOG", "info")
+            .env_remove("PROJECTIONIST_FAULT")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        c
+    }
+
+    /// A `run` member of the scenario's group, small batches, killed by `fault` if given
+    /// (then its log is piped).
+    fn run(&self, fault: Option<&str>) -> Child {
+        let mut run = self.cli(&["run", "--group-id", &self.group, "--metrics-addr", "off"]);
+        run.args(["--batch-max-events", "20", "--kafka-property", "session.timeout.ms=6000"])
+            .args(["--kafka-property", "heartbeat.interval.ms=500"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(fault) = fault {
+            // Its log is read (by `exited`) to see where it was killed.
+            run.env("PROJECTIONIST_FAULT", fault).stderr(Stdio::piped());
+        }
+        run.spawn().unwrap()
+    }
+
+    /// Runs one member to the high watermarks: how long it took.
+    async fn run_to_the_end(&self) -> Duration {
+        let started = Instant::now();
+        let mut run = self.cli(&["run", "--group-id", &self.group, "--metrics-addr", "off", "--exit-when-caught-up"]);
+        let out =
+            tokio::time::timeout(Duration::from_secs(180), run.output()).await.expect("caught up in time").unwrap();
+        assert!(out.status.success(), "run to the end: {}", String::from_utf8_lossy(&out.stderr));
+        started.elapsed()
+    }
+}
+
+/// Publishes `events` keyed by aggregate, `pace` apart (idempotent producer, as a real one).
+async fn publish(topic: String, events: Vec<RawEnvelope>, pace: Duration) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "300000")
+        .create()
+        .unwrap();
+    let mut sends = Vec::new();
+    for e in events {
+        let payload = e.to_json();
+        sends.push(producer.send_result(FutureRecord::to(&topic).key(&e.aggregate_id).payload(&payload)).unwrap());
+        if !pace.is_zero() {
+            tokio::time::sleep(pace).await;
+        }
+    }
+    for sent in sends {
+        sent.await.unwrap().map_err(|(e, _)| e).expect("delivered");
+    }
+}
+
+/// An account stream with the bank stream's duplicates and re-sends.
+fn stream(accounts: usize, seed: u64) -> Vec<RawEnvelope> {
+    generate::with_redeliveries(&generate::stream(accounts, 20, seed), 0.1, 0.05, seed)
+}
+
+/// Accounts with an event lost (a version behind the oracle's, or missing) and with one
+/// applied twice (the oracle's version, another balance; or a version past it).
+fn judge(got: &BTreeMap<String, ExpectedAccount>, want: &BTreeMap<String, ExpectedAccount>) -> (usize, usize) {
+    let lost = want.iter().filter(|(id, w)| got.get(*id).is_none_or(|g| g.version < w.version)).count();
+    let doubled = want
+        .iter()
+        .filter(|(id, w)| got.get(*id).is_some_and(|g| g.version > w.version || (g.version == w.version && g != *w)))
+        .count();
+    (lost, doubled + got.keys().filter(|id| !want.contains_key(*id)).count())
+}
+
+/// Ends a scenario: the oracle's checks and `rebuild --verify`, then its row of the table.
+/// Panics (after printing the row) when a check fails.
+async fn conclude(
+    pool: &PgPool,
+    scene: &Scene,
+    scenario: &str,
+    done: &str,
+    recovery: Duration,
+    events: &[RawEnvelope],
+) {
+    let (lost, doubled) = judge(&read_model(pool).await, &generate::expected(events));
+    let (letters, held): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM projectionist_dead_letters), (SELECT count(*) FROM projectionist_held)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let checkpoints: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT partition, next_offset FROM projectionist_checkpoints WHERE topic = $1 ORDER BY 1")
+            .bind(&scene.topic)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let highs = high_watermarks(&scene.topic);
+    let at_the_end = checkpoints.iter().all(|(p, next)| highs.get(p) == Some(next)) && checkpoints.len() == highs.len();
+    let verify = scene.cli(&["rebuild", "--verify", "--metrics-addr", "off"]).output().await.unwrap();
+    let verified = verify.status.success();
+    let pass = lost == 0 && doubled == 0 && letters == 0 && held == 0 && at_the_end && verified;
+    let row = format!(
+        "{scenario:<36} | {done:<50} | {:>7.1} s | {lost:>4} | {doubled:>7} | {}",
+        recovery.as_secs_f64(),
+        if pass { "pass" } else { "FAIL" }
+    );
+    eprintln!("CHAOS {row}");
+    if let Ok(path) = std::env::var("CHAOS_REPORT") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+        writeln!(f, "{row}").unwrap();
+    }
+    assert_eq!((lost, doubled), (0, 0), "{scenario}: accounts with an event lost, doubled");
+    assert_eq!((letters, held), (0, 0), "{scenario}: dead letters, held events");
+    assert!(at_the_end, "{scenario}: checkpoints {checkpoints:?}, high watermarks {highs:?}");
+    assert!(
+        verified,
+        "{scenario}: rebuild --verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
+
+/// Each partition's high watermark.
+fn high_watermarks(topic: &str) -> BTreeMap<i32, i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    (0..PARTITIONS)
+        .map(|p| (p, consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks").1))
+        .collect()
+}
+
+/// Waits for `child` to exit (within `within`): its status and its log.
+async fn exited(mut child: Child, within: Duration) -> (ExitStatus, String) {
+    use tokio::io::AsyncReadExt;
+    let mut stderr = child.stderr.take().unwrap();
+    let mut log = String::new();
+    let read = async {
+        let _ = stderr.read_to_string(&mut log).await;
+        child.wait().await.unwrap()
+    };
+    let status = tokio::time::timeout(within, read).await.expect("the projector exits in time");
+    (status, log)
+}
+
+/// SIGKILLs placed by the fault hooks at a batch's commit boundaries: right before its
+/// PostgreSQL commit (the transaction is lost: its events are read again) and right after it,
+/// before the offsets reach Kafka (the events are applied and read again: the gates must
+/// make them no-ops). Each member is killed at its n-th batch (n from 1 to 6) while the
+/// stream is still being published; then one runs to the end.
+#[sqlx::test(migrations = false)]
+async fn sigkills_at_each_commit_boundary(pool: PgPool) {
+    use std::os::unix::process::ExitStatusExt;
+    let scene = Scene::new(&pool, "chaos-commit-boundaries").await;
+    let kills = if full() { 40 } else { 10 };
+    let events = stream(if full() { 1_500 } else { 400 }, 31);
+    let (first, rest) = events.split_at(events.len() / 2);
+    publish(scene.topic.clone(), first.to_vec(), Duration::ZERO).await;
+    let publishing = tokio::spawn(publish(scene.topic.clone(), rest.to_vec(), Duration::from_millis(2)));
+    for kill in 0..kills {
+        let point = if kill % 2 == 0 { "after-postgres-commit" } else { "before-postgres-commit" };
+        let fault = format!("{point}:{}", 1 + (kill * 7) % 6);
+        let (status, log) = exited(scene.run(Some(&fault)), Duration::from_secs(120)).await;
+        assert_eq!(status.signal(), Some(9), "killed at {fault}: {status}\n{log}");
+        assert!(log.contains(&format!("fault point {point} reached")), "{log}");
+    }
+    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+    let recovery = scene.run_to_the_end().await;
+    let done = format!("{kills} SIGKILLs at the commit boundaries");
+    conclude(&pool, &scene, "crash at each commit boundary", &done, recovery, &events).await;
+}
+
+/// A rebuild killed in its swap (everything done but the commit): the live tables are as they
+/// were, the next `rebuild` resumes the shadow and swaps it in.
+#[sqlx::test(migrations = false)]
+async fn a_rebuild_killed_during_its_swap(pool: PgPool) {
+    use std::os::unix::process::ExitStatusExt;
+    let scene = Scene::new(&pool, "chaos-killed-swap").await;
+    let events = stream(if full() { 1_000 } else { 300 }, 32);
+    publish(scene.topic.clone(), events.clone(), Duration::ZERO).await;
+    scene.run_to_the_end().await;
+    let before = read_model(&pool).await;
+    let mut rebuild = scene.cli(&["rebuild", "--metrics-addr", "off"]);
+    rebuild.env("PROJECTIONIST_FAULT", "before-swap-commit:1").stdout(Stdio::null()).stderr(Stdio::piped());
+    let (status, log) = exited(rebuild.spawn().unwrap(), Duration::from_secs(180)).await;
+    assert_eq!(status.signal(), Some(9), "killed in its swap: {status}\n{log}");
+    assert_eq!(read_model(&pool).await, before, "the live tables untouched by the swap that did not commit");
+    let started = Instant::now();
+    let again = scene.cli(&["rebuild", "--metrics-addr", "off"]).output().await.unwrap();
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success() && said.contains("(resumed)"), "{said}{}", String::from_utf8_lossy(&again.stderr));
+    let done = "rebuild SIGKILLed before its swap's commit, re-run";
+    conclude(&pool, &scene, "a rebuild killed during its swap", done, started.elapsed(), &events).await;
+}
+
+/// A group of three `run` processes, members SIGKILLed one after another (and started again)
+/// while the stream is published: every rebalance takes partitions from a member that died
+/// mid-batch.
+#[sqlx::test(migrations = false)]
+async fn sigkills_of_a_group_while_publishing(pool: PgPool) {
+    let scene = Scene::new(&pool, "chaos-group-kills").await;
+    let kills = if full() { 50 } else { 8 };
+    let events = stream(if full() { 2_000 } else { 400 }, 33);
+    // Published over about as long as the kills take (0.3 to 1.2 s apart).
+    let pace = Duration::from_millis(750) * kills as u32 / events.len() as u32;
+    let publishing = tokio::spawn(publish(scene.topic.clone(), events.clone(), pace));
+    let mut members: Vec<Child> = (0..3).map(|_| scene.run(None)).collect();
+    for kill in 0..kills {
+        tokio::time::sleep(Duration::from_millis(300 + (kill as u64 * 211) % 900)).await;
+        let member = &mut members[kill % 3];
+        member.start_kill().unwrap(); // SIGKILL
+        member.wait().await.unwrap();
+        *member = scene.run(None);
+    }
+    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+    for mut member in members {
+        member.start_kill().unwrap();
+        member.wait().await.unwrap();
+    }
+    let recovery = scene.run_to_the_end().await;
+    let done = format!("{kills} SIGKILLs of a 3-member group");
+    conclude(&pool, &scene, "SIGKILLs of a group while publishing", &done, recovery, &events).await;
+}
