@@ -24,6 +24,9 @@
 # With --start-broker, --stop-broker or --restart-broker [main|faults]: only that Apache Kafka
 #   instance, stopped by the pid recorded when it was started, never by a name (`faults` is
 #   a second broker on 29092 that the broker fault tests stop and start).
+# With --start-postgres or --crash-postgres: only the fault suite's PostgreSQL cluster
+#   (projectionist_faults, on 5435), started (created first if needed; prints PG_FAULTS_URL)
+#   or crashed (an immediate stop of that cluster's own postmaster).
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -38,6 +41,7 @@ TLS_BACKEND_PORT=${KAFKA_TLS_BACKEND_PORT:-19092}
 TLS_PORT=${KAFKA_TLS_PORT:-19093}
 SASL_PORT=${KAFKA_SASL_PORT:-19094}
 PG_TLS_PORT=${PG_TLS_PORT:-5433}
+PG_FAULTS_PORT=${PG_FAULTS_PORT:-5435}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -175,6 +179,41 @@ CONF
     echo "export PG_TLS_URL=postgres://$PG_USER:$PG_USER@$PG_HOST:$PG_TLS_PORT/postgres"
 }
 
+# The fault suite's own cluster, projectionist_faults on $PG_FAULTS_PORT, which it crashes
+# (`--crash-postgres`: an immediate stop, no clean shutdown, through pg_ctl and the cluster's
+# own postmaster.pid) so that nothing else loses its database. Created and started here;
+# prints PG_FAULTS_URL. Only where PostgreSQL is a local cluster we administer.
+start_faults_postgres() {
+    local version conf
+    if ! pg_server_installed || ! as_postgres psql -tAc 'SELECT 1' -d postgres >/dev/null 2>&1; then
+        log "PostgreSQL is not a local cluster here: no faults cluster."
+        return 1
+    fi
+    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    conf=/etc/postgresql/$version/projectionist_faults
+    if [ ! -d "$conf" ]; then
+        log "Creating PostgreSQL $version cluster projectionist_faults on port $PG_FAULTS_PORT."
+        as_root pg_createcluster -p "$PG_FAULTS_PORT" "$version" projectionist_faults >&2
+        printf "listen_addresses = '%s'\nfsync = on\n" "$PG_HOST" | as_root tee "$conf/conf.d/faults.conf" >/dev/null
+        printf 'local all postgres peer\nhost all all %s/32 scram-sha-256\n' "$PG_HOST" \
+            | as_root tee "$conf/pg_hba.conf" >/dev/null
+    fi
+    if ! pg_isready -q -h "$PG_HOST" -p "$PG_FAULTS_PORT" 2>/dev/null; then
+        as_root pg_ctlcluster --skip-systemctl-redirect "$version" projectionist_faults start >&2 9>&-
+        for _ in $(seq 1 60); do pg_isready -q -h "$PG_HOST" -p "$PG_FAULTS_PORT" && break; sleep 0.5; done
+    fi
+    as_postgres psql -q -p "$PG_FAULTS_PORT" -d postgres -c \
+        "DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN CREATE ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_USER'; END IF; END\$\$;" >&2
+    echo "export PG_FAULTS_URL=postgres://$PG_USER:$PG_USER@$PG_HOST:$PG_FAULTS_PORT/postgres"
+}
+
+crash_faults_postgres() {
+    local version
+    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    log "Crashing PostgreSQL cluster projectionist_faults (immediate stop)."
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" projectionist_faults stop -m immediate >&2
+}
+
 # Sets BROKER (apache-kafka-<version>, tansu, given or unknown) and starts it if needed.
 ensure_broker() {
     if [ -n "${KAFKA_BROKERS:-}" ]; then
@@ -235,6 +274,14 @@ case ${1:-} in
     --start-broker | --stop-broker | --restart-broker)
         [ "$1" = --start-broker ] || stop_apache_kafka "${2:-main}"
         [ "$1" = --stop-broker ] || { start_apache_kafka "${2:-main}" && apache_kafka_env "${2:-main}"; }
+        exit
+        ;;
+    --start-postgres)
+        start_faults_postgres
+        exit
+        ;;
+    --crash-postgres)
+        crash_faults_postgres
         exit
         ;;
 esac

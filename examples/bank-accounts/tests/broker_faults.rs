@@ -10,10 +10,8 @@
 
 mod common;
 
-use common::{http_get, rand_test_topic, read_model, Serving, BIN};
+use common::{faults_broker, http_get, rand_test_topic, read_model, services, Serving, BIN};
 
-use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bank_accounts::generate;
@@ -27,30 +25,6 @@ use sqlx::PgPool;
 
 /// The fault tests share one broker: one at a time.
 static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// `scripts/services.sh ARGS…` (the faults instance): its stdout.
-fn services(args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh");
-    let out = std::process::Command::new(script).args(args).stderr(Stdio::inherit()).output().unwrap();
-    assert!(out.status.success(), "services.sh {args:?} failed");
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The faults broker's address, started if needed; `None` (and a skip line) off Apache Kafka.
-fn faults_broker(test: &str) -> Option<String> {
-    let broker = std::env::var("PROJECTIONIST_BROKER").unwrap_or_default();
-    if !broker.starts_with("apache-kafka-") {
-        common::skip(
-            test,
-            "needs Apache Kafka started by scripts/services.sh (PROJECTIONIST_BROKER unset or another broker)",
-        );
-        return None;
-    }
-    let env = services(&["--start-broker", "faults"]);
-    let brokers =
-        env.split_whitespace().find_map(|w| w.strip_prefix("KAFKA_FAULTS_BROKERS=")).expect("address printed");
-    Some(brokers.to_owned())
-}
 
 /// Publishes `events` (keyed by aggregate, idempotent producer), waiting up to five minutes
 /// for each: long enough to outlast the broker's absence, as a real producer would.

@@ -33,29 +33,32 @@ fn full() -> bool {
     std::env::var("CHAOS_FULL").is_ok_and(|v| v == "1")
 }
 
-/// The processes of one scenario: its database, topic and group.
+/// The processes of one scenario: its database, brokers, topic and group.
 struct Scene {
     database_url: String,
+    brokers: String,
     topic: String,
     group: String,
 }
 
 impl Scene {
+    /// On the test's database (`pool`'s) and the main broker.
     async fn new(pool: &PgPool, name: &str) -> Self {
-        let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
         let db = pool.connect_options().get_database().expect("test database").to_owned();
-        let (path, query) = base.split_once('?').map_or((base.as_str(), None), |(p, q)| (p, Some(q)));
+        Self::at(&std::env::var("DATABASE_URL").expect("DATABASE_URL"), &db, brokers(), name).await
+    }
+
+    /// On database `db` of the server of `url` (its parameters kept), through `brokers`.
+    async fn at(url: &str, db: &str, brokers: String, name: &str) -> Self {
+        let (path, query) = url.split_once('?').map_or((url, None), |(p, q)| (p, Some(q)));
         let server = path.rsplit_once('/').expect("URL with a database").0;
         let database_url = match query {
             Some(query) => format!("{server}/{db}?{query}"),
             None => format!("{server}/{db}"),
         };
-        let scene = Self {
-            database_url,
-            topic: rand_test_topic(name),
-            group: format!("chaos-{}", uuid::Uuid::new_v4().simple()),
-        };
-        topics::create_topics(&brokers(), &[scene.topic.as_str()], PARTITIONS, 1).await.unwrap();
+        let group = format!("chaos-{}", uuid::Uuid::new_v4().simple());
+        let scene = Self { database_url, brokers, topic: rand_test_topic(name), group };
+        topics::create_topics(&scene.brokers, &[scene.topic.as_str()], PARTITIONS, 1).await.unwrap();
         let out = scene.cli(&["migrate"]).output().await.unwrap();
         assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
         scene
@@ -65,7 +68,7 @@ impl Scene {
         let mut c = Command::new(common::BIN);
         c.args(args)
             .env("DATABASE_URL", &self.database_url)
-            .env("KAFKA_BROKERS", brokers())
+            .env("KAFKA_BROKERS", &self.brokers)
             .env("BANK_ACCOUNTS_TOPIC", &self.topic)
             .env("RUST_LOG", "info")
             .env_remove("PROJECTIONIST_FAULT")
@@ -98,12 +101,60 @@ impl Scene {
         assert!(out.status.success(), "run to the end: {}", String::from_utf8_lossy(&out.stderr));
         started.elapsed()
     }
+
+    /// Publishes `events` keyed by aggregate, `pace` apart, in the background (an idempotent
+    /// producer waiting up to five minutes for each, as a real one would through a fault).
+    fn publish(&self, events: &[RawEnvelope], pace: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(publish(self.brokers.clone(), self.topic.clone(), events.to_vec(), pace))
+    }
+
+    /// Waits (up to `within`) until the read model is the oracle's for `events`, `member`
+    /// running all along: how long it took.
+    async fn until_exact(
+        &self,
+        pool: &PgPool,
+        member: &mut Child,
+        events: &[RawEnvelope],
+        within: Duration,
+    ) -> Duration {
+        let (want, since) = (generate::expected(events), Instant::now());
+        loop {
+            assert!(member.try_wait().unwrap().is_none(), "the projector exited");
+            if read_model_now(pool).await.as_ref() == Some(&want) {
+                return since.elapsed();
+            }
+            assert!(since.elapsed() < within, "not exact within {within:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The read model, or `None` while PostgreSQL does not answer.
+async fn read_model_now(pool: &PgPool) -> Option<BTreeMap<String, ExpectedAccount>> {
+    let rows: Vec<(String, String, i64, String, i64)> =
+        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts")
+            .fetch_all(pool)
+            .await
+            .ok()?;
+    Some(
+        rows.into_iter()
+            .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
+            .collect(),
+    )
+}
+
+/// SIGTERM: `member` exits 0 within a minute.
+async fn stop(mut member: Child) {
+    let pid = member.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), member.wait()).await.expect("stops in time").unwrap();
+    assert!(status.success(), "exit 0 after SIGTERM: {status}");
 }
 
 /// Publishes `events` keyed by aggregate, `pace` apart (idempotent producer, as a real one).
-async fn publish(topic: String, events: Vec<RawEnvelope>, pace: Duration) {
+async fn publish(brokers: String, topic: String, events: Vec<RawEnvelope>, pace: Duration) {
     let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+        .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .set("message.timeout.ms", "300000")
         .create()
@@ -160,7 +211,7 @@ async fn conclude(
             .fetch_all(pool)
             .await
             .unwrap();
-    let highs = high_watermarks(&scene.topic);
+    let highs = high_watermarks(&scene.brokers, &scene.topic);
     let at_the_end = checkpoints.iter().all(|(p, next)| highs.get(p) == Some(next)) && checkpoints.len() == highs.len();
     let verify = scene.cli(&["rebuild", "--verify", "--metrics-addr", "off"]).output().await.unwrap();
     let verified = verify.status.success();
@@ -188,9 +239,9 @@ async fn conclude(
 }
 
 /// Each partition's high watermark.
-fn high_watermarks(topic: &str) -> BTreeMap<i32, i64> {
+fn high_watermarks(brokers: &str, topic: &str) -> BTreeMap<i32, i64> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     (0..PARTITIONS)
         .map(|p| (p, consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks").1))
         .collect()
@@ -221,8 +272,8 @@ async fn sigkills_at_each_commit_boundary(pool: PgPool) {
     let kills = if full() { 40 } else { 10 };
     let events = stream(if full() { 1_500 } else { 400 }, 31);
     let (first, rest) = events.split_at(events.len() / 2);
-    publish(scene.topic.clone(), first.to_vec(), Duration::ZERO).await;
-    let publishing = tokio::spawn(publish(scene.topic.clone(), rest.to_vec(), Duration::from_millis(2)));
+    scene.publish(first, Duration::ZERO).await.unwrap();
+    let publishing = scene.publish(rest, Duration::from_millis(2));
     for kill in 0..kills {
         let point = if kill % 2 == 0 { "after-postgres-commit" } else { "before-postgres-commit" };
         let fault = format!("{point}:{}", 1 + (kill * 7) % 6);
@@ -243,7 +294,7 @@ async fn a_rebuild_killed_during_its_swap(pool: PgPool) {
     use std::os::unix::process::ExitStatusExt;
     let scene = Scene::new(&pool, "chaos-killed-swap").await;
     let events = stream(if full() { 1_000 } else { 300 }, 32);
-    publish(scene.topic.clone(), events.clone(), Duration::ZERO).await;
+    scene.publish(&events, Duration::ZERO).await.unwrap();
     scene.run_to_the_end().await;
     let before = read_model(&pool).await;
     let mut rebuild = scene.cli(&["rebuild", "--metrics-addr", "off"]);
@@ -269,7 +320,7 @@ async fn sigkills_of_a_group_while_publishing(pool: PgPool) {
     let events = stream(if full() { 2_000 } else { 400 }, 33);
     // Published over about as long as the kills take (0.3 to 1.2 s apart).
     let pace = Duration::from_millis(750) * kills as u32 / events.len() as u32;
-    let publishing = tokio::spawn(publish(scene.topic.clone(), events.clone(), pace));
+    let publishing = scene.publish(&events, pace);
     let mut members: Vec<Child> = (0..3).map(|_| scene.run(None)).collect();
     for kill in 0..kills {
         tokio::time::sleep(Duration::from_millis(300 + (kill as u64 * 211) % 900)).await;
@@ -286,4 +337,66 @@ async fn sigkills_of_a_group_while_publishing(pool: PgPool) {
     let recovery = scene.run_to_the_end().await;
     let done = format!("{kills} SIGKILLs of a 3-member group");
     conclude(&pool, &scene, "SIGKILLs of a group while publishing", &done, recovery, &events).await;
+}
+
+/// The broker stopped (by its recorded pid, the `faults` instance) under load and started
+/// again on its durable log while a producer keeps publishing: the running member waits it
+/// out.
+#[sqlx::test(migrations = false)]
+async fn a_broker_bounced_under_load(pool: PgPool) {
+    let test = "a_broker_bounced_under_load";
+    let Some(brokers) = common::faults_broker(test) else { return };
+    let db = pool.connect_options().get_database().expect("test database").to_owned();
+    let scene = Scene::at(&std::env::var("DATABASE_URL").unwrap(), &db, brokers, "chaos-broker-bounce").await;
+    let away = Duration::from_secs(if full() { 30 } else { 8 });
+    bounced(&pool, &scene, "a broker bounced under load", away, |up| {
+        common::services(&[if up { "--start-broker" } else { "--stop-broker" }, "faults"]);
+    })
+    .await;
+}
+
+/// PostgreSQL crashed under load (the fault suite's own cluster, stopped `-m immediate`: no
+/// clean shutdown, its committed transactions recovered from the WAL at start) and started
+/// again: the running member waits it out.
+#[tokio::test]
+async fn postgresql_crashed_under_load() {
+    let test = "postgresql_crashed_under_load";
+    let Some(server) = common::faults_postgres(test) else { return };
+    let db = format!("chaos_{}", uuid::Uuid::new_v4().simple());
+    let admin = PgPool::connect(&server).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&admin).await.unwrap();
+    let scene = Scene::at(&server, &db, brokers(), "chaos-pg-crash").await;
+    let pool = PgPool::connect(&scene.database_url).await.unwrap();
+    let away = Duration::from_secs(if full() { 30 } else { 8 });
+    bounced(&pool, &scene, "PostgreSQL crashed under load", away, |up| {
+        common::services(&[if up { "--start-postgres" } else { "--crash-postgres" }]);
+    })
+    .await;
+    pool.close().await;
+    let admin = PgPool::connect(&server).await.unwrap();
+    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)")).execute(&admin).await.unwrap();
+}
+
+/// A service taken `away` (`toggle(false)`) under load and back (`toggle(true)`): a member
+/// runs throughout, a producer publishes while the service is away (its records wait in its
+/// queue when the broker is away); the member must bring the read model to the end of the stream without exiting,
+/// and stop cleanly. The recovery: from the service's return to the read model exact.
+async fn bounced(pool: &PgPool, scene: &Scene, scenario: &str, away: Duration, toggle: impl Fn(bool)) {
+    let events = stream(if full() { 1_000 } else { 300 }, 34);
+    let (first, rest) = events.split_at(events.len() / 3);
+    scene.publish(first, Duration::ZERO).await.unwrap();
+    let mut member = scene.run(None);
+    scene.until_exact(pool, &mut member, first, Duration::from_secs(60)).await;
+    let publishing = scene.publish(rest, away * 3 / 4 / rest.len() as u32);
+    toggle(false);
+    tokio::time::sleep(away).await;
+    assert!(member.try_wait().unwrap().is_none(), "the projector exited while {scenario}");
+    toggle(true);
+    let back = Instant::now();
+    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+    scene.until_exact(pool, &mut member, &events, Duration::from_secs(180)).await;
+    let recovery = back.elapsed();
+    stop(member).await;
+    let done = format!("away {} s, then back, a member running", away.as_secs());
+    conclude(pool, scene, scenario, &done, recovery, &events).await;
 }

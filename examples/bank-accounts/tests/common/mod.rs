@@ -46,6 +46,44 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     (status, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
 }
 
+/// `scripts/services.sh ARGS…` (`--start-broker faults`, `--crash-postgres`, …): its stdout.
+pub fn services(args: &[&str]) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh");
+    let out = std::process::Command::new(script).args(args).stderr(Stdio::inherit()).output().unwrap();
+    assert!(out.status.success(), "services.sh {args:?} failed");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The `faults` broker's address (a second Apache Kafka broker that fault tests stop and
+/// start), started if needed; `None` (and a skip line) off Apache Kafka.
+pub fn faults_broker(test: &str) -> Option<String> {
+    let broker = std::env::var("PROJECTIONIST_BROKER").unwrap_or_default();
+    if !broker.starts_with("apache-kafka-") {
+        skip(test, "needs Apache Kafka started by scripts/services.sh (PROJECTIONIST_BROKER unset or another broker)");
+        return None;
+    }
+    let env = services(&["--start-broker", "faults"]);
+    let brokers =
+        env.split_whitespace().find_map(|w| w.strip_prefix("KAFKA_FAULTS_BROKERS=")).expect("address printed");
+    Some(brokers.to_owned())
+}
+
+/// The URL of the fault suite's own PostgreSQL cluster (`postgres` database), started if
+/// needed; `None` (and a skip line) where PostgreSQL is not a local cluster we administer.
+pub fn faults_postgres(test: &str) -> Option<String> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh");
+    let out = std::process::Command::new(script).arg("--start-postgres").stderr(Stdio::inherit()).output().unwrap();
+    let env = String::from_utf8(out.stdout).unwrap();
+    let url = env.split_whitespace().find_map(|w| w.strip_prefix("PG_FAULTS_URL="));
+    if url.is_none() {
+        skip(
+            test,
+            "needs a local PostgreSQL cluster of its own (scripts/services.sh --start-postgres could not make one)",
+        );
+    }
+    url.map(str::to_owned)
+}
+
 /// Records a skipped test where `scripts/test.sh` reports it.
 pub fn skip(test: &str, reason: &str) {
     use std::io::Write;
