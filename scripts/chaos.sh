@@ -13,9 +13,10 @@ export CHAOS_FULL=${CHAOS_FULL:-1}
 export CHAOS_REPORT="$PWD/target/chaos-report.txt"
 mkdir -p target && : >"$CHAOS_REPORT"
 status=0
-cargo test --locked -p bank-accounts --features fault-hooks --test chaos -- --test-threads=1 "$@" || status=$?
+cargo test --locked -p bank-accounts --features fault-hooks --test chaos -- --test-threads=1 --include-ignored "$@" \
+    || status=$?
 echo
-printf '%-36s | %-50s | %9s | %4s | %7s | %s\n' scenario "what was done" recovery lost doubled result
-printf '%s\n' "-------------------------------------+----------------------------------------------------+-----------+------+---------+-------"
+printf '%-40s | %-50s | %9s | %4s | %7s | %s\n' scenario "what was done" recovery lost doubled result
+printf '%s\n' "-----------------------------------------+----------------------------------------------------+-----------+------+---------+-------"
 cat "$CHAOS_REPORT"
 exit "$status"

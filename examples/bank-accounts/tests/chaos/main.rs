@@ -7,15 +7,19 @@
 //! table (and appends it to `CHAOS_REPORT`, which `scripts/chaos.sh` prints at the end).
 //!
 //! Built only with the `fault-hooks` feature: the projector's kill points (see
-//! `projectionist-postgres`'s `fault` module). The test command runs a short version;
-//! `CHAOS_FULL=1` (`scripts/chaos.sh`) runs it at full strength.
+//! `projectionist-postgres`'s `fault` module). The test command runs a short version (fewer
+//! kills, shorter absences; the scenarios marked `ignore` left out); `CHAOS_FULL=1
+//! --include-ignored` (`scripts/chaos.sh`) runs all of it at full strength.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod net;
 
 use common::{brokers, rand_test_topic, read_model};
 
 use std::collections::BTreeMap;
 use std::process::{ExitStatus, Stdio};
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use bank_accounts::generate::{self, ExpectedAccount};
@@ -64,8 +68,19 @@ impl Scene {
         scene
     }
 
+    /// The projector with `args`, in the scenario's environment.
     fn cli(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(common::BIN);
+        self.environment(Command::new(common::BIN), args)
+    }
+
+    /// The projector with `args`, in the scenario's environment, in network namespace `netns`.
+    fn cli_in(&self, netns: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", netns, common::BIN]);
+        self.environment(c, args)
+    }
+
+    fn environment(&self, mut c: Command, args: &[&str]) -> Command {
         c.args(args)
             .env("DATABASE_URL", &self.database_url)
             .env("KAFKA_BROKERS", &self.brokers)
@@ -80,7 +95,13 @@ impl Scene {
     /// A `run` member of the scenario's group, small batches, killed by `fault` if given
     /// (then its log is piped).
     fn run(&self, fault: Option<&str>) -> Child {
-        let mut run = self.cli(&["run", "--group-id", &self.group, "--metrics-addr", "off"]);
+        self.member(self.cli(&[]), fault, "off")
+    }
+
+    /// A member as [`run`](Self::run) makes one, started by `command` (the projector, or a
+    /// command that runs it, with the scenario's environment) with `run`'s arguments.
+    fn member(&self, mut run: Command, fault: Option<&str>, metrics_addr: &str) -> Child {
+        run.args(["run", "--group-id", &self.group, "--metrics-addr", metrics_addr]);
         run.args(["--batch-max-events", "20", "--kafka-property", "session.timeout.ms=6000"])
             .args(["--kafka-property", "heartbeat.interval.ms=500"])
             .stdout(Stdio::null())
@@ -217,7 +238,7 @@ async fn conclude(
     let verified = verify.status.success();
     let pass = lost == 0 && doubled == 0 && letters == 0 && held == 0 && at_the_end && verified;
     let row = format!(
-        "{scenario:<36} | {done:<50} | {:>7.1} s | {lost:>4} | {doubled:>7} | {}",
+        "{scenario:<40} | {done:<50} | {:>7.1} s | {lost:>4} | {doubled:>7} | {}",
         recovery.as_secs_f64(),
         if pass { "pass" } else { "FAIL" }
     );
@@ -343,6 +364,7 @@ async fn sigkills_of_a_group_while_publishing(pool: PgPool) {
 /// again on its durable log while a producer keeps publishing: the running member waits it
 /// out.
 #[sqlx::test(migrations = false)]
+#[ignore = "the full fault suite only (scripts/chaos.sh); the test command restarts the broker in broker_faults.rs"]
 async fn a_broker_bounced_under_load(pool: PgPool) {
     let test = "a_broker_bounced_under_load";
     let Some(brokers) = common::faults_broker(test) else { return };
@@ -394,9 +416,96 @@ async fn bounced(pool: &PgPool, scene: &Scene, scenario: &str, away: Duration, t
     toggle(true);
     let back = Instant::now();
     tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+    let published = back.elapsed();
     scene.until_exact(pool, &mut member, &events, Duration::from_secs(180)).await;
     let recovery = back.elapsed();
     stop(member).await;
-    let done = format!("away {} s, then back, a member running", away.as_secs());
+    let done = format!("away {} s; all published {:.1} s after", away.as_secs(), published.as_secs_f64());
     conclude(pool, scene, scenario, &done, recovery, &events).await;
+}
+
+/// A rebuild swapped in and then rolled back beside a live member, a producer publishing
+/// throughout: the member writes into the swapped-in tables, then into the restored ones
+/// (whose checkpoints are older: it reads again what they lack).
+#[sqlx::test(migrations = false)]
+async fn a_swap_and_a_rollback_beside_a_live_run(pool: PgPool) {
+    let scene = Scene::new(&pool, "chaos-swap-rollback").await;
+    let events = stream(if full() { 1_000 } else { 300 }, 35);
+    let third = events.len() / 3;
+    scene.publish(&events[..third], Duration::ZERO).await.unwrap();
+    let mut member = scene.run(None);
+    scene.until_exact(&pool, &mut member, &events[..third], Duration::from_secs(60)).await;
+    let publishing = scene.publish(&events[third..], Duration::from_secs(6) / (events.len() - third) as u32);
+    let rebuilt = scene.cli(&["rebuild", "--metrics-addr", "off"]).output().await.unwrap();
+    assert!(rebuilt.status.success(), "rebuild: {}", String::from_utf8_lossy(&rebuilt.stderr));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rolled = scene.cli(&["rebuild", "--rollback"]).output().await.unwrap();
+    assert!(rolled.status.success(), "rollback: {}", String::from_utf8_lossy(&rolled.stderr));
+    let back = Instant::now();
+    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+    scene.until_exact(&pool, &mut member, &events, Duration::from_secs(180)).await;
+    let recovery = back.elapsed();
+    stop(member).await;
+    let done = "rebuild swapped in, then rolled back, a member live";
+    conclude(&pool, &scene, "a swap and a rollback beside a live run", done, recovery, &events).await;
+}
+
+/// The projector in a network namespace of its own (see `net`), its link to the broker cut,
+/// then its link to PostgreSQL, then both, each for 30 s while a producer publishes; then
+/// restored. It must wait each cut out, not exit, and end exact.
+#[sqlx::test(migrations = false)]
+#[ignore = "the full fault suite only (scripts/chaos.sh)"]
+async fn network_cuts_under_load(pool: PgPool) {
+    use net::{Link, Net};
+    let test = "network_cuts_under_load";
+    let scene = Scene::new(&pool, "chaos-network-cuts").await;
+    let url = sqlx::postgres::PgConnectOptions::from_str(&scene.database_url).unwrap();
+    let postgres = format!("{}:{}", url.get_host(), url.get_port());
+    let net = match Net::new(&scene.brokers, &postgres) {
+        Ok(net) => net,
+        Err(lacking) => return common::skip(test, &format!("no network namespace of its own here: {lacking}")),
+    };
+    let events = stream(if full() { 1_000 } else { 300 }, 36);
+    let cut = Duration::from_secs(if full() { 30 } else { 8 });
+    let parts: Vec<&[RawEnvelope]> = events.chunks(events.len().div_ceil(4)).collect();
+    scene.publish(parts[0], Duration::ZERO).await.unwrap();
+    let mut member = scene.member(scene.cli_in(&net.namespace, &[]), None, "127.0.0.1:9898");
+    scene.until_exact(&pool, &mut member, parts[0], Duration::from_secs(60)).await;
+    let ready = || net.http_status("127.0.0.1:9898", "/ready");
+    assert_eq!(ready(), Some(200), "ready before the cuts");
+    let mut recoveries = Vec::new();
+    for (k, links) in [vec![Link::Broker], vec![Link::Postgres], vec![Link::Broker, Link::Postgres]].iter().enumerate()
+    {
+        let publishing = scene.publish(parts[k + 1], cut * 3 / 4 / parts[k + 1].len() as u32);
+        links.iter().for_each(|link| net.set(*link, false));
+        let (cut_at, mut unready) = (Instant::now(), None);
+        while cut_at.elapsed() < cut {
+            if unready.is_none() && ready() == Some(503) {
+                unready = Some(cut_at.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let unready = unready.unwrap_or_else(|| panic!("/ready never answered 503 during the cut of {links:?}"));
+        eprintln!("{test}: /ready answered 503 {unready:?} into the cut of {links:?}");
+        assert!(member.try_wait().unwrap().is_none(), "the projector exited during the cut of {links:?}");
+        // The cut is real: what was published meanwhile is not in the read model.
+        let so_far: Vec<RawEnvelope> = parts[..k + 2].concat();
+        assert_ne!(read_model(&pool).await, generate::expected(&so_far), "applied through the cut of {links:?}");
+        links.iter().for_each(|link| net.set(*link, true));
+        let back = Instant::now();
+        tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+        scene.until_exact(&pool, &mut member, &so_far, Duration::from_secs(180)).await;
+        recoveries.push(back.elapsed());
+        let since = Instant::now();
+        while ready() != Some(200) {
+            assert!(since.elapsed() < Duration::from_secs(30), "/ready not 200 again after the cut of {links:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    stop(member).await;
+    drop(net);
+    let each: Vec<String> = recoveries.iter().map(|r| format!("{:.1}", r.as_secs_f64())).collect();
+    let done = format!("{} s cuts: broker, PG, both; back {} s", cut.as_secs(), each.join("/"));
+    let slowest = recoveries.into_iter().max().unwrap();
+    conclude(&pool, &scene, "network cuts under load", &done, slowest, &events).await;
 }
