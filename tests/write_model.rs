@@ -623,6 +623,31 @@ async fn a_transaction_begun_sharing_the_swap_lock_holds_a_swap_back(pool: PgPoo
     assert!(refused.is_err_and(|e| e.to_string().contains("not a valid projection name")));
 }
 
+/// A rebuild holding the live writers back for its last round (`rebuild::hold`) holds back
+/// a live batch, not its own shadow's: a session of the shadow writes under a swap lock of
+/// its own (under a steady stream, the rebuild used to give up after 20 rounds, each ending a
+/// little behind the live run).
+#[sqlx::test(migrations = false)]
+async fn a_hold_on_the_live_writers_leaves_the_shadows_writing(pool: PgPool) {
+    use projectionist::postgres::rebuild::{begin_sharing_swap_lock, enter_shadow, hold, shadow_search_path};
+    let held = hold(&pool, "wm_held").await.unwrap();
+    let mut live = pool.acquire().await.unwrap().detach();
+    let waits =
+        tokio::time::timeout(std::time::Duration::from_millis(500), begin_sharing_swap_lock(&mut live, "wm_held"));
+    assert!(waits.await.is_err(), "a live batch waits for the hold");
+    let mut shadow = pool.acquire().await.unwrap().detach();
+    let path = shadow_search_path(&mut shadow, "wm_held").await.unwrap();
+    enter_shadow(&mut shadow, &path, "wm_held").await.unwrap();
+    let begun =
+        tokio::time::timeout(std::time::Duration::from_secs(5), begin_sharing_swap_lock(&mut shadow, "wm_held")).await;
+    begun.expect("the shadow's batch does not wait").unwrap().commit().await.unwrap();
+    drop(held);
+    let mut live = pool.acquire().await.unwrap();
+    let begun =
+        tokio::time::timeout(std::time::Duration::from_secs(5), begin_sharing_swap_lock(&mut live, "wm_held")).await;
+    begun.expect("let go, the hold no longer holds live batches back").unwrap().commit().await.unwrap();
+}
+
 /// A value PostgreSQL refuses (an add past `bigint`), then its row deleted in the same
 /// batch: refused and dead-lettered as one event at a time refuses it, not coalesced away.
 #[sqlx::test(migrations = false)]

@@ -18,6 +18,16 @@ use crate::{Engine, EngineConfig, Error, Exclusive, Result, RunReport};
 /// when it started, and the swap needs the live checkpoints not ahead of the shadow's.
 const MAX_CATCH_UPS: u32 = 20;
 
+/// From which round on, still behind the live run by at most [`HELD_LAG_MAX`] offsets, a
+/// rebuild holds the live writers back for its next round (see [`rebuild::hold`]): under a
+/// steady stream, a round read to the head as it was at its start always ends a little behind
+/// a live run that went on meanwhile.
+const HOLD_FROM: u32 = 2;
+
+/// The most offsets the shadow may be behind for its last round to hold the live writers
+/// back (they wait for that round: a few hundred milliseconds of reading).
+const HELD_LAG_MAX: i64 = 10_000;
+
 /// How often `rebuild` tells what its partitions hold folded.
 const FOLDED_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -145,6 +155,8 @@ async fn build_and_swap(
     tokio::pin!(shutdown);
     // Whether the bulk load is done: its secondary indexes made, its statistics read.
     let mut loaded = false;
+    // The live writers held back for this round, its last (dropped: let go).
+    let mut held: Option<rebuild::Held> = None;
     for round in 1..=MAX_CATCH_UPS {
         let engine = Engine::new(shadow_pool.clone(), config.clone())
             .exclusive(exclusive)
@@ -198,7 +210,11 @@ async fn build_and_swap(
         }
         let swapping = std::time::Instant::now();
         m::rebuild_phase(&name, 2);
-        match rebuild::swap(pool, projection.as_ref(), &topics).await? {
+        let swapped = match held.take() {
+            Some(held) => rebuild::swap_held(held, projection.as_ref(), &topics).await?,
+            None => rebuild::swap(pool, projection.as_ref(), &topics).await?,
+        };
+        match swapped {
             Swap::Done => {
                 let swap = swapping.elapsed();
                 m::rebuild_ended(&name, "swapped", Some(swap));
@@ -211,6 +227,12 @@ async fn build_and_swap(
             Swap::Behind(partitions) => {
                 m::rebuild_phase(&name, 1);
                 tracing::info!(projection = %name, round, behind = ?partitions, "The live run is ahead; catching up.");
+                let lag: i64 = partitions.iter().map(|(_, _, shadow, live)| live - shadow.unwrap_or(0)).sum();
+                if round >= HOLD_FROM && lag <= HELD_LAG_MAX {
+                    let holding = "The live run keeps moving ahead: its writers wait for the last round.";
+                    tracing::info!(projection = %name, round, lag, "{holding}");
+                    held = Some(rebuild::hold(pool, &name).await?);
+                }
             }
             Swap::Undiscarded(ids) => {
                 m::rebuild_phase(&name, 1);
@@ -299,14 +321,17 @@ async fn shadow_pool(pool: &PgPool, projection: &str) -> Result<PgPool> {
     let mut conn = pool.acquire().await.map_err(projectionist_postgres::Error::from)?;
     let path = rebuild::shadow_search_path(&mut conn, projection).await?;
     drop(conn);
+    let projection = projection.to_owned();
     let options = (*pool.connect_options()).clone();
     let pool = PgPoolOptions::new()
         .max_connections(pool.options().get_max_connections())
         .after_connect(move |conn, _| {
-            let path = path.clone();
+            let (path, projection) = (path.clone(), projection.clone());
             Box::pin(async move {
-                sqlx::query("SELECT set_config('search_path', $1, false)").bind(path).execute(conn).await?;
-                Ok(())
+                rebuild::enter_shadow(conn, &path, &projection).await.map_err(|e| match e {
+                    projectionist_postgres::Error::Database(e) => e,
+                    other => sqlx::Error::Protocol(other.to_string()),
+                })
             })
         })
         .connect_with(options)

@@ -4,7 +4,8 @@
 //!
 //! `PROJECTIONIST_FAULT=<point>:<n>` kills the process with SIGKILL the `n`-th time it
 //! reaches `point` (no destructor runs, nothing is flushed, no offset is committed: as the
-//! kernel's OOM killer or a power cut would leave it). The points:
+//! kernel's OOM killer or a power cut would leave it); `<point>:<n>:sleep-<ms>` holds it
+//! there for that long instead (a slow commit, its locks held). The points:
 //! - `before-postgres-commit`: a batch's transaction written, not committed;
 //! - `after-postgres-commit`: committed, its offsets not yet committed to Kafka;
 //! - `before-swap-commit`: a rebuild's swap done but for its commit.
@@ -15,15 +16,26 @@
 pub fn point(name: &'static str) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
-    static PLAN: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static PLAN: OnceLock<Option<(String, u64, Option<u64>)>> = OnceLock::new();
     static REACHED: AtomicU64 = AtomicU64::new(0);
     let plan = PLAN.get_or_init(|| {
         let plan = std::env::var("PROJECTIONIST_FAULT").ok()?;
-        let (point, n) = plan.rsplit_once(':')?;
-        Some((point.to_owned(), n.parse().ok()?))
+        let mut parts = plan.split(':');
+        let (point, n) = (parts.next()?, parts.next()?.parse().ok()?);
+        let sleep = match parts.next() {
+            Some(sleep) => Some(sleep.strip_prefix("sleep-")?.parse().ok()?),
+            None => None,
+        };
+        Some((point.to_owned(), n, sleep))
     });
-    let Some((point, n)) = plan else { return };
-    if point == name && REACHED.fetch_add(1, Ordering::SeqCst) + 1 == *n {
+    let Some((point, n, sleep)) = plan else { return };
+    if point != name || REACHED.fetch_add(1, Ordering::SeqCst) + 1 != *n {
+        return;
+    }
+    if let Some(ms) = sleep {
+        eprintln!("fault point {name} reached the {n}th time: held {ms} ms");
+        std::thread::sleep(std::time::Duration::from_millis(*ms));
+    } else {
         eprintln!("fault point {name} reached the {n}th time: SIGKILL");
         let pid = std::process::id().to_string();
         let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();

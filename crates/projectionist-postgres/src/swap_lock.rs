@@ -8,8 +8,17 @@ use crate::{Error, Result};
 
 /// The key of `$1`'s swap lock, a transaction-level advisory lock: shared by every transaction
 /// that writes the projection's rows ([`share_swap_lock`]), exclusive to a swap or rollback
-/// (`rebuild::hold_writers_back`).
-pub(crate) const SWAP_LOCK: &str = "hashtext('projectionist.swap.' || $1)";
+/// (`rebuild::hold_writers_back`). A rebuild's shadow writes under a lock of its own (its
+/// sessions set `projectionist.swap_scope`, see [`SHADOW_SESSION`]): a rebuild holding the
+/// live writers back for its last round must not hold back its own.
+pub(crate) const SWAP_LOCK: &str =
+    "hashtext('projectionist.swap.' || coalesce(current_setting('projectionist.swap_scope', true), '') || $1)";
+
+/// What a session of a rebuild's shadow runs first, `$1` its `search_path` (the shadow's
+/// schema first) and `$2` the shadow's schema: its names resolve to the shadow's tables, and
+/// its writers share a swap lock of the shadow's (see [`SWAP_LOCK`]).
+pub(crate) const SHADOW_SESSION: &str =
+    "SELECT set_config('search_path', $1, false), set_config('projectionist.swap_scope', $2 || '.', false)";
 
 /// Takes the shared side of `projection`'s swap lock for the caller's transaction, before it
 /// locks anything else: a swap then waits for this transaction and holds the next ones back,
@@ -52,9 +61,7 @@ pub async fn begin_sharing_swap_lock<'c>(
 ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>> {
     projectionist_core::validate_projection_name(projection)
         .map_err(|_| Error::Identifier { ident: projection.into(), reason: "not a valid projection name" })?;
-    let begin = format!(
-        "BEGIN; SELECT pg_advisory_xact_lock_shared(hashtext('projectionist.swap.' || '{projection}')), \
-         {PLANNED_FOR_VALUES}"
-    );
+    let key = SWAP_LOCK.replace("$1", &format!("'{projection}'"));
+    let begin = format!("BEGIN; SELECT pg_advisory_xact_lock_shared({key}), {PLANNED_FOR_VALUES}");
     Ok(sqlx::Connection::begin_with(conn, begin).await?)
 }

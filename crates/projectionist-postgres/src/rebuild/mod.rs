@@ -24,7 +24,7 @@ use crate::Ident;
 
 mod swap;
 mod verify;
-pub use swap::{rollback, swap, Swap};
+pub use swap::{hold, rollback, swap, swap_held, Held, Swap};
 pub use verify::{verify, Difference, Verification, FIRST_DIFFERENCES};
 
 /// The engine tables a projection's rows are kept in.
@@ -185,6 +185,18 @@ pub async fn create_indexes(pool: &PgPool, projection: &dyn PgProjection) -> Res
 fn is_secondary_index(statement: &str) -> bool {
     let mut words = statement.split_whitespace().map(str::to_ascii_lowercase);
     words.next().as_deref() == Some("create") && words.next().as_deref() == Some("index")
+}
+
+/// Makes `conn` a session of `projection`'s shadow: `path` (from [`shadow_search_path`]) its
+/// `search_path`, and its writers under the shadow's own swap lock, which a rebuild holding
+/// the live writers back for its last round does not hold.
+pub async fn enter_shadow(conn: &mut PgConnection, path: &str, projection: &str) -> Result<()> {
+    sqlx::query(crate::swap_lock::SHADOW_SESSION)
+        .bind(path)
+        .bind(shadow_schema(projection))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// The `search_path` of connections that write `projection`'s shadow: the shadow schema,

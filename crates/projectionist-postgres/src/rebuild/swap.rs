@@ -39,21 +39,40 @@ pub enum Swap {
 /// Only the checkpoints of `topics`, those the rebuild read, are compared (the projection
 /// may have checkpoints of topics it no longer reads); all of the projection's are replaced.
 pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String]) -> Result<Swap> {
+    swap_held(hold(pool, projection.name()).await?, projection, topics).await
+}
+
+/// The live writers of a projection held back (its swap lock taken exclusively, as a swap
+/// takes it) for as long as this lives, or until [`swap_held`] swaps in its transaction.
+pub struct Held(sqlx::Transaction<'static, sqlx::Postgres>);
+
+/// Holds back every writer of `projection` (see [`Held`]): waits for the batches in flight
+/// (up to 30 s), then holds the next ones back. A rebuild takes it before its last round
+/// when the live run keeps moving ahead of its shadow: the live checkpoints stand still, the
+/// round reads past them, and the swap follows in the same transaction.
+pub async fn hold(pool: &PgPool, projection: &str) -> Result<Held> {
+    let mut tx = pool.begin().await?;
+    sqlx::raw_sql("SET LOCAL lock_timeout = '30s'").execute(&mut *tx).await?;
+    sqlx::query(&format!("SELECT pg_advisory_xact_lock({SWAP_LOCK})")).bind(projection).execute(&mut *tx).await?;
+    Ok(Held(tx))
+}
+
+/// [`swap`], its writers already held back by `held`.
+pub async fn swap_held(held: Held, projection: &dyn PgProjection, topics: &[String]) -> Result<Swap> {
     let name = projection.name();
     let (shadow, old) = (Ident::new(&shadow_schema(name))?, Ident::new(&old_schema(name))?);
     unqualified(projection)?;
-    let mut conn = pool.acquire().await?;
-    if !schema_exists(&mut conn, &shadow_schema(name)).await? {
+    let Held(mut tx) = held;
+    if !schema_exists(&mut tx, &shadow_schema(name)).await? {
         return Err(problem(name, "there is no rebuild of it to swap in (`rebuild` builds one)"));
     }
-    if schema_exists(&mut conn, &old_schema(name)).await? {
+    if schema_exists(&mut tx, &old_schema(name)).await? {
         return Err(problem(
             name,
             format!("schema {} is kept from a previous swap: `rebuild --drop-old`", old_schema(name)),
         ));
     }
-    let (engine, live) = live_tables(&mut conn, projection).await?;
-    let mut tx = conn.begin().await?;
+    let (engine, live) = live_tables(&mut tx, projection).await?;
     hold_writers_back(&mut tx, name, &live).await?;
     let behind: Vec<(String, i32, Option<i64>, i64)> = sqlx::query_as(&format!(
         "SELECT l.topic, l.partition, s.next_offset, l.next_offset FROM {engine}.projectionist_checkpoints l \

@@ -509,3 +509,45 @@ async fn network_cuts_under_load(pool: PgPool) {
     let slowest = recoveries.into_iter().max().unwrap();
     conclude(&pool, &scene, "network cuts under load", &done, slowest, &events).await;
 }
+
+/// A second `run` process started while a rebuild's swap holds the live writers back (the
+/// swap held 5 s before its commit by a fault point), a first member running and a producer
+/// publishing: the newcomer joins the group, its batches wait for the swap, then write the
+/// swapped-in tables.
+#[sqlx::test(migrations = false)]
+async fn a_second_run_started_during_a_swap(pool: PgPool) {
+    let scene = Scene::new(&pool, "chaos-run-in-swap").await;
+    let events = stream(if full() { 1_000 } else { 300 }, 37);
+    let half = events.len() / 2;
+    scene.publish(&events[..half], Duration::ZERO).await.unwrap();
+    let mut first = scene.run(None);
+    scene.until_exact(&pool, &mut first, &events[..half], Duration::from_secs(60)).await;
+    let publishing = scene.publish(&events[half..], Duration::from_secs(10) / (events.len() - half) as u32);
+    let mut rebuild = scene.cli(&["rebuild", "--metrics-addr", "off"]);
+    rebuild.env("PROJECTIONIST_FAULT", "before-swap-commit:1:sleep-5000").stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut rebuild = rebuild.spawn().unwrap();
+    let mut log = tokio::io::BufReader::new(rebuild.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        use tokio::io::AsyncBufReadExt;
+        let from = said.len();
+        let read = tokio::time::timeout(Duration::from_secs(180), log.read_line(&mut said)).await;
+        let read = read.expect("the rebuild reaches its swap in time").unwrap();
+        assert!(read > 0, "the rebuild ended before its swap:\n{said}");
+        if said[from..].contains("fault point before-swap-commit reached") {
+            break;
+        }
+    }
+    let mut second = scene.run(None);
+    let swapped = tokio::time::timeout(Duration::from_secs(60), rebuild.wait()).await.expect("swapped").unwrap();
+    assert!(swapped.success(), "the rebuild swapped in: {swapped}");
+    let back = Instant::now();
+    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+    scene.until_exact(&pool, &mut first, &events, Duration::from_secs(180)).await;
+    let recovery = back.elapsed();
+    assert!(second.try_wait().unwrap().is_none(), "the second member runs on");
+    stop(first).await;
+    stop(second).await;
+    let done = "a 2nd run joined while the swap held writers 5 s";
+    conclude(&pool, &scene, "a second run started during a swap", done, recovery, &events).await;
+}
