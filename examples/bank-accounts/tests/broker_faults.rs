@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{faults_broker, http_get, rand_test_topic, read_model, services, Serving, BIN};
+use common::{faults_broker, http_get, publish, rand_test_topic, read_model, services, Serving, BIN};
 
 use std::time::{Duration, Instant};
 
@@ -19,35 +19,10 @@ use bank_accounts::BankAccounts;
 use projectionist::kafka::topics;
 use projectionist::postgres::migrate;
 use projectionist::RawEnvelope;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
 
 /// The fault tests share one broker: one at a time.
 static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Publishes `events` (keyed by aggregate, idempotent producer), waiting up to five minutes
-/// for each: long enough to outlast the broker's absence, as a real producer would.
-async fn publish(brokers: String, topic: String, events: Vec<RawEnvelope>, pace: Duration) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("enable.idempotence", "true")
-        .set("message.timeout.ms", "300000")
-        .create()
-        .unwrap();
-    let mut sends = Vec::new();
-    for e in events {
-        let payload = e.to_json();
-        let record = FutureRecord::to(&topic).key(&e.aggregate_id).payload(&payload);
-        sends.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
-        if !pace.is_zero() {
-            tokio::time::sleep(pace).await;
-        }
-    }
-    for sent in sends {
-        sent.await.unwrap().map_err(|(e, _)| e).expect("delivered once the broker is back");
-    }
-}
 
 /// A `bank-accounts run` against `brokers`, serving /ready; its log collected.
 struct Runner(Serving);

@@ -26,7 +26,6 @@ use bank_accounts::generate::{self, ExpectedAccount};
 use projectionist::kafka::topics;
 use projectionist::RawEnvelope;
 use rdkafka::config::ClientConfig;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
@@ -126,7 +125,7 @@ impl Scene {
     /// Publishes `events` keyed by aggregate, `pace` apart, in the background (an idempotent
     /// producer waiting up to five minutes for each, as a real one would through a fault).
     fn publish(&self, events: &[RawEnvelope], pace: Duration) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(publish(self.brokers.clone(), self.topic.clone(), events.to_vec(), pace))
+        tokio::spawn(common::publish(self.brokers.clone(), self.topic.clone(), events.to_vec(), pace))
     }
 
     /// Waits (up to `within`) until the read model is the oracle's for `events`, `member`
@@ -170,27 +169,6 @@ async fn stop(mut member: Child) {
     std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     let status = tokio::time::timeout(Duration::from_secs(60), member.wait()).await.expect("stops in time").unwrap();
     assert!(status.success(), "exit 0 after SIGTERM: {status}");
-}
-
-/// Publishes `events` keyed by aggregate, `pace` apart (idempotent producer, as a real one).
-async fn publish(brokers: String, topic: String, events: Vec<RawEnvelope>, pace: Duration) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("message.timeout.ms", "300000")
-        .create()
-        .unwrap();
-    let mut sends = Vec::new();
-    for e in events {
-        let payload = e.to_json();
-        sends.push(producer.send_result(FutureRecord::to(&topic).key(&e.aggregate_id).payload(&payload)).unwrap());
-        if !pace.is_zero() {
-            tokio::time::sleep(pace).await;
-        }
-    }
-    for sent in sends {
-        sent.await.unwrap().map_err(|(e, _)| e).expect("delivered");
-    }
 }
 
 /// An account stream with the bank stream's duplicates and re-sends.

@@ -84,6 +84,31 @@ pub fn faults_postgres(test: &str) -> Option<String> {
     url.map(str::to_owned)
 }
 
+/// Publishes `events` to `topic` on `brokers`, keyed by aggregate, `pace` apart (an
+/// idempotent producer waiting up to five minutes for each: long enough to outlast a fault,
+/// as a real producer would).
+pub async fn publish(brokers: String, topic: String, events: Vec<projectionist::RawEnvelope>, pace: Duration) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "300000")
+        .create()
+        .unwrap();
+    let mut sends = Vec::new();
+    for e in events {
+        let payload = e.to_json();
+        let record = FutureRecord::to(&topic).key(&e.aggregate_id).payload(&payload);
+        sends.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
+        if !pace.is_zero() {
+            tokio::time::sleep(pace).await;
+        }
+    }
+    for sent in sends {
+        sent.await.unwrap().map_err(|(e, _)| e).expect("delivered (within five minutes)");
+    }
+}
+
 /// Records a skipped test where `scripts/test.sh` reports it.
 pub fn skip(test: &str, reason: &str) {
     use std::io::Write;
