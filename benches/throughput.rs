@@ -72,13 +72,7 @@ async fn empty_database(name: &str) -> (PgPool, String) {
         .connect_with(admin.clone().database(name))
         .await
         .expect("connect bench database");
-    // The same server and parameters (sslmode, ...), another database.
-    let (path, query) = url.split_once('?').map_or((url.as_str(), None), |(p, q)| (p, Some(q)));
-    let db_url = match (path.rsplit_once('/'), query) {
-        (Some((base, _)), Some(query)) => format!("{base}/{name}?{query}"),
-        (Some((base, _)), None) => format!("{base}/{name}"),
-        (None, _) => url.clone(),
-    };
+    let db_url = projectionist_testing::with_database(&url, name);
     (pool, db_url)
 }
 

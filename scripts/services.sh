@@ -143,16 +143,32 @@ make_certs() {
     )
 }
 
+# Whether PostgreSQL is a local cluster we administer (the clusters below need one).
+pg_ours() { pg_server_installed && as_postgres psql -tAc 'SELECT 1' -d postgres >/dev/null 2>&1; }
+pg_version() { ls /usr/lib/postgresql | sort -V | tail -n 1; }
+
+# Starts our cluster $1, which listens on port $2, and waits for it to answer.
+start_cluster() {
+    as_root pg_ctlcluster --skip-systemctl-redirect "$(pg_version)" "$1" start >&2 9>&-
+    for _ in $(seq 1 60); do pg_isready -q -h "$PG_HOST" -p "$2" && break; sleep 0.5; done
+}
+
+# Role $PG_USER (CREATEDB) on the cluster on port $1.
+ensure_role_on() {
+    as_postgres psql -q -p "$1" -d postgres -c \
+        "DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN CREATE ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_USER'; END IF; END\$\$;" >&2
+}
+
 # A second local cluster whose server certificate comes from the test CA (Debian's snakeoil
 # one is trusted system-wide, so a wrong-CA test needs a certificate of our own) and which
 # asks for a client certificate from the same CA. Skipped when PostgreSQL is not ours.
 ensure_tls_postgres() {
     local dir=$STATE_DIR/tls version conf
-    if ! pg_server_installed || ! as_postgres psql -tAc 'SELECT 1' -d postgres >/dev/null 2>&1; then
+    if ! pg_ours; then
         log "PostgreSQL is not a local cluster here: PostgreSQL TLS tests will be skipped."
         return
     fi
-    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    version=$(pg_version)
     conf=/etc/postgresql/$version/projectionist_tls
     if ! pg_isready -q -h "$PG_HOST" -p "$PG_TLS_PORT" 2>/dev/null; then
         if [ ! -d "$conf" ]; then
@@ -171,11 +187,9 @@ ssl_ca_file = '$conf/ca.pem'
 CONF
         printf 'local all postgres peer\nhostssl all all %s/32 scram-sha-256 clientcert=verify-ca\n' "$PG_HOST" \
             | as_root tee "$conf/pg_hba.conf" >/dev/null
-        as_root pg_ctlcluster --skip-systemctl-redirect "$version" projectionist_tls start >&2 9>&-
-        for _ in $(seq 1 60); do pg_isready -q -h "$PG_HOST" -p "$PG_TLS_PORT" && break; sleep 0.5; done
+        start_cluster projectionist_tls "$PG_TLS_PORT"
     fi
-    as_postgres psql -q -p "$PG_TLS_PORT" -d postgres -c \
-        "DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN CREATE ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_USER'; END IF; END\$\$;" >&2
+    ensure_role_on "$PG_TLS_PORT"
     echo "export PG_TLS_URL=postgres://$PG_USER:$PG_USER@$PG_HOST:$PG_TLS_PORT/postgres"
 }
 
@@ -185,11 +199,11 @@ CONF
 # prints PG_FAULTS_URL. Only where PostgreSQL is a local cluster we administer.
 start_faults_postgres() {
     local version conf
-    if ! pg_server_installed || ! as_postgres psql -tAc 'SELECT 1' -d postgres >/dev/null 2>&1; then
+    if ! pg_ours; then
         log "PostgreSQL is not a local cluster here: no faults cluster."
         return 1
     fi
-    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    version=$(pg_version)
     conf=/etc/postgresql/$version/projectionist_faults
     if [ ! -d "$conf" ]; then
         log "Creating PostgreSQL $version cluster projectionist_faults on port $PG_FAULTS_PORT."
@@ -198,20 +212,14 @@ start_faults_postgres() {
         printf 'local all postgres peer\nhost all all %s/32 scram-sha-256\n' "$PG_HOST" \
             | as_root tee "$conf/pg_hba.conf" >/dev/null
     fi
-    if ! pg_isready -q -h "$PG_HOST" -p "$PG_FAULTS_PORT" 2>/dev/null; then
-        as_root pg_ctlcluster --skip-systemctl-redirect "$version" projectionist_faults start >&2 9>&-
-        for _ in $(seq 1 60); do pg_isready -q -h "$PG_HOST" -p "$PG_FAULTS_PORT" && break; sleep 0.5; done
-    fi
-    as_postgres psql -q -p "$PG_FAULTS_PORT" -d postgres -c \
-        "DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_USER') THEN CREATE ROLE $PG_USER LOGIN CREATEDB PASSWORD '$PG_USER'; END IF; END\$\$;" >&2
+    pg_isready -q -h "$PG_HOST" -p "$PG_FAULTS_PORT" 2>/dev/null || start_cluster projectionist_faults "$PG_FAULTS_PORT"
+    ensure_role_on "$PG_FAULTS_PORT"
     echo "export PG_FAULTS_URL=postgres://$PG_USER:$PG_USER@$PG_HOST:$PG_FAULTS_PORT/postgres"
 }
 
 crash_faults_postgres() {
-    local version
-    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
     log "Crashing PostgreSQL cluster projectionist_faults (immediate stop)."
-    as_root pg_ctlcluster --skip-systemctl-redirect "$version" projectionist_faults stop -m immediate >&2
+    as_root pg_ctlcluster --skip-systemctl-redirect "$(pg_version)" projectionist_faults stop -m immediate >&2
 }
 
 # Sets BROKER (apache-kafka-<version>, tansu, given or unknown) and starts it if needed.

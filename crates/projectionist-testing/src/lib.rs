@@ -21,6 +21,17 @@ pub fn envelope<E: Serialize>(aggregate_type: &str, aggregate_id: &str, version:
     RawEnvelope::new(aggregate_type, aggregate_id, version, occurred_at, event)
 }
 
+/// `url` (a PostgreSQL URL) naming database `db` instead of its own, its parameters
+/// (`sslmode`, ...) kept: a test's or a bench's own database on the same server.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (path, query) = url.split_once('?').map_or((url, None), |(p, q)| (p, Some(q)));
+    let server = path.rsplit_once('/').map_or(path, |(server, _)| server);
+    match query {
+        Some(query) => format!("{server}/{db}?{query}"),
+        None => format!("{server}/{db}"),
+    }
+}
+
 /// Dumps the full contents of the projection's tables (as JSON rows in a stable order),
 /// plus its aggregate versions (fan-in and custom tables), for exact comparison between runs.
 pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value {
@@ -70,4 +81,17 @@ pub async fn dump_tables(pool: &PgPool, projection: &dyn PgProjection) -> Value 
     .unwrap_or_else(|e| panic!("dumping dead letters: {e}"));
     dump.insert("projectionist_dead_letters".into(), dead);
     Value::Object(dump)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn another_database_keeps_the_server_and_the_parameters() {
+        use super::with_database;
+        assert_eq!(
+            with_database("postgres://u:p@h:5432/app?sslmode=disable", "b"),
+            "postgres://u:p@h:5432/b?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://u:p@h/app", "b"), "postgres://u:p@h/b");
+    }
 }

@@ -69,6 +69,24 @@ pub struct Envelope<E> {
     pub metadata: Option<Value>,
 }
 
+impl Envelope<()> {
+    /// An envelope of the core's unit tests: `aggregate_type`/`id` at `version`, type `T`,
+    /// no event, nil id, occurred at the epoch.
+    #[cfg(test)]
+    pub(crate) fn for_test(aggregate_type: &str, id: &str, version: i64) -> Self {
+        Envelope {
+            id: Uuid::nil(),
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: id.into(),
+            version,
+            event_type: "T".into(),
+            occurred_at: DateTime::from_timestamp(0, 0).unwrap(),
+            event: (),
+            metadata: None,
+        }
+    }
+}
+
 /// Result of matching a [`RawEnvelope`] against a projection's event enum.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decoded<E> {

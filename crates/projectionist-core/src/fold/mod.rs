@@ -480,16 +480,7 @@ mod tests {
     const TABLES: [Table; 2] = [ORDERS, LINES];
 
     fn env(id: &str, version: i64) -> Envelope<()> {
-        Envelope {
-            id: uuid::Uuid::nil(),
-            aggregate_type: "order".into(),
-            aggregate_id: id.into(),
-            version,
-            event_type: "T".into(),
-            occurred_at: chrono::DateTime::from_timestamp(0, 0).unwrap(),
-            event: (),
-            metadata: None,
-        }
+        Envelope::for_test("order", id, version)
     }
 
     /// Plans one batch, an event per item, against what `fold` says (and, for the rows it

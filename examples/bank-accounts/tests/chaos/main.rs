@@ -53,12 +53,7 @@ impl Scene {
 
     /// On database `db` of the server of `url` (its parameters kept), through `brokers`.
     async fn at(url: &str, db: &str, brokers: String, name: &str) -> Self {
-        let (path, query) = url.split_once('?').map_or((url, None), |(p, q)| (p, Some(q)));
-        let server = path.rsplit_once('/').expect("URL with a database").0;
-        let database_url = match query {
-            Some(query) => format!("{server}/{db}?{query}"),
-            None => format!("{server}/{db}"),
-        };
+        let database_url = projectionist_testing::with_database(url, db);
         let group = format!("chaos-{}", uuid::Uuid::new_v4().simple());
         let scene = Self { database_url, brokers, topic: rand_test_topic(name), group };
         topics::create_topics(&scene.brokers, &[scene.topic.as_str()], PARTITIONS, 1).await.unwrap();
@@ -140,27 +135,30 @@ impl Scene {
         let (want, since) = (generate::expected(events), Instant::now());
         loop {
             assert!(member.try_wait().unwrap().is_none(), "the projector exited");
-            if read_model_now(pool).await.as_ref() == Some(&want) {
+            if common::try_read_model(pool).await.as_ref() == Some(&want) {
                 return since.elapsed();
             }
             assert!(since.elapsed() < within, "not exact within {within:?}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
 
-/// The read model, or `None` while PostgreSQL does not answer.
-async fn read_model_now(pool: &PgPool) -> Option<BTreeMap<String, ExpectedAccount>> {
-    let rows: Vec<(String, String, i64, String, i64)> =
-        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts")
-            .fetch_all(pool)
-            .await
-            .ok()?;
-    Some(
-        rows.into_iter()
-            .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
-            .collect(),
-    )
+    /// From now (a fault just over): waits for `publishing`, then until the read model is
+    /// the oracle's for `events`, `member` running: when all was published and when the read
+    /// model was exact, both counted from now.
+    async fn recovered(
+        &self,
+        pool: &PgPool,
+        member: &mut Child,
+        publishing: tokio::task::JoinHandle<()>,
+        events: &[RawEnvelope],
+    ) -> (Duration, Duration) {
+        let back = Instant::now();
+        tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
+        let published = back.elapsed();
+        self.until_exact(pool, member, events, Duration::from_secs(180)).await;
+        (published, back.elapsed())
+    }
 }
 
 /// SIGTERM: `member` exits 0 within a minute.
@@ -392,11 +390,7 @@ async fn bounced(pool: &PgPool, scene: &Scene, scenario: &str, away: Duration, t
     tokio::time::sleep(away).await;
     assert!(member.try_wait().unwrap().is_none(), "the projector exited while {scenario}");
     toggle(true);
-    let back = Instant::now();
-    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
-    let published = back.elapsed();
-    scene.until_exact(pool, &mut member, &events, Duration::from_secs(180)).await;
-    let recovery = back.elapsed();
+    let (published, recovery) = scene.recovered(pool, &mut member, publishing, &events).await;
     stop(member).await;
     let done = format!("away {} s; all published {:.1} s after", away.as_secs(), published.as_secs_f64());
     conclude(pool, scene, scenario, &done, recovery, &events).await;
@@ -419,10 +413,7 @@ async fn a_swap_and_a_rollback_beside_a_live_run(pool: PgPool) {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rolled = scene.cli(&["rebuild", "--rollback"]).output().await.unwrap();
     assert!(rolled.status.success(), "rollback: {}", String::from_utf8_lossy(&rolled.stderr));
-    let back = Instant::now();
-    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
-    scene.until_exact(&pool, &mut member, &events, Duration::from_secs(180)).await;
-    let recovery = back.elapsed();
+    let (_, recovery) = scene.recovered(&pool, &mut member, publishing, &events).await;
     stop(member).await;
     let done = "rebuild swapped in, then rolled back, a member live";
     conclude(&pool, &scene, "a swap and a rollback beside a live run", done, recovery, &events).await;
@@ -470,10 +461,7 @@ async fn network_cuts_under_load(pool: PgPool) {
         let so_far: Vec<RawEnvelope> = parts[..k + 2].concat();
         assert_ne!(read_model(&pool).await, generate::expected(&so_far), "applied through the cut of {links:?}");
         links.iter().for_each(|link| net.set(*link, true));
-        let back = Instant::now();
-        tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
-        scene.until_exact(&pool, &mut member, &so_far, Duration::from_secs(180)).await;
-        recoveries.push(back.elapsed());
+        recoveries.push(scene.recovered(&pool, &mut member, publishing, &so_far).await.1);
         let since = Instant::now();
         while ready() != Some(200) {
             assert!(since.elapsed() < Duration::from_secs(30), "/ready not 200 again after the cut of {links:?}");
@@ -519,10 +507,7 @@ async fn a_second_run_started_during_a_swap(pool: PgPool) {
     let mut second = scene.run(None);
     let swapped = tokio::time::timeout(Duration::from_secs(60), rebuild.wait()).await.expect("swapped").unwrap();
     assert!(swapped.success(), "the rebuild swapped in: {swapped}");
-    let back = Instant::now();
-    tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
-    scene.until_exact(&pool, &mut first, &events, Duration::from_secs(180)).await;
-    let recovery = back.elapsed();
+    let (_, recovery) = scene.recovered(&pool, &mut first, publishing, &events).await;
     assert!(second.try_wait().unwrap().is_none(), "the second member runs on");
     stop(first).await;
     stop(second).await;

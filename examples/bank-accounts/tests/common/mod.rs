@@ -25,14 +25,20 @@ pub fn rand_test_topic(name: &str) -> String {
 
 /// The `bank_accounts` table, as the generator's expectation reads it.
 pub async fn read_model(pool: &PgPool) -> BTreeMap<String, ExpectedAccount> {
+    try_read_model(pool).await.expect("the bank_accounts table read")
+}
+
+/// [`read_model`], or `None` while PostgreSQL does not answer (a fault test's).
+pub async fn try_read_model(pool: &PgPool) -> Option<BTreeMap<String, ExpectedAccount>> {
     let rows: Vec<(String, String, i64, String, i64)> =
         sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
             .fetch_all(pool)
             .await
-            .unwrap();
-    rows.into_iter()
-        .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
-        .collect()
+            .ok()?;
+    let accounts = rows
+        .into_iter()
+        .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }));
+    Some(accounts.collect())
 }
 
 /// `GET path` on `addr`: the status and the body.
@@ -48,10 +54,14 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
 
 /// `scripts/services.sh ARGS…` (`--start-broker faults`, `--crash-postgres`, …): its stdout.
 pub fn services(args: &[&str]) -> String {
+    try_services(args).unwrap_or_else(|| panic!("services.sh {args:?} failed"))
+}
+
+/// [`services`], `None` when the script fails.
+fn try_services(args: &[&str]) -> Option<String> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh");
     let out = std::process::Command::new(script).args(args).stderr(Stdio::inherit()).output().unwrap();
-    assert!(out.status.success(), "services.sh {args:?} failed");
-    String::from_utf8(out.stdout).unwrap()
+    out.status.success().then(|| String::from_utf8(out.stdout).unwrap())
 }
 
 /// The `faults` broker's address (a second Apache Kafka broker that fault tests stop and
@@ -71,9 +81,7 @@ pub fn faults_broker(test: &str) -> Option<String> {
 /// The URL of the fault suite's own PostgreSQL cluster (`postgres` database), started if
 /// needed; `None` (and a skip line) where PostgreSQL is not a local cluster we administer.
 pub fn faults_postgres(test: &str) -> Option<String> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/services.sh");
-    let out = std::process::Command::new(script).arg("--start-postgres").stderr(Stdio::inherit()).output().unwrap();
-    let env = String::from_utf8(out.stdout).unwrap();
+    let env = try_services(&["--start-postgres"]).unwrap_or_default();
     let url = env.split_whitespace().find_map(|w| w.strip_prefix("PG_FAULTS_URL="));
     if url.is_none() {
         skip(

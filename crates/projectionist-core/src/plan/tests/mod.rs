@@ -15,16 +15,7 @@ const SNAP: Table = Table::upsert("snap", "id").aggregate_type("account").column
 const STATS: Table = Table::fan_in("stats", "customer").columns(&[("n", "bigint")]);
 
 fn env(id: &str, version: i64) -> Envelope<()> {
-    Envelope {
-        id: uuid::Uuid::nil(),
-        aggregate_type: "account".into(),
-        aggregate_id: id.into(),
-        version,
-        event_type: "T".into(),
-        occurred_at: chrono::DateTime::from_timestamp(0, 0).unwrap(),
-        event: (),
-        metadata: None,
-    }
+    Envelope::for_test("account", id, version)
 }
 
 fn r(id: &str, version: i64) -> EventRef<'static> {
