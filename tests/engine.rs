@@ -2124,6 +2124,7 @@ async fn a_wait_for_an_event_returns_once_its_batch_commits_with_the_row_visible
 async fn a_wait_for_a_parked_or_dead_lettered_event_says_so(pool: PgPool) {
     use projectionist::postgres::wait::{Fate, Waiter};
     use projectionist::postgres::Error;
+    use projectionist::postgres::WaitError;
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("wait-fate");
     let e = bank_accounts::generate::envelope;
@@ -2137,13 +2138,13 @@ async fn a_wait_for_a_parked_or_dead_lettered_event_says_so(pool: PgPool) {
     let waiter = Waiter::new(pool.clone()).await.unwrap();
     let timeout = Duration::from_secs(10);
     match waiter.wait_for_offset("bank_accounts", &topic, partition, held, timeout).await {
-        Err(Error::NotApplied { fate: Fate::Parked { aggregate_id, version: 3, .. }, .. }) => {
+        Err(Error::Wait(WaitError::NotApplied { fate: Fate::Parked { aggregate_id, version: 3, .. }, .. })) => {
             assert_eq!(aggregate_id, "acc-p");
         }
         other => panic!("expected the held event to be parked, got {other:?}"),
     }
     match waiter.wait_for_offset("bank_accounts", &topic, poison_partition, poison_offset, timeout).await {
-        Err(Error::NotApplied { fate: Fate::DeadLettered { error, .. }, .. }) => {
+        Err(Error::Wait(WaitError::NotApplied { fate: Fate::DeadLettered { error, .. }, .. })) => {
             assert!(error.contains("does not decode"), "{error}")
         }
         other => panic!("expected a dead letter, got {other:?}"),
@@ -2166,6 +2167,7 @@ async fn a_wait_for_a_parked_or_dead_lettered_event_says_so(pool: PgPool) {
 async fn a_wait_told_by_its_batch_what_was_kept_out_says_so(pool: PgPool) {
     use projectionist::postgres::wait::{Fate, Waiter};
     use projectionist::postgres::Error;
+    use projectionist::postgres::WaitError;
     migrate(&pool, &[&BankAccounts]).await.unwrap();
     let topic = rand_test_topic("wait-told");
     let e = bank_accounts::generate::envelope;
@@ -2185,11 +2187,11 @@ async fn a_wait_told_by_its_batch_what_was_kept_out_says_so(pool: PgPool) {
     let (poison_partition, poison_offset) = produce_one(&topic, &poison).await;
     assert!(engine().await.halts().is_empty());
     match waiter.wait_for_offset("bank_accounts", &topic, held_partition, held, timeout).await {
-        Err(Error::NotApplied { fate: Fate::Parked { version: 3, .. }, .. }) => {}
+        Err(Error::Wait(WaitError::NotApplied { fate: Fate::Parked { version: 3, .. }, .. })) => {}
         other => panic!("expected the held event to be parked, got {other:?}"),
     }
     match waiter.wait_for_offset("bank_accounts", &topic, poison_partition, poison_offset, timeout).await {
-        Err(Error::NotApplied { fate: Fate::DeadLettered { .. }, .. }) => {}
+        Err(Error::Wait(WaitError::NotApplied { fate: Fate::DeadLettered { .. }, .. })) => {}
         other => panic!("expected a dead letter, got {other:?}"),
     }
 }
@@ -2214,7 +2216,7 @@ async fn a_wait_times_out_on_time_saying_where_the_projection_stands(pool: PgPoo
     let waited = waiter.wait_for_offset("bank_accounts", &topic, partition, offset + 10, timeout).await;
     let took = started.elapsed();
     match waited {
-        Err(projectionist::postgres::Error::WaitTimeout { position, .. }) => {
+        Err(projectionist::postgres::Error::Wait(projectionist::postgres::WaitError::Timeout { position, .. })) => {
             assert_eq!(position, Position::Offset { next_offset: Some(offset + 1) });
         }
         other => panic!("expected a timeout, got {other:?}"),

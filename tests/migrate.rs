@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 
 use projectionist::kafka::{Engine, EngineConfig};
-use projectionist::postgres::{check_tables, migrate, migrate_with, reset, Error, MigrateOptions, PgConnection};
+use projectionist::postgres::{
+    check_tables, migrate, migrate_with, reset, Error, MigrateError, MigrateOptions, PgConnection,
+};
 use projectionist::{Envelope, Projection, Table, Writes};
 use serde::Deserialize;
 use sqlx::migrate::Migrator;
@@ -83,6 +85,35 @@ async fn the_engine_keeps_its_history_apart_from_the_applications_sqlx_migration
             sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(&pool).await.unwrap();
         assert!(exists, "{table}");
     }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_history_from_a_newer_or_modified_build_is_refused_naming_the_migration(pool: PgPool) {
+    migrate(&pool, &[]).await.unwrap();
+    let last = *shipped().last().unwrap();
+    // A newer release's migration in the history: this build must not run against it.
+    sqlx::query("INSERT INTO projectionist_migrations (version, description, checksum) VALUES ($1, 'later', '\\x00')")
+        .bind(last + 1)
+        .execute(&pool)
+        .await
+        .unwrap();
+    match migrate(&pool, &[]).await {
+        Err(Error::Migrate(MigrateError::Unknown { version })) => assert_eq!(version, last + 1),
+        other => panic!("expected an unknown migration, got {other:?}"),
+    }
+    sqlx::query("DELETE FROM projectionist_migrations WHERE version = $1").bind(last + 1).execute(&pool).await.unwrap();
+    // A shipped migration applied with other contents.
+    sqlx::query("UPDATE projectionist_migrations SET checksum = '\\x00' WHERE version = $1")
+        .bind(last)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let refused = migrate(&pool, &[]).await.unwrap_err();
+    assert!(
+        matches!(&refused, Error::Migrate(MigrateError::Modified { version, .. }) if *version == last),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("migrated by a modified build"), "{refused}");
 }
 
 #[sqlx::test(migrations = false)]

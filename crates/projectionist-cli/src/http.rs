@@ -167,6 +167,7 @@ async fn wait(State(probes): State<Probes>, Query(query): Query<HashMap<String, 
     };
     waiting.decrement(1.0);
     use projectionist_postgres::wait::{Fate, Position};
+    use projectionist_postgres::WaitError;
     let stands = |position: &Position| match position {
         Position::Offset { next_offset } => serde_json::json!({ "next_offset": next_offset }),
         Position::Version { version } => serde_json::json!({ "version": version }),
@@ -175,7 +176,7 @@ async fn wait(State(probes): State<Probes>, Query(query): Query<HashMap<String, 
         Ok(position) => (StatusCode::OK, serde_json::json!({ "applied": true, "stands": stands(&position) })),
         // Past the checkpoint, but not in the read model: held (it may still apply) or a
         // dead letter (it applies only if an operator retries it).
-        Err(projectionist_postgres::Error::NotApplied { fate, .. }) => {
+        Err(projectionist_postgres::Error::Wait(WaitError::NotApplied { fate, .. })) => {
             let status = match fate {
                 Fate::Parked { .. } => StatusCode::ACCEPTED,
                 Fate::DeadLettered { .. } | Fate::Discarded { .. } => StatusCode::CONFLICT,
@@ -186,7 +187,7 @@ async fn wait(State(probes): State<Probes>, Query(query): Query<HashMap<String, 
             }
             (status, body)
         }
-        Err(projectionist_postgres::Error::WaitTimeout { position, .. }) => (
+        Err(projectionist_postgres::Error::Wait(WaitError::Timeout { position, .. })) => (
             StatusCode::GATEWAY_TIMEOUT,
             serde_json::json!({ "applied": false, "stands": stands(&position), "error": "timed out" }),
         ),

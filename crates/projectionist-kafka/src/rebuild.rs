@@ -313,7 +313,7 @@ async fn bulk_loaded(pool: &PgPool, shadow_pool: &PgPool, projection: &dyn PgPro
 }
 
 fn problem(projection: &str, problem: String) -> Error {
-    Error::Postgres(projectionist_postgres::Error::Rebuild { projection: projection.to_owned(), problem })
+    Error::Postgres(projectionist_postgres::RebuildError { projection: projection.to_owned(), problem }.into())
 }
 
 /// A pool like `pool` whose connections resolve names in `projection`'s shadow first.

@@ -52,14 +52,14 @@ pub(crate) async fn read(conn: &mut PgConnection, projection: &str, tables: &[(I
         .collect();
     refused.extend(keys);
     if !refused.is_empty() {
-        return Err(Error::Rebuild {
-            projection: projection.to_owned(),
-            problem: format!(
+        return Err(Error::rebuild(
+            projection,
+            format!(
                 "the swap cannot carry what depends on the live tables: {}; drop it (and create it again after \
                  the swap), or declare it in the projection's schema()",
                 refused.join(", ")
             ),
-        });
+        ));
     }
     let views: Vec<(String, String)> = found.into_iter().map(|(name, _, definition)| (name, definition)).collect();
     let objects: Vec<&str> = names.iter().map(String::as_str).chain(views.iter().map(|(v, _)| v.as_str())).collect();

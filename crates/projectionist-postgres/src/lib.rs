@@ -23,7 +23,10 @@ pub mod writer;
 pub use apply::{apply_batch, apply_batch_in, Policy};
 pub use checks::Checks;
 pub use drift::{check_tables, Drift};
-pub use error::{is_retryable_apply, is_retryable_sqlx, Error, EventError, EventErrorKind, Result};
+pub use error::{
+    is_retryable_apply, is_retryable_sqlx, Error, EventError, EventErrorKind, MigrateError, RebuildError, Result,
+    WaitError,
+};
 pub use folding::{analyze, Folding};
 pub use ident::Ident;
 pub use migrate::{migrate, migrate_with, MigrateOptions, HISTORY_TABLE};

@@ -12,7 +12,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::drift::{self, Drift};
-use crate::error::{Error, Result};
+use crate::error::{Error, MigrateError, Result};
 use crate::projection::{create_schema, validate, PgProjection};
 
 /// What `migrate` may change besides creating what does not exist.
@@ -105,27 +105,19 @@ pub async fn engine(pool: &PgPool) -> Result<()> {
     }
     for (version, checksum) in &applied {
         match up().find(|m| m.version == *version) {
-            None => {
-                return Err(Error::Migration(format!(
-                    "{HISTORY_TABLE} records engine migration {version}, which this build does not know: \
-                     a newer release of projectionist migrated this database; run that release"
-                )))
-            }
+            None => return Err(MigrateError::Unknown { version: *version }.into()),
             Some(m) if *m.checksum != checksum[..] => {
-                return Err(Error::Migration(format!(
-                    "engine migration {version} ({}) was applied with other contents than this build's; \
-                     the database was migrated by a modified build",
-                    m.description
-                )))
+                return Err(MigrateError::Modified { version: *version, description: m.description.to_string() }.into())
             }
             Some(_) => {}
         }
     }
     for m in up().filter(|m| !applied.contains_key(&m.version)) {
-        sqlx::raw_sql(&m.sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| Error::Migration(format!("engine migration {} ({}) failed: {e}", m.version, m.description)))?;
+        sqlx::raw_sql(&m.sql).execute(&mut *tx).await.map_err(|source| MigrateError::Failed {
+            version: m.version,
+            description: m.description.to_string(),
+            source,
+        })?;
         sqlx::query(&format!("INSERT INTO {HISTORY_TABLE} (version, description, checksum) VALUES ($1, $2, $3)"))
             .bind(m.version)
             .bind(&*m.description)

@@ -2,12 +2,14 @@
 //! event of a batch is an [`EventError`] (`event.rs`).
 
 mod event;
+mod operation;
 
 use std::sync::Arc;
 
 use projectionist_core::{ApplyError, OnPoison};
 
 pub use event::{EventError, EventErrorKind};
+pub use operation::{MigrateError, RebuildError, WaitError};
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -19,16 +21,6 @@ pub enum Error {
     /// A database error (connection, SQL, constraint…).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    /// A wait for the read model to reach an event timed out (see [`crate::wait::Waiter`]).
-    #[error("timed out after {waited_ms} ms waiting for {wanted}: {position}")]
-    WaitTimeout {
-        /// How long it waited.
-        waited_ms: u64,
-        /// What it waited for.
-        wanted: String,
-        /// Where the projection stood when it gave up.
-        position: crate::wait::answer::Position,
-    },
     /// The stored checkpoint is no longer the one the writer read or last stored: someone
     /// else moved it (a rebuild's swap or rollback, `run --reset`, another process given the
     /// partition). Nothing of the writer's transaction is to be committed; it reads on from
@@ -40,19 +32,12 @@ pub enum Error {
         /// Where the checkpoint stands (`None`: removed).
         stored: Option<i64>,
     },
-    /// A wait for an event found it past the checkpoint but not in the read model: parked,
-    /// dead-lettered or discarded (see [`crate::wait::Fate`]).
-    #[error("{wanted}: not applied, {fate}")]
-    NotApplied {
-        /// What it waited for.
-        wanted: String,
-        /// What became of the event.
-        fate: crate::wait::answer::Fate,
-    },
-    /// The engine's migrations cannot run on this database (its history names a migration
-    /// this build does not know, or one of them failed).
+    /// A wait for the read model to reach an event ended without it ([`WaitError`]).
+    #[error("{0}")]
+    Wait(#[from] WaitError),
+    /// The engine's migrations cannot run on this database ([`MigrateError`]).
     #[error("migration refused: {0}")]
-    Migration(String),
+    Migrate(#[from] MigrateError),
     /// A dead letter cannot be retried or discarded as asked.
     #[error("dead letter {id}: {problem}")]
     DeadLetter {
@@ -69,14 +54,9 @@ pub enum Error {
         /// Why not.
         problem: String,
     },
-    /// A rebuild of a projection cannot start, swap or roll back as asked.
-    #[error("rebuild of projection {projection}: {problem}")]
-    Rebuild {
-        /// Projection name.
-        projection: String,
-        /// Why not, and what to do.
-        problem: String,
-    },
+    /// A rebuild of a projection cannot go on as asked ([`RebuildError`]).
+    #[error("{0}")]
+    Rebuild(#[from] RebuildError),
     /// A table or column name from configuration breaks the identifier rules.
     #[error("invalid identifier {ident:?}: {reason}")]
     Identifier {
@@ -113,6 +93,10 @@ pub enum Error {
     /// An event of the batch cannot be applied: which, and why ([`EventError`]).
     #[error("{0}")]
     Event(#[from] EventError),
+    /// An error kept for an event of a batch and told again, where its source cannot be
+    /// copied (a database error): its text.
+    #[error("{0}")]
+    Repeated(String),
 }
 
 /// Every difference on a line of its own, then what to do about them.
@@ -194,14 +178,16 @@ impl Error {
     }
 
     /// The same error, owned: a copy where its parts can be copied, else one that says the
-    /// same ([`Error::Migration`]).
+    /// same ([`Error::Repeated`]).
     pub(crate) fn clone_of_batch(&self) -> Self {
         match self {
             Self::Event(e) => Self::Event(e.clone()),
             Self::Declaration { projection, problem } => {
                 Self::Declaration { projection: projection.clone(), problem: problem.clone() }
             }
-            other => Self::Migration(other.to_string()),
+            Self::Rebuild(e) => Self::Rebuild(e.clone()),
+            Self::Conflict { detail } => Self::Conflict { detail: detail.clone() },
+            other => Self::Repeated(other.to_string()),
         }
     }
 
@@ -342,7 +328,7 @@ pub(crate) const MISSING_TABLE: &str = "does not exist";
 impl Error {
     /// A rebuild of `projection` that cannot go on, and why.
     pub(crate) fn rebuild(projection: &str, problem: impl Into<String>) -> Self {
-        Error::Rebuild { projection: projection.to_owned(), problem: problem.into() }
+        Error::Rebuild(RebuildError::new(projection, problem))
     }
 }
 
@@ -410,6 +396,15 @@ mod tests {
         };
         let held = super::Error::event(1, ("account", "a-1"), 4, held).clone_of_batch();
         assert_eq!((held.reason(), held.of_the_event().as_str()), ("declaration", "account/a-1 v4: no"));
+    }
+
+    #[test]
+    fn a_copy_of_an_error_that_cannot_be_copied_says_the_same_under_its_own_name() {
+        let database = super::Error::Database(sqlx::Error::RowNotFound);
+        let copy = database.clone_of_batch();
+        assert!(matches!(&copy, super::Error::Repeated(text) if *text == database.to_string()), "{copy:?}");
+        let rebuild = super::Error::rebuild("p", "cannot");
+        assert!(matches!(rebuild.clone_of_batch(), super::Error::Rebuild(e) if e.problem == "cannot"));
     }
 
     #[test]

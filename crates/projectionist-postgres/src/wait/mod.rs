@@ -20,7 +20,7 @@ use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MigrateError, Result, WaitError};
 use crate::projection::PgProjection;
 
 pub(crate) mod answer;
@@ -138,9 +138,7 @@ impl Waiter {
         )
         .fetch_one(&pool)
         .await?;
-        let schema = schema.ok_or_else(|| {
-            Error::Migration("the engine's tables are not in this database: run `migrate` first".to_owned())
-        })?;
+        let schema = schema.ok_or(MigrateError::NotMigrated)?;
         // Listening before it returns, so that the first waits are woken by notifications
         // (if it cannot listen now, its task keeps trying, and the waits poll meanwhile).
         let listener = connect_listener(&pool).await.ok();
@@ -162,9 +160,9 @@ impl Waiter {
     /// Waits until `projection` has applied and committed the message at `offset` of
     /// `topic`'s `partition` (the offset a producer's delivery report gives for the event):
     /// its checkpoint, the next offset to read, is past it, and the event is in the read
-    /// model. Returns at once when it is already; [`Error::NotApplied`], saying what became
+    /// model. Returns at once when it is already; [`WaitError::NotApplied`], saying what became
     /// of it, when the checkpoint passed it but it was parked, dead-lettered or discarded;
-    /// [`Error::WaitTimeout`], saying where the projection stands, when `timeout` passes
+    /// [`WaitError::Timeout`], saying where the projection stands, when `timeout` passes
     /// first.
     pub async fn wait_for_offset(
         &self,
@@ -190,7 +188,7 @@ impl Waiter {
             None => Ok(position),
             Some(fate) => {
                 let wanted = format!("{projection} to apply offset {offset} of {topic}/{partition}");
-                Err(Error::NotApplied { wanted, fate })
+                Err(WaitError::NotApplied { wanted, fate }.into())
             }
         }
     }
@@ -227,18 +225,18 @@ impl Waiter {
                 let next = woken.expect("a wait's sender is kept until it is woken or gives up");
                 Ok(Position::Offset { next_offset: Some(next) })
             }
-            Err(_) => Err(Error::WaitTimeout {
+            Err(_) => Err(Error::Wait(WaitError::Timeout {
                 waited_ms: timeout.as_millis() as u64,
                 wanted: format!("{projection} to apply offset {offset} of {topic}/{partition}"),
                 position: Position::Offset { next_offset: self.inner.next_offset(&key) },
-            }),
+            })),
         }
     }
 
     /// Waits until `projection`'s rows of the aggregate `aggregate_type`/`aggregate_id`
     /// stand at `version` or beyond (in any gated table of the projection that owns the
     /// type, or its aggregate versions: the gates of an event move together, in its
-    /// batch's transaction). Returns at once when they do; [`Error::WaitTimeout`], saying
+    /// batch's transaction). Returns at once when they do; [`WaitError::Timeout`], saying
     /// the version they stand at, when `timeout` passes first.
     pub async fn wait_for_version(
         &self,
@@ -279,11 +277,11 @@ impl Waiter {
                 let version = woken.expect("a wait's sender is kept until it is woken or gives up");
                 Ok(Position::Version { version: Some(version) })
             }
-            Err(_) => Err(Error::WaitTimeout {
+            Err(_) => Err(Error::Wait(WaitError::Timeout {
                 waited_ms: timeout.as_millis() as u64,
                 wanted: format!("{name} to apply {aggregate_type}/{aggregate_id} v{version}"),
                 position: Position::Version { version: stands().await.unwrap_or(now) },
-            }),
+            })),
         }
     }
 
