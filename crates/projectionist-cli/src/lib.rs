@@ -126,7 +126,7 @@ impl App {
             Command::Run(args) => return self.run(&cli.database_url, client, *args).await,
             Command::Rebuild(args) => return self.rebuild(&cli.database_url, client, *args).await,
             Command::Publish(args) => return publish::publish(&client, args).await,
-            Command::Config(ConfigCommand::Example) => print!("{}", config::EXAMPLE),
+            Command::Config(ConfigCommand::Example) => print!("{}", config::example()),
             Command::Status => {
                 let pool = pool::open(&cli.database_url).await?;
                 status::print(&pool, &client, &self.registrations).await?;

@@ -21,6 +21,8 @@
 //! batch_max_events = 2000
 //! ```
 
+mod example;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -207,8 +209,7 @@ fn object(value: Value) -> Map<String, Value> {
     }
 }
 
-/// A settings file with every field documented, as `config example` prints it.
-pub(crate) const EXAMPLE: &str = include_str!("../../../examples/projectionist.toml");
+pub(crate) use example::example;
 
 /// `command` with the defaults of `run`'s options shown in their help (the options are
 /// optional, so that a value given nowhere falls back to the file and then the default).
@@ -351,49 +352,5 @@ mod tests {
         assert!(err.contains("unknown field `broker`"), "{err}");
         let err = parse_error("[run]\nreset = true\n");
         assert!(err.contains("unknown field `reset`"), "a reset is asked for on the command line only: {err}");
-    }
-
-    /// The example file is checked against the one schema (`run`'s options, the engine's
-    /// defaults): every option the file takes appears in it, and every default it shows is
-    /// the engine's.
-    #[test]
-    fn the_example_file_names_every_option_with_its_default() {
-        let command = crate::args::command();
-        let run = command.find_subcommand("run").expect("a run command");
-        let mut named = 0;
-        for arg in run.get_arguments() {
-            let id = arg.get_id().as_str();
-            // Taken by the file, or the command line's alone (refused there by name).
-            let taken = match toml::from_str::<ConfigFile>(&format!("[run]\n{id} = 1\n")) {
-                Ok(_) => true,
-                Err(e) => !e.to_string().contains("unknown field"),
-            };
-            if !taken {
-                continue;
-            }
-            let key = if id == "projection_settings" { "per_projection" } else { id };
-            let shown = EXAMPLE.lines().any(|l| {
-                let l = l.trim_start_matches("# ").trim_start_matches("[run.");
-                l.starts_with(&format!("{key} = ")) || l.starts_with(&format!("{key}."))
-            });
-            assert!(shown, "examples/projectionist.toml does not show `{key}`");
-            named += 1;
-        }
-        assert!(named >= 15, "only {named} options of run's found in the file");
-        for (id, default) in RunOptions::defaults() {
-            let value = default.as_str().map_or_else(|| default.to_string(), |s| format!("{s:?}"));
-            let line = format!("{id} = {value}");
-            assert!(EXAMPLE.lines().any(|l| l == line), "examples/projectionist.toml should say `{line}`");
-        }
-    }
-
-    #[test]
-    fn the_example_file_is_valid() {
-        let file: ConfigFile = toml::from_str(EXAMPLE).unwrap();
-        assert!(file.brokers.is_some() && file.run.batch_max_events.is_some());
-        let engine = file.run.engine_config(&KafkaClientConfig::new("b:1")).unwrap();
-        assert_eq!(engine.batch_max_events, EngineConfig::DEFAULT_BATCH_MAX_EVENTS, "the file shows the defaults");
-        let Err(err) = ConfigFile::load(Path::new("/nonexistent/projectionist.toml")) else { panic!("loaded") };
-        assert!(format!("{err:#}").contains("/nonexistent/projectionist.toml"), "{err:#}");
     }
 }
