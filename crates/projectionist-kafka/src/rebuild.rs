@@ -122,7 +122,7 @@ fn ended(name: &str, rebuilt: &Result<Rebuilt>) {
 }
 
 /// [`rebuild`]'s work: the shadow prepared, built in rounds until it has caught up with the
-/// live run, then swapped in (or stopped, or failed).
+/// live run, then swapped in (or verified, stopped, or failed).
 async fn build_and_swap(
     pool: &PgPool,
     config: EngineConfig,
@@ -142,6 +142,7 @@ async fn build_and_swap(
     tracing::info!(projection = %name, schema = %shadow.schema, resumed = shadow.resumed, "Rebuild starting.");
     let shadow_pool = shadow_pool(pool, &name).await?;
     let config = shadow_config(config, projection.as_ref());
+    let build = Build { pool, shadow_pool, config, projection, topics, folded, resumed: shadow.resumed };
     // Behind the rebuild lock, no one else writes the shadow: its batches are folded into
     // each other where they can be (every table but custom ones); and it is the only reader
     // of its group: every partition is its own, assigned without a join.
@@ -158,23 +159,7 @@ async fn build_and_swap(
     // The live writers held back for this round, its last (dropped: let go).
     let mut held: Option<rebuild::Held> = None;
     for round in 1..=MAX_CATCH_UPS {
-        let engine = Engine::new(shadow_pool.clone(), config.clone())
-            .exclusive(exclusive)
-            .register(projection.clone(), topics.clone());
-        let stats = engine.stats();
-        let run = engine.run(shutdown.as_mut());
-        tokio::pin!(run);
-        let report = loop {
-            tokio::select! {
-                report = &mut run => break report,
-                () = tokio::time::sleep(FOLDED_EVERY) => {
-                    folded.store(stats.iter().map(|s| s.folded.load(Ordering::Relaxed)).sum(), Ordering::Relaxed);
-                }
-            }
-        };
-        // The round wrote what it folded (or, halted, left it to be read again).
-        folded.store(0, Ordering::Relaxed);
-        let report = report?;
+        let report = build.round(exclusive, shutdown.as_mut()).await?;
         if let Some(halt) = report.halts().first() {
             if exclusive.fold {
                 // Folded, PostgreSQL cannot name an event it refuses: go again batch by batch
@@ -190,58 +175,137 @@ async fn build_and_swap(
             tracing::info!(projection = %name, "Rebuild stopped before its swap; the next `rebuild` resumes it.");
             return Ok(Rebuilt::Stopped);
         }
-        if !loaded {
-            bulk_loaded(pool, &shadow_pool, projection.as_ref()).await?;
-            loaded = true;
+        build.caught_up_round(&mut loaded).await?;
+        let next = match finish {
+            Finish::Verify => build.verify().await?,
+            Finish::Swap => build.swap(held.take(), round, report).await?,
+        };
+        match next {
+            Next::Done(rebuilt) => {
+                lock.release().await?;
+                return Ok(rebuilt);
+            }
+            Next::Again(hold) => held = hold,
         }
-        let carried = rebuild::carry_discards(pool, &shadow_pool, projection.as_ref()).await?;
+    }
+    Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
+}
+
+/// What a rebuild has at hand for each of its rounds.
+struct Build<'a> {
+    pool: &'a PgPool,
+    shadow_pool: PgPool,
+    config: EngineConfig,
+    projection: SharedProjection,
+    topics: Vec<String>,
+    folded: &'a AtomicU64,
+    /// Whether it resumed the shadow of a rebuild stopped earlier.
+    resumed: bool,
+}
+
+/// What a round's end leads to.
+enum Next {
+    /// The rebuild is done.
+    Done(Rebuilt),
+    /// Another round, holding the live writers back for it when given.
+    Again(Option<rebuild::Held>),
+}
+
+impl Build<'_> {
+    fn name(&self) -> &str {
+        self.projection.name()
+    }
+
+    /// One round: the engine on the shadow, read up to the head as it is now, telling what
+    /// it holds folded as it goes.
+    async fn round(
+        &self,
+        exclusive: Exclusive,
+        shutdown: std::pin::Pin<&mut (impl Future<Output = ()> + Send)>,
+    ) -> Result<RunReport> {
+        let engine = Engine::new(self.shadow_pool.clone(), self.config.clone())
+            .exclusive(exclusive)
+            .register(self.projection.clone(), self.topics.clone());
+        let stats = engine.stats();
+        let run = engine.run(shutdown);
+        tokio::pin!(run);
+        let report = loop {
+            tokio::select! {
+                report = &mut run => break report,
+                () = tokio::time::sleep(FOLDED_EVERY) => {
+                    let folded = stats.iter().map(|s| s.folded.load(Ordering::Relaxed)).sum();
+                    self.folded.store(folded, Ordering::Relaxed);
+                }
+            }
+        };
+        // The round wrote what it folded (or, halted, left it to be read again).
+        self.folded.store(0, Ordering::Relaxed);
+        report
+    }
+
+    /// After a round that read to the head: the bulk load finished (once), and the dead
+    /// letters discarded meanwhile carried over.
+    async fn caught_up_round(&self, loaded: &mut bool) -> Result<()> {
+        if !*loaded {
+            bulk_loaded(self.pool, &self.shadow_pool, self.projection.as_ref()).await?;
+            *loaded = true;
+        }
+        let carried = rebuild::carry_discards(self.pool, &self.shadow_pool, self.projection.as_ref()).await?;
         if carried > 0 {
             let carried_over = "Discarded dead letters met again: discarded in the rebuild too.";
-            tracing::info!(projection = %name, carried, "{carried_over}");
+            tracing::info!(projection = %self.name(), carried, "{carried_over}");
         }
-        if finish == Finish::Verify {
-            match compared(pool, projection.as_ref(), &topics).await? {
-                Some(differences) => {
-                    lock.release().await?;
-                    return Ok(Rebuilt::Verified { resumed: shadow.resumed, differences });
-                }
-                None => continue,
-            }
-        }
+        Ok(())
+    }
+
+    /// The shadow compared with the live tables, or another round when the live run has read
+    /// past it.
+    async fn verify(&self) -> Result<Next> {
+        Ok(match compared(self.pool, self.projection.as_ref(), &self.topics).await? {
+            Some(differences) => Next::Done(Rebuilt::Verified { resumed: self.resumed, differences }),
+            None => Next::Again(None),
+        })
+    }
+
+    /// The shadow swapped in (with the live writers `held` back, when they are), or another
+    /// round: behind the live run (from round [`HOLD_FROM`] on, a little behind, with the live
+    /// writers held back for it), or dead letters discarded meanwhile to carry over.
+    async fn swap(&self, held: Option<rebuild::Held>, round: u32, report: RunReport) -> Result<Next> {
+        let (name, projection) = (self.name(), self.projection.as_ref());
         let swapping = std::time::Instant::now();
-        m::rebuild_phase(&name, 2);
-        let swapped = match held.take() {
-            Some(held) => rebuild::swap_held(held, projection.as_ref(), &topics).await?,
-            None => rebuild::swap(pool, projection.as_ref(), &topics).await?,
+        m::rebuild_phase(name, 2);
+        let swapped = match held {
+            Some(held) => rebuild::swap_held(held, projection, &self.topics).await?,
+            None => rebuild::swap(self.pool, projection, &self.topics).await?,
         };
         match swapped {
             Swap::Done => {
                 let swap = swapping.elapsed();
-                m::rebuild_ended(&name, "swapped", Some(swap));
+                m::rebuild_ended(name, "swapped", Some(swap));
                 let swap_ms = swap.as_millis() as u64;
                 let swapped = "Rebuild swapped in; the replaced tables are kept for a rollback.";
                 tracing::info!(projection = %name, swap_ms, "{swapped}");
-                lock.release().await?;
-                return Ok(Rebuilt::Swapped { resumed: shadow.resumed, report });
+                Ok(Next::Done(Rebuilt::Swapped { resumed: self.resumed, report }))
             }
             Swap::Behind(partitions) => {
-                m::rebuild_phase(&name, 1);
+                m::rebuild_phase(name, 1);
                 tracing::info!(projection = %name, round, behind = ?partitions, "The live run is ahead; catching up.");
                 let lag: i64 = partitions.iter().map(|(_, _, shadow, live)| live - shadow.unwrap_or(0)).sum();
                 if round >= HOLD_FROM && lag <= HELD_LAG_MAX {
                     let holding = "The live run keeps moving ahead: its writers wait for the last round.";
                     tracing::info!(projection = %name, round, lag, "{holding}");
-                    held = Some(rebuild::hold(pool, &name).await?);
+                    return Ok(Next::Again(Some(rebuild::hold(self.pool, name).await?)));
                 }
+                Ok(Next::Again(None))
             }
             Swap::Undiscarded(ids) => {
-                m::rebuild_phase(&name, 1);
+                m::rebuild_phase(name, 1);
                 let again = "Dead letters discarded during the swap's preparation; carrying them over first.";
                 tracing::info!(projection = %name, round, dead_letters = ?ids, "{again}");
+                Ok(Next::Again(None))
             }
         }
     }
-    Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
 }
 
 /// The shadow compared with the live tables (see [`verify`]): the tables that differ, or
