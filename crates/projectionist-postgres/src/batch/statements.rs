@@ -153,135 +153,16 @@ impl Rows {
     }
 }
 
+/// Writes `rows` of `table`, all of one `shape`, in one statement; one that must change every
+/// row it is given and changed fewer fails as a concurrent write ([`expect_rows`]).
 pub(super) async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: Rows) -> Result<()> {
-    let name = Ident::new(table.name())?;
-    let key = Ident::new(table.key())?;
-    let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
-    // A child table's rows are keyed by the aggregate id and the child's key together; a
-    // fan-in table's may be keyed by two columns.
-    let child = (!table.child_key().is_empty()).then(|| Ident::new(table.child_key())).transpose()?;
-    let (keys, same_row) = match &child {
-        Some(child) => (format!("{key}, {child}"), format!("t.{key} = s.{key} AND t.{child} = s.{child}")),
-        None => (key.to_string(), format!("t.{key} = s.{key}")),
-    };
-    let columns = shape.columns.iter().map(|(c, kind)| Ok((*c, Ident::new(c)?, *kind))).collect::<Result<Vec<_>>>()?;
-    // The rows as typed records of the table, each with the version it must still have
-    // and, per folded column, its deltas.
-    let mut extra = vec!["(x.doc->>'$expected')::bigint AS \"$expected\"".to_owned()];
-    extra.extend(
-        columns.iter().filter(|(_, _, k)| k.folds()).map(|(raw, ..)| format!("x.doc->'{raw}$d' AS \"{raw}$d\"")),
-    );
-    for (raw, ..) in columns.iter().filter(|(_, _, k)| matches!(k, ColumnKind::SumStored(_))) {
-        for part in ["lo", "hi", "sum"] {
-            extra.push(format!("(x.doc->>'{raw}${part}')::numeric AS \"{raw}${part}\""));
-        }
-    }
-    // `LIMIT $2`, the number of rows, tells the planner how few rows a small batch holds:
-    // `jsonb_array_elements` alone counts for 100 rows whatever the array, and a batch at the
-    // head (tens of rows) was joined to a table of some thousands by a hash over a scan of
-    // the whole table (3.3 ms for 60 rows of 7,700, against 0.9 ms through the key's index).
-    // A large batch still counts for 100 rows: planned for its true size, a bulk load took the
-    // scans and ran 15-25 % slower in the bench's pipeline arm.
-    let source = format!(
-        "(SELECT r.*, {} FROM (SELECT doc FROM jsonb_array_elements($1::jsonb) AS e(doc) LIMIT $2) AS x, \
-        LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
-        extra.join(", ")
-    );
-    let fold = |raw: &str, column: &Ident, base: &str| {
-        format!(
-            "(SELECT projectionist_fold(f.v ORDER BY f.n) FROM (SELECT 0::bigint AS n, {base} AS v UNION ALL \
-             SELECT d.ordinality, d.{column} FROM jsonb_populate_recordset(NULL::{name}, s.\"{raw}$d\") WITH \
-             ORDINALITY AS d) AS f)"
-        )
-    };
-    let value = |(raw, column, kind): &(&str, Ident, ColumnKind)| match kind {
-        ColumnKind::Set | ColumnKind::Add => format!("s.{column}"),
-        ColumnKind::FoldValue => fold(raw, column, &format!("s.{column}")),
-        ColumnKind::FoldStored => fold(raw, column, &format!("t.{column}")),
-        ColumnKind::SumStored(ty) => {
-            let (min, max) = ty.range();
-            let at = |part: &str| format!("t.{column}::numeric + s.\"{raw}${part}\"");
-            // Past the type's range, the cast raises the overflow a step per event raises.
-            format!(
-                "CASE WHEN {hi} > {max} THEN ({hi})::{ty} WHEN {lo} < {min} THEN ({lo})::{ty} ELSE ({sum})::{ty} END",
-                hi = at("hi"),
-                lo = at("lo"),
-                sum = at("sum"),
-                ty = ty.name()
-            )
-        }
-    };
+    let parts = Parts::of(&table, shape)?;
     let (sql, check) = match shape.kind {
-        RowKind::Insert | RowKind::Merge => {
-            let mut names = vec![key.to_string()];
-            let mut values = vec![format!("s.{key}")];
-            if let Some(child) = &child {
-                names.push(child.to_string());
-                values.push(format!("s.{child}"));
-            }
-            for c in &columns {
-                names.push(c.1.to_string());
-                values.push(value(c));
-            }
-            if let Some(version) = &version {
-                names.push(version.to_string());
-                values.push(format!("s.{version}"));
-            }
-            let conflict = if shape.kind == RowKind::Insert || columns.is_empty() {
-                "DO NOTHING".to_owned()
-            } else {
-                let sets = columns.iter().map(|(_, c, kind)| match kind {
-                    ColumnKind::Add => format!("{c} = t.{c} + EXCLUDED.{c}"),
-                    _ => format!("{c} = EXCLUDED.{c}"),
-                });
-                format!("DO UPDATE SET {}", sets.collect::<Vec<_>>().join(", "))
-            };
-            let sql = format!(
-                "INSERT INTO {name} AS t ({}) SELECT {} FROM {source} ON CONFLICT ({keys}) {conflict}",
-                names.join(", "),
-                values.join(", ")
-            );
-            (sql, shape.kind == RowKind::Insert || !columns.is_empty())
-        }
-        // A gated row at the version it must still have (counted); a fan-in row whatever it
-        // holds (one that is not there deletes nothing, as one event at a time does).
-        RowKind::Delete => match &version {
-            Some(version) => (
-                format!("DELETE FROM {name} AS t USING {source} WHERE {same_row} AND t.{version} = s.\"$expected\""),
-                true,
-            ),
-            None => (format!("DELETE FROM {name} AS t USING {source} WHERE {same_row}"), false),
-        },
-        // What the row would have been written, evaluated against it as stored (each
-        // column as an update computes it), nothing written: a value the update would have
-        // refused (an add's overflow) raises here.
-        RowKind::Check => {
-            let values = columns.iter().map(|c| match c.2 {
-                ColumnKind::Add => format!("t.{col} + s.{col}", col = c.1),
-                _ => value(c),
-            });
-            (
-                format!("SELECT {} FROM {name} AS t, {source} WHERE {same_row}", values.collect::<Vec<_>>().join(", ")),
-                false,
-            )
-        }
-        // Every child of each aggregate, however many there are.
-        RowKind::Clear => (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false),
-        RowKind::Update => {
-            let mut sets: Vec<String> = columns
-                .iter()
-                .map(|c| match c.2 {
-                    ColumnKind::Add => format!("{col} = t.{col} + s.{col}", col = c.1),
-                    _ => format!("{} = {}", c.1, value(c)),
-                })
-                .collect();
-            let mut guard = same_row;
-            if let Some(version) = &version {
-                sets.push(format!("{version} = s.{version}"));
-                guard.push_str(&format!(" AND t.{version} = s.\"$expected\""));
-            }
-            (format!("UPDATE {name} AS t SET {} FROM {source} WHERE {guard}", sets.join(", ")), true)
-        }
+        RowKind::Insert | RowKind::Merge => parts.insert(shape.kind),
+        RowKind::Delete => parts.delete(),
+        RowKind::Check => parts.check(),
+        RowKind::Clear => parts.clear(),
+        RowKind::Update => parts.update(),
     };
     let planned = rows.count;
     let result = sqlx::query(&sql).bind(rows.into_text()).bind(planned as i64).execute(&mut *conn).await?;
@@ -289,6 +170,177 @@ pub(super) async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Sh
         expect_rows(table.name(), planned, result.rows_affected())?;
     }
     Ok(())
+}
+
+/// What a table's row statement of one shape is made of: its names, and its rows as typed
+/// records of the table (`s`), each with the version it must still have and, per folded
+/// column, its deltas. Each statement comes with whether it must change every row it is
+/// given.
+struct Parts<'s> {
+    name: Ident,
+    key: Ident,
+    /// A child table's key of the child (its rows are keyed by the aggregate id with it).
+    child: Option<Ident>,
+    version: Option<Ident>,
+    columns: Vec<(&'s str, Ident, ColumnKind)>,
+    /// The row's key columns, and what makes a stored row (`t`) the given one (`s`).
+    keys: String,
+    same_row: String,
+    source: String,
+}
+
+impl<'s> Parts<'s> {
+    fn of(table: &Table, shape: &'s Shape) -> Result<Self> {
+        let name = Ident::new(table.name())?;
+        let key = Ident::new(table.key())?;
+        let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
+        // A child table's rows are keyed by the aggregate id and the child's key together; a
+        // fan-in table's may be keyed by two columns.
+        let child = (!table.child_key().is_empty()).then(|| Ident::new(table.child_key())).transpose()?;
+        let (keys, same_row) = match &child {
+            Some(child) => (format!("{key}, {child}"), format!("t.{key} = s.{key} AND t.{child} = s.{child}")),
+            None => (key.to_string(), format!("t.{key} = s.{key}")),
+        };
+        let columns =
+            shape.columns.iter().map(|(c, kind)| Ok((*c, Ident::new(c)?, *kind))).collect::<Result<Vec<_>>>()?;
+        let mut extra = vec!["(x.doc->>'$expected')::bigint AS \"$expected\"".to_owned()];
+        extra.extend(
+            columns.iter().filter(|(_, _, k)| k.folds()).map(|(raw, ..)| format!("x.doc->'{raw}$d' AS \"{raw}$d\"")),
+        );
+        for (raw, ..) in columns.iter().filter(|(_, _, k)| matches!(k, ColumnKind::SumStored(_))) {
+            for part in ["lo", "hi", "sum"] {
+                extra.push(format!("(x.doc->>'{raw}${part}')::numeric AS \"{raw}${part}\""));
+            }
+        }
+        // `LIMIT $2`, the number of rows, tells the planner how few rows a small batch holds:
+        // `jsonb_array_elements` alone counts for 100 rows whatever the array, and a batch at
+        // the head (tens of rows) was joined to a table of some thousands by a hash over a scan
+        // of the whole table (3.3 ms for 60 rows of 7,700, against 0.9 ms through the key's
+        // index). A large batch still counts for 100 rows: planned for its true size, a bulk
+        // load took the scans and ran 15-25 % slower in the bench's pipeline arm.
+        let source = format!(
+            "(SELECT r.*, {} FROM (SELECT doc FROM jsonb_array_elements($1::jsonb) AS e(doc) LIMIT $2) AS x, \
+            LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
+            extra.join(", ")
+        );
+        Ok(Self { name, key, child, version, columns, keys, same_row, source })
+    }
+
+    /// The value a column is written with.
+    fn value(&self, (raw, column, kind): &(&str, Ident, ColumnKind)) -> String {
+        match kind {
+            ColumnKind::Set | ColumnKind::Add => format!("s.{column}"),
+            ColumnKind::FoldValue => self.fold(raw, column, &format!("s.{column}")),
+            ColumnKind::FoldStored => self.fold(raw, column, &format!("t.{column}")),
+            ColumnKind::SumStored(ty) => {
+                let (min, max) = ty.range();
+                let at = |part: &str| format!("t.{column}::numeric + s.\"{raw}${part}\"");
+                // Past the type's range, the cast raises the overflow a step per event raises.
+                format!(
+                    "CASE WHEN {hi} > {max} THEN ({hi})::{ty} WHEN {lo} < {min} THEN ({lo})::{ty} ELSE ({sum})::{ty} \
+                     END",
+                    hi = at("hi"),
+                    lo = at("lo"),
+                    sum = at("sum"),
+                    ty = ty.name()
+                )
+            }
+        }
+    }
+
+    /// A folded column's value: its deltas folded over `base`, in order.
+    fn fold(&self, raw: &str, column: &Ident, base: &str) -> String {
+        let name = &self.name;
+        format!(
+            "(SELECT projectionist_fold(f.v ORDER BY f.n) FROM (SELECT 0::bigint AS n, {base} AS v UNION ALL \
+             SELECT d.ordinality, d.{column} FROM jsonb_populate_recordset(NULL::{name}, s.\"{raw}$d\") WITH \
+             ORDINALITY AS d) AS f)"
+        )
+    }
+
+    /// New rows (`Insert`), or rows written whether or not they are there (`Merge`).
+    fn insert(&self, kind: RowKind) -> (String, bool) {
+        let (name, key, source, keys) = (&self.name, &self.key, &self.source, &self.keys);
+        let mut names = vec![key.to_string()];
+        let mut values = vec![format!("s.{key}")];
+        if let Some(child) = &self.child {
+            names.push(child.to_string());
+            values.push(format!("s.{child}"));
+        }
+        for c in &self.columns {
+            names.push(c.1.to_string());
+            values.push(self.value(c));
+        }
+        if let Some(version) = &self.version {
+            names.push(version.to_string());
+            values.push(format!("s.{version}"));
+        }
+        let conflict = if kind == RowKind::Insert || self.columns.is_empty() {
+            "DO NOTHING".to_owned()
+        } else {
+            let sets = self.columns.iter().map(|(_, c, kind)| match kind {
+                ColumnKind::Add => format!("{c} = t.{c} + EXCLUDED.{c}"),
+                _ => format!("{c} = EXCLUDED.{c}"),
+            });
+            format!("DO UPDATE SET {}", sets.collect::<Vec<_>>().join(", "))
+        };
+        let sql = format!(
+            "INSERT INTO {name} AS t ({}) SELECT {} FROM {source} ON CONFLICT ({keys}) {conflict}",
+            names.join(", "),
+            values.join(", ")
+        );
+        (sql, kind == RowKind::Insert || !self.columns.is_empty())
+    }
+
+    /// A gated row at the version it must still have (counted); a fan-in row whatever it
+    /// holds (one that is not there deletes nothing, as one event at a time does).
+    fn delete(&self) -> (String, bool) {
+        let (name, source, same_row) = (&self.name, &self.source, &self.same_row);
+        match &self.version {
+            Some(version) => (
+                format!("DELETE FROM {name} AS t USING {source} WHERE {same_row} AND t.{version} = s.\"$expected\""),
+                true,
+            ),
+            None => (format!("DELETE FROM {name} AS t USING {source} WHERE {same_row}"), false),
+        }
+    }
+
+    /// What the row would have been written, evaluated against it as stored (each column as
+    /// an update computes it), nothing written: a value the update would have refused (an
+    /// add's overflow) raises here.
+    fn check(&self) -> (String, bool) {
+        let values = self.columns.iter().map(|c| match c.2 {
+            ColumnKind::Add => format!("t.{col} + s.{col}", col = c.1),
+            _ => self.value(c),
+        });
+        let (name, source, same_row) = (&self.name, &self.source, &self.same_row);
+        (format!("SELECT {} FROM {name} AS t, {source} WHERE {same_row}", values.collect::<Vec<_>>().join(", ")), false)
+    }
+
+    /// Every child of each aggregate, however many there are.
+    fn clear(&self) -> (String, bool) {
+        let (name, key, source) = (&self.name, &self.key, &self.source);
+        (format!("DELETE FROM {name} AS t USING {source} WHERE t.{key} = s.{key}"), false)
+    }
+
+    /// Stored rows changed, each at the version it must still have when gated (counted).
+    fn update(&self) -> (String, bool) {
+        let mut sets: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| match c.2 {
+                ColumnKind::Add => format!("{col} = t.{col} + s.{col}", col = c.1),
+                _ => format!("{} = {}", c.1, self.value(c)),
+            })
+            .collect();
+        let mut guard = self.same_row.clone();
+        if let Some(version) = &self.version {
+            sets.push(format!("{version} = s.{version}"));
+            guard.push_str(&format!(" AND t.{version} = s.\"$expected\""));
+        }
+        let (name, source) = (&self.name, &self.source);
+        (format!("UPDATE {name} AS t SET {} FROM {source} WHERE {guard}", sets.join(", ")), true)
+    }
 }
 
 /// A row's statement shape, and into `out` the JSON object `jsonb_populate_record` reads
