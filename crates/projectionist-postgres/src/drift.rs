@@ -69,10 +69,54 @@ pub(crate) async fn table(pool: &PgPool, table: &Table) -> Result<Option<Vec<Dri
     if definitions.is_empty() {
         return Ok(Some(Vec::new()));
     }
+    let (declared, live) = read_both(pool, table, &name, &schema, &definitions).await?;
+    let drift = |problem: String, fix: Option<String>| Drift { table: table.name().to_owned(), problem, fix };
+    let mut found = Vec::new();
+    for d in &declared.columns {
+        match live.columns.iter().find(|l| l.name == d.name) {
+            Some(l) => found.extend(column_differences(l, d).into_iter().map(|problem| drift(problem, None))),
+            None => {
+                let (_, definition) = definitions.iter().find(|(c, _)| *c == d.name).expect("declared");
+                let safe = !d.not_null && d.default.is_none();
+                let fix = safe.then(|| format!("ALTER TABLE {} ADD COLUMN \"{}\" {definition}", name.quoted(), d.name));
+                found.push(drift(format!("column {} ({definition}) is declared but missing", d.name), fix));
+            }
+        }
+    }
+    for l in live.columns.iter().filter(|l| l.not_null && l.default.is_none()) {
+        if !declared.columns.iter().any(|d| d.name == l.name) {
+            let problem = format!(
+                "column {} ({} NOT NULL, no default) is not declared, so every new row would fail",
+                l.name, l.ty
+            );
+            found.push(drift(problem, None));
+        }
+    }
+    if live.key != declared.key {
+        let (live, declared) = (live.key.join(", "), declared.key.join(", "));
+        found.push(drift(format!("the primary key is ({live}) in the database, declared ({declared})"), None));
+    }
+    Ok(Some(found))
+}
+
+/// A table's columns and primary key, as the catalog describes them.
+struct Described {
+    columns: Vec<Column>,
+    key: Vec<String>,
+}
+
+/// The table as declared (a probe created from the declaration, rolled back) and as it is
+/// in the database (`name`, in `schema`).
+async fn read_both(
+    pool: &PgPool,
+    table: &Table,
+    name: &Ident,
+    schema: &str,
+    definitions: &[(&str, String)],
+) -> Result<(Described, Described)> {
     let mut columns: Vec<String> = definitions.iter().map(|(c, def)| format!("\"{c}\" {def}")).collect();
     columns.extend(table.primary_key_clause());
     let columns = columns.join(", ");
-
     let mut tx = pool.begin().await?;
     // A temporary table needs no privilege on the table's schema (`run`'s role may only
     // read and write); a declaration a temporary table cannot take (a foreign key to a
@@ -86,66 +130,29 @@ pub(crate) async fn table(pool: &PgPool, table: &Table) -> Result<Option<Vec<Dri
         probe = format!("\"{}\".projectionist_probe", schema.replace('"', "\"\""));
         sqlx::query(&format!("CREATE TABLE {probe} ({columns})")).execute(&mut *tx).await?;
     }
-    let declared = catalog(&mut tx, &probe).await?;
-    let live = catalog(&mut tx, name.quoted()).await?;
-    let (declared_key, live_key) = (primary_key(&mut tx, &probe).await?, primary_key(&mut tx, name.quoted()).await?);
+    let declared = Described { columns: catalog(&mut tx, &probe).await?, key: primary_key(&mut tx, &probe).await? };
+    let live =
+        Described { columns: catalog(&mut tx, name.quoted()).await?, key: primary_key(&mut tx, name.quoted()).await? };
     tx.rollback().await?;
+    Ok((declared, live))
+}
 
-    let drift = |problem: String, fix: Option<String>| Drift { table: table.name().to_owned(), problem, fix };
+/// How the column `l` in the database differs from its declaration `d`.
+fn column_differences(l: &Column, d: &Column) -> Vec<String> {
     let mut found = Vec::new();
-    for d in &declared {
-        let Some(l) = live.iter().find(|l| l.name == d.name) else {
-            let (_, definition) = definitions.iter().find(|(c, _)| *c == d.name).expect("declared");
-            let safe = !d.not_null && d.default.is_none();
-            let fix = safe.then(|| format!("ALTER TABLE {} ADD COLUMN \"{}\" {definition}", name.quoted(), d.name));
-            found.push(drift(format!("column {} ({definition}) is declared but missing", d.name), fix));
-            continue;
-        };
-        if l.ty != d.ty {
-            found.push(drift(format!("column {} is {} in the database, declared {}", d.name, l.ty, d.ty), None));
-        }
-        if l.not_null != d.not_null {
-            let null = |not_null| if not_null { "NOT NULL" } else { "nullable" };
-            found.push(drift(
-                format!("column {} is {} in the database, declared {}", d.name, null(l.not_null), null(d.not_null)),
-                None,
-            ));
-        }
-        if !same_default(l.default.as_deref(), d.default.as_deref()) {
-            let show = |d: Option<&str>| d.map_or_else(|| "no default".to_owned(), |d| format!("DEFAULT {d}"));
-            found.push(drift(
-                format!(
-                    "column {} has {} in the database, declared {}",
-                    d.name,
-                    show(l.default.as_deref()),
-                    show(d.default.as_deref())
-                ),
-                None,
-            ));
-        }
+    if l.ty != d.ty {
+        found.push(format!("column {} is {} in the database, declared {}", d.name, l.ty, d.ty));
     }
-    for l in live.iter().filter(|l| l.not_null && l.default.is_none()) {
-        if !declared.iter().any(|d| d.name == l.name) {
-            found.push(drift(
-                format!(
-                    "column {} ({} NOT NULL, no default) is not declared, so every new row would fail",
-                    l.name, l.ty
-                ),
-                None,
-            ));
-        }
+    if l.not_null != d.not_null {
+        let null = |not_null| if not_null { "NOT NULL" } else { "nullable" };
+        found.push(format!("column {} is {} in the database, declared {}", d.name, null(l.not_null), null(d.not_null)));
     }
-    if live_key != declared_key {
-        found.push(drift(
-            format!(
-                "the primary key is ({}) in the database, declared ({})",
-                live_key.join(", "),
-                declared_key.join(", ")
-            ),
-            None,
-        ));
+    if !same_default(l.default.as_deref(), d.default.as_deref()) {
+        let show = |d: Option<&str>| d.map_or_else(|| "no default".to_owned(), |d| format!("DEFAULT {d}"));
+        let (live, declared) = (show(l.default.as_deref()), show(d.default.as_deref()));
+        found.push(format!("column {} has {live} in the database, declared {declared}", d.name));
     }
-    Ok(Some(found))
+    found
 }
 
 /// Serial columns' defaults name their table's own sequence; any two are the same kind.
