@@ -64,36 +64,17 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         ))),
     };
     let mut progress = crate::progress::ProgressDisplay::new("Publishing", "events", total);
-    let mut lines = BufReader::new(reader).lines();
-    let (mut line_no, mut published, mut transactions, mut bad_lines, mut skipped_chunks) =
-        (0_usize, 0_usize, 0_usize, 0_usize, 0_usize);
-    let chunk_size = args.chunk_size.max(1);
-    let mut done = false;
-    while !done {
-        // Each envelope, checked, with its line: what is published, byte for byte.
-        let mut chunk: Vec<(RawEnvelope, String)> = Vec::with_capacity(chunk_size);
-        let mut errors = Vec::new();
-        while chunk.len() + errors.len() < chunk_size {
-            let Some(line) = lines.next_line().await.with_context(|| format!("reading {}", args.file))? else {
-                done = true;
-                break;
-            };
-            line_no += 1;
-            if line.trim().is_empty() {
-                continue;
-            }
-            match RawEnvelope::from_slice(line.as_bytes()) {
-                Ok(e) => chunk.push((e, line.trim_end_matches('\r').to_owned())),
-                Err(e) => errors.push(format!("line {line_no}: {e}")),
-            }
-        }
+    let mut chunks = Chunks { lines: BufReader::new(reader).lines(), file: &args.file, line_no: 0, done: false };
+    let (mut published, mut transactions, mut bad_lines, mut skipped_chunks) = (0_usize, 0_usize, 0_usize, 0_usize);
+    while !chunks.done {
+        let (chunk, errors) = chunks.next(args.chunk_size.max(1)).await?;
         if !errors.is_empty() {
             for e in &errors {
                 eprintln!("malformed: {e}");
             }
             bad_lines += errors.len();
             skipped_chunks += 1;
-            eprintln!("Chunk ending at line {line_no} not published: {} malformed line(s).", errors.len());
+            eprintln!("Chunk ending at line {} not published: {} malformed line(s).", chunks.line_no, errors.len());
             continue;
         }
         if chunk.is_empty() {
@@ -101,13 +82,7 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         }
         let delivered = send_chunk(&producer, &args.topic, &chunk).await?;
         if let Some(report) = report.as_mut() {
-            for ((e, _), (partition, offset)) in chunk.iter().zip(delivered) {
-                let line = serde_json::json!({
-                    "id": e.id, "aggregate_type": e.aggregate_type, "aggregate_id": e.aggregate_id,
-                    "version": e.version, "topic": args.topic, "partition": partition, "offset": offset,
-                });
-                writeln!(report, "{line}").context("writing the offsets report")?;
-            }
+            report_offsets(report, &args.topic, &chunk, delivered)?;
         }
         published += chunk.len();
         transactions += 1;
@@ -129,6 +104,56 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         println!("{summary}");
     }
     Ok(if bad_lines > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// The input's lines, read a chunk at a time.
+struct Chunks<'a, R> {
+    lines: tokio::io::Lines<R>,
+    file: &'a str,
+    /// The last line read, counted from 1.
+    line_no: usize,
+    /// Whether the input has ended.
+    done: bool,
+}
+
+impl<R: tokio::io::AsyncBufRead + Unpin> Chunks<'_, R> {
+    /// The next `size` envelopes, each checked, with its line (what is published, byte for
+    /// byte), and the lines among them that are not envelopes, each named.
+    async fn next(&mut self, size: usize) -> anyhow::Result<(Vec<(RawEnvelope, String)>, Vec<String>)> {
+        let (mut chunk, mut errors) = (Vec::with_capacity(size), Vec::new());
+        while chunk.len() + errors.len() < size {
+            let Some(line) = self.lines.next_line().await.with_context(|| format!("reading {}", self.file))? else {
+                self.done = true;
+                break;
+            };
+            self.line_no += 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match RawEnvelope::from_slice(line.as_bytes()) {
+                Ok(e) => chunk.push((e, line.trim_end_matches('\r').to_owned())),
+                Err(e) => errors.push(format!("line {}: {e}", self.line_no)),
+            }
+        }
+        Ok((chunk, errors))
+    }
+}
+
+/// One JSON line per event of `chunk`: its identity and where it went.
+fn report_offsets(
+    report: &mut dyn std::io::Write,
+    topic: &str,
+    chunk: &[(RawEnvelope, String)],
+    delivered: Vec<(i32, i64)>,
+) -> anyhow::Result<()> {
+    for ((e, _), (partition, offset)) in chunk.iter().zip(delivered) {
+        let line = serde_json::json!({
+            "id": e.id, "aggregate_type": e.aggregate_type, "aggregate_id": e.aggregate_id,
+            "version": e.version, "topic": topic, "partition": partition, "offset": offset,
+        });
+        writeln!(report, "{line}").context("writing the offsets report")?;
+    }
+    Ok(())
 }
 
 /// Publishes `chunk` in one transaction, each envelope as its line was written (keyed by its

@@ -22,7 +22,6 @@ impl App {
         client: KafkaClientConfig,
         args: RebuildArgs,
     ) -> anyhow::Result<ExitCode> {
-        use projectionist_postgres::rebuild;
         if args.run.reset || args.run.from_beginning || args.run.exit_when_caught_up {
             bail!(
                 "a rebuild reads from offset zero into tables of its own and ends with its swap: --reset, \
@@ -49,67 +48,91 @@ impl App {
             serve_metrics(args.run.metrics_addr.as_deref(), readiness, None).await?;
         }
         for r in selected {
-            let name = r.projection.name().to_owned();
             if maintenance {
-                let _lock = rebuild::lock(&pool, &name).await?;
-                if args.rollback {
-                    rebuild::rollback(&pool, r.projection.as_ref()).await?;
-                    println!("{name}: the tables the last rebuild replaced are live again, with their checkpoints.");
-                } else if args.drop_old {
-                    let dropped = rebuild::drop_old(&pool, &name).await?;
-                    println!(
-                        "{name}: {}",
-                        if dropped { "the replaced tables are removed." } else { "no replaced tables kept." }
-                    );
-                } else {
-                    let dropped = rebuild::abandon(&pool, &name).await?;
-                    println!(
-                        "{name}: {}",
-                        if dropped { "the unfinished rebuild is removed." } else { "no unfinished rebuild." }
-                    );
-                }
+                maintain(&pool, &r, &args).await?;
                 continue;
             }
-            let mut config = config.for_projection(&name);
-            // Its dead letters were produced to the topic when first met.
-            config.dead_letter_topic = None;
-            let started = Instant::now();
-            let folded = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone(), folded.clone()));
-            let (projection, topics) = (r.projection, r.topics);
-            let rebuilt = if args.verify {
-                projectionist_kafka::rebuild::verify(&pool, config, projection, topics, &folded, shutdown_signal())
-                    .await
-            } else {
-                projectionist_kafka::rebuild::rebuild(&pool, config, projection, topics, &folded, shutdown_signal())
-                    .await
-            };
-            reporter.abort();
-            let _ = reporter.await;
-            let rebuilt = rebuilt?;
-            match rebuilt {
-                projectionist_kafka::rebuild::Rebuilt::Swapped { resumed, .. } => println!(
-                    "{name}: rebuilt{} in {:.1}s and swapped in; the replaced tables are kept for `rebuild --rollback` \
-                     (`rebuild --drop-old` removes them).",
-                    if resumed { " (resumed)" } else { "" },
-                    started.elapsed().as_secs_f64()
-                ),
-                projectionist_kafka::rebuild::Rebuilt::Verified { differences, .. } => {
-                    print_verification(&name, &differences, started.elapsed());
-                    if !differences.is_empty() {
-                        differ = true;
-                    }
-                }
-                projectionist_kafka::rebuild::Rebuilt::Stopped => {
-                    println!(
-                        "{name}: stopped before its swap; the live tables are untouched, and `rebuild` resumes it."
-                    );
-                    return Ok(ExitCode::from(130));
-                }
+            match rebuild_one(&pool, &client, config.for_projection(r.projection.name()), r, args.verify).await? {
+                Ended::Done => {}
+                Ended::Differs => differ = true,
+                Ended::Stopped => return Ok(ExitCode::from(130)),
             }
         }
         Ok(if differ { ExitCode::FAILURE } else { ExitCode::SUCCESS })
     }
+}
+
+/// How one projection's rebuild (or verification) ended, for the exit code.
+enum Ended {
+    Done,
+    Differs,
+    Stopped,
+}
+
+/// `--rollback`, `--drop-old` or `--abandon` of one projection, behind its rebuild lock.
+async fn maintain(pool: &PgPool, r: &Registration, args: &RebuildArgs) -> anyhow::Result<()> {
+    use projectionist_postgres::rebuild;
+    let name = r.projection.name();
+    let _lock = rebuild::lock(pool, name).await?;
+    if args.rollback {
+        rebuild::rollback(pool, r.projection.as_ref()).await?;
+        println!("{name}: the tables the last rebuild replaced are live again, with their checkpoints.");
+    } else if args.drop_old {
+        let dropped = rebuild::drop_old(pool, name).await?;
+        println!("{name}: {}", if dropped { "the replaced tables are removed." } else { "no replaced tables kept." });
+    } else {
+        let dropped = rebuild::abandon(pool, name).await?;
+        println!("{name}: {}", if dropped { "the unfinished rebuild is removed." } else { "no unfinished rebuild." });
+    }
+    Ok(())
+}
+
+/// One projection rebuilt and swapped in (or verified), its progress shown as it goes.
+async fn rebuild_one(
+    pool: &PgPool,
+    client: &KafkaClientConfig,
+    mut config: projectionist_kafka::EngineConfig,
+    r: Registration,
+    verify: bool,
+) -> anyhow::Result<Ended> {
+    use projectionist_kafka::rebuild::{self, Rebuilt};
+    let name = r.projection.name().to_owned();
+    // Its dead letters were produced to the topic when first met.
+    config.dead_letter_topic = None;
+    let started = Instant::now();
+    let folded = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone(), folded.clone()));
+    let (projection, topics) = (r.projection, r.topics);
+    let rebuilt = if verify {
+        rebuild::verify(pool, config, projection, topics, &folded, shutdown_signal()).await
+    } else {
+        rebuild::rebuild(pool, config, projection, topics, &folded, shutdown_signal()).await
+    };
+    reporter.abort();
+    let _ = reporter.await;
+    Ok(match rebuilt? {
+        Rebuilt::Swapped { resumed, .. } => {
+            println!(
+                "{name}: rebuilt{} in {:.1}s and swapped in; the replaced tables are kept for `rebuild --rollback` \
+                 (`rebuild --drop-old` removes them).",
+                if resumed { " (resumed)" } else { "" },
+                started.elapsed().as_secs_f64()
+            );
+            Ended::Done
+        }
+        Rebuilt::Verified { differences, .. } => {
+            print_verification(&name, &differences, started.elapsed());
+            if differences.is_empty() {
+                Ended::Done
+            } else {
+                Ended::Differs
+            }
+        }
+        Rebuilt::Stopped => {
+            println!("{name}: stopped before its swap; the live tables are untouched, and `rebuild` resumes it.");
+            Ended::Stopped
+        }
+    })
 }
 
 /// What `rebuild --verify` found for projection `name`.
