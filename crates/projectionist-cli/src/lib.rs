@@ -22,6 +22,7 @@
 
 mod args;
 mod config;
+mod held;
 mod http;
 mod kafka;
 mod pool;
@@ -38,10 +39,10 @@ use std::sync::Arc;
 use anyhow::bail;
 use clap::FromArgMatches;
 use projectionist_kafka::{EngineConfig, Registration};
-use projectionist_postgres::{PgPool, PgProjection};
+use projectionist_postgres::PgProjection;
 
 pub use args::command;
-use args::{with_config_file, Cli, Command, ConfigCommand, DeadLettersCommand, LogFormat, ParkedCommand};
+use args::{with_config_file, Cli, Command, ConfigCommand, LogFormat};
 
 /// A projection binary's command line.
 pub struct App {
@@ -131,90 +132,12 @@ impl App {
                 let pool = pool::open(&cli.database_url).await?;
                 status::print(&pool, &client, &self.registrations).await?;
             }
-            Command::Parked { projection, json, action: None } => {
-                let pool = pool::open(&cli.database_url).await?;
-                status::print_parked(&pool, projection.as_deref(), json).await?;
+            Command::Parked { projection, json, action } => {
+                self.parked(&pool::open(&cli.database_url).await?, projection, json, action).await?
             }
-            Command::Parked {
-                action: Some(ParkedCommand::Skip { projection, aggregate_type, aggregate_id, reason }),
-                ..
-            } => {
-                let pool = pool::open(&cli.database_url).await?;
-                status::engine_tables(&pool).await?;
-                let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == projection) else {
-                    bail!("projection {projection} is not one this binary runs");
-                };
-                let p = registration.projection.as_ref();
-                let skipped =
-                    projectionist_postgres::park::skip_gap(&pool, p, &aggregate_type, &aggregate_id, &reason).await?;
-                let drained = skipped.drained.total();
-                println!("{aggregate_type}/{aggregate_id}: the version it waited for skipped; {drained} held event(s) applied after it");
-            }
-            Command::DeadLetters(DeadLettersCommand::List { projection, all, json }) => {
-                let pool = pool::open(&cli.database_url).await?;
-                status::print_dead_letters(&pool, projection.as_deref(), all, json).await?;
-            }
-            Command::DeadLetters(DeadLettersCommand::Retry { id, all }) => {
-                let pool = pool::open(&cli.database_url).await?;
-                status::engine_tables(&pool).await?;
-                let ids = match id {
-                    Some(id) => vec![id],
-                    None if all => {
-                        let open = projectionist_postgres::park::dead_letters(&pool, None, false).await?;
-                        open.iter().map(|d| d.id).collect()
-                    }
-                    None => bail!("name a dead letter, or --all"),
-                };
-                let mut failing = 0;
-                for id in ids {
-                    failing +=
-                        usize::from(!self.resolve(&pool, id, projectionist_postgres::park::Resolve::Retry).await?);
-                }
-                if failing > 0 {
-                    bail!("{failing} dead letter(s) still fail (`dead-letters show ID` gives the error)");
-                }
-            }
-            Command::DeadLetters(DeadLettersCommand::Discard { id, reason }) => {
-                let pool = pool::open(&cli.database_url).await?;
-                status::engine_tables(&pool).await?;
-                self.resolve(&pool, id, projectionist_postgres::park::Resolve::Discard { reason }).await?;
-            }
-            Command::DeadLetters(DeadLettersCommand::Show { id, json }) => {
-                let pool = pool::open(&cli.database_url).await?;
-                status::print_dead_letter(&pool, id, json).await?;
-            }
+            Command::DeadLetters(command) => self.dead_letters(&pool::open(&cli.database_url).await?, command).await?,
         }
         Ok(ExitCode::SUCCESS)
-    }
-
-    /// Retries or discards dead letter `id` with its projection, and says what happened:
-    /// whether it is resolved.
-    async fn resolve(
-        &self,
-        pool: &PgPool,
-        id: i64,
-        action: projectionist_postgres::park::Resolve,
-    ) -> anyhow::Result<bool> {
-        let Some(letter) = projectionist_postgres::park::dead_letter(pool, id).await? else {
-            bail!("no dead letter {id} (`dead-letters list` shows them)");
-        };
-        let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == letter.projection) else {
-            bail!("dead letter {id} is of projection {}, which this binary does not run", letter.projection);
-        };
-        let resolved =
-            projectionist_postgres::park::resolve(pool, registration.projection.as_ref(), id, action).await?;
-        let drained = resolved.drained.total();
-        let what = match resolved.outcome {
-            projectionist_core::Outcome::Applied => "applied".to_owned(),
-            projectionist_core::Outcome::Ignored => "discarded".to_owned(),
-            projectionist_core::Outcome::DeadLettered => {
-                format!("still fails: {}", resolved.error.as_deref().unwrap_or("?"))
-            }
-            projectionist_core::Outcome::Parked => "parked: its own predecessor is missing (`parked`)".to_owned(),
-            other => format!("{other} (the read model was past it already)"),
-        };
-        println!("dead letter {id}: {what}; {drained} held event(s) applied after it");
-        Ok(resolved.outcome != projectionist_core::Outcome::DeadLettered)
     }
 
     /// The registrations named (`--projection`; none: all), or an error naming an unknown

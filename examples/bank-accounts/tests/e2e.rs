@@ -106,15 +106,14 @@ impl Env {
     async fn run_until_caught_up(&self, extra: &[&str]) -> (ExitStatus, String, String) {
         let mut args = self.run_args(extra);
         args.push("--exit-when-caught-up");
-        let out = tokio::time::timeout(Duration::from_secs(120), self.cli(&args).output())
-            .await
-            .expect("runner timed out")
-            .unwrap();
-        (
-            out.status,
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        tokio::time::timeout(Duration::from_secs(120), self.output(&args)).await.expect("runner timed out")
+    }
+
+    /// Runs the binary with `args` to its exit: exit status, stdout, stderr.
+    async fn output(&self, args: &[&str]) -> (ExitStatus, String, String) {
+        let out = self.cli(args).output().await.unwrap();
+        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+        (out.status, text(out.stdout), text(out.stderr))
     }
 
     /// Starts a runner in the background, collecting its stderr.
@@ -537,6 +536,58 @@ async fn aborted_transactions_never_reach_the_read_model(pool: PgPool) {
     let (status, _, stderr) = env.run_until_caught_up(&[]).await;
     assert!(status.success(), "{stderr}");
     assert_eq!(read_model(&pool).await, generate::expected(&committed), "no aborted event in the read model");
+}
+
+/// An operator's commands on what was held back, through the binary: `parked` lists the
+/// aggregate behind a gap and the one behind a dead letter; `dead-letters list`, `show` (the
+/// exact bytes), `retry` (still failing: a non-zero exit), `discard` and `parked skip` each
+/// resume their aggregate, whose held event then applies.
+#[sqlx::test(migrations = false)]
+async fn an_operator_lists_shows_retries_discards_and_skips_what_was_held_back(pool: PgPool) {
+    let env = Env::new(&pool, "held").await;
+    let e = generate::envelope;
+    let deposit = |amount| AccountEvent::MoneyDeposited { amount };
+    let mut poison = e("acc-poison", 2, &deposit(1));
+    poison.data = serde_json::json!({ "amount": "lots" });
+    env.publish(&[
+        e("acc-poison", 1, &AccountEvent::AccountOpened { owner: "p".into() }),
+        poison,
+        e("acc-poison", 3, &deposit(5)),
+        e("acc-gap", 1, &AccountEvent::AccountOpened { owner: "g".into() }),
+        e("acc-gap", 3, &deposit(7)),
+        e("acc-ok", 1, &AccountEvent::AccountOpened { owner: "o".into() }),
+        e("acc-ok", 2, &deposit(10)),
+    ])
+    .await;
+    let (status, _, stderr) = env.run_until_caught_up(&[]).await;
+    assert!(status.success(), "{stderr}");
+    let (status, parked, _) = env.output(&["parked", "--json"]).await;
+    assert!(status.success() && parked.lines().count() == 2, "{parked}");
+    assert!(parked.contains("acc-gap") && parked.contains("acc-poison") && !parked.contains("acc-ok"), "{parked}");
+
+    let (_, listed, _) = env.output(&["dead-letters", "list", "--json"]).await;
+    let letters: Vec<serde_json::Value> = listed.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(letters.len(), 1, "{listed}");
+    assert_eq!((letters[0]["aggregate_id"].as_str(), letters[0]["version"].as_i64()), (Some("acc-poison"), Some(2)));
+    let id = letters[0]["id"].as_i64().unwrap().to_string();
+    let id = id.as_str();
+    let (status, shown, _) = env.output(&["dead-letters", "show", id]).await;
+    assert!(status.success() && shown.contains(r#""lots""#), "the payload as it was read: {shown}");
+    let (status, _, stderr) = env.output(&["dead-letters", "retry", id]).await;
+    assert!(!status.success() && stderr.contains("still fail"), "{stderr}");
+    let (status, said, stderr) = env.output(&["dead-letters", "discard", id, "--reason", "typo"]).await;
+    assert!(status.success(), "{stderr}");
+    assert_eq!(said.trim(), format!("dead letter {id}: discarded; 1 held event(s) applied after it"));
+    let skip = ["parked", "skip", "bank_accounts", "account", "acc-gap", "--reason", "never published"];
+    let (status, said, stderr) = env.output(&skip).await;
+    assert!(status.success(), "{stderr}");
+    assert!(said.contains("acc-gap: the version it waited for skipped; 1 held event(s) applied after it"), "{said}");
+
+    let (_, parked, _) = env.output(&["parked", "--json"]).await;
+    assert_eq!(parked.trim(), "", "nothing parked any more");
+    let accounts = read_model(&pool).await;
+    let at = |id: &str| accounts.get(id).map(|a| (a.balance, a.version));
+    assert_eq!((at("acc-poison"), at("acc-gap"), at("acc-ok")), (Some((5, 3)), Some((7, 3)), Some((10, 2))));
 }
 
 #[sqlx::test(migrations = false)]

@@ -1,0 +1,87 @@
+//! `parked` and `dead-letters`: the events held back, listed, shown, and resolved by an
+//! operator (a missing version skipped, a dead letter retried or discarded).
+
+use anyhow::bail;
+use projectionist_postgres::park::{self, Resolve};
+use projectionist_postgres::PgPool;
+
+use crate::args::{DeadLettersCommand, ParkedCommand};
+use crate::{status, App};
+
+impl App {
+    /// `parked`: the parked aggregates listed, or one's missing version skipped.
+    pub(crate) async fn parked(
+        &self,
+        pool: &PgPool,
+        projection: Option<String>,
+        json: bool,
+        action: Option<ParkedCommand>,
+    ) -> anyhow::Result<()> {
+        let Some(ParkedCommand::Skip { projection, aggregate_type, aggregate_id, reason }) = action else {
+            return status::print_parked(pool, projection.as_deref(), json).await;
+        };
+        status::engine_tables(pool).await?;
+        let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == projection) else {
+            bail!("projection {projection} is not one this binary runs");
+        };
+        let p = registration.projection.as_ref();
+        let skipped = park::skip_gap(pool, p, &aggregate_type, &aggregate_id, &reason).await?;
+        let drained = skipped.drained.total();
+        println!("{aggregate_type}/{aggregate_id}: the version it waited for skipped; {drained} held event(s) applied after it");
+        Ok(())
+    }
+
+    /// `dead-letters list|show|retry|discard`.
+    pub(crate) async fn dead_letters(&self, pool: &PgPool, command: DeadLettersCommand) -> anyhow::Result<()> {
+        match command {
+            DeadLettersCommand::List { projection, all, json } => {
+                status::print_dead_letters(pool, projection.as_deref(), all, json).await?;
+            }
+            DeadLettersCommand::Show { id, json } => status::print_dead_letter(pool, id, json).await?,
+            DeadLettersCommand::Retry { id, all } => {
+                status::engine_tables(pool).await?;
+                let ids = match id {
+                    Some(id) => vec![id],
+                    None if all => park::dead_letters(pool, None, false).await?.iter().map(|d| d.id).collect(),
+                    None => bail!("name a dead letter, or --all"),
+                };
+                let mut failing = 0;
+                for id in ids {
+                    failing += usize::from(!self.resolve(pool, id, Resolve::Retry).await?);
+                }
+                if failing > 0 {
+                    bail!("{failing} dead letter(s) still fail (`dead-letters show ID` gives the error)");
+                }
+            }
+            DeadLettersCommand::Discard { id, reason } => {
+                status::engine_tables(pool).await?;
+                self.resolve(pool, id, Resolve::Discard { reason }).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Retries or discards dead letter `id` with its projection, and says what happened:
+    /// whether it is resolved.
+    async fn resolve(&self, pool: &PgPool, id: i64, action: Resolve) -> anyhow::Result<bool> {
+        let Some(letter) = park::dead_letter(pool, id).await? else {
+            bail!("no dead letter {id} (`dead-letters list` shows them)");
+        };
+        let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == letter.projection) else {
+            bail!("dead letter {id} is of projection {}, which this binary does not run", letter.projection);
+        };
+        let resolved = park::resolve(pool, registration.projection.as_ref(), id, action).await?;
+        let drained = resolved.drained.total();
+        let what = match resolved.outcome {
+            projectionist_core::Outcome::Applied => "applied".to_owned(),
+            projectionist_core::Outcome::Ignored => "discarded".to_owned(),
+            projectionist_core::Outcome::DeadLettered => {
+                format!("still fails: {}", resolved.error.as_deref().unwrap_or("?"))
+            }
+            projectionist_core::Outcome::Parked => "parked: its own predecessor is missing (`parked`)".to_owned(),
+            other => format!("{other} (the read model was past it already)"),
+        };
+        println!("dead letter {id}: {what}; {drained} held event(s) applied after it");
+        Ok(resolved.outcome != projectionist_core::Outcome::DeadLettered)
+    }
+}
