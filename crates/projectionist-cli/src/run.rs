@@ -52,38 +52,7 @@ impl App {
         progress.finish_quiet(advanced);
         let elapsed = started.elapsed().as_secs_f64();
         for (name, stats) in &report.projections {
-            let c = stats.outcomes();
-            let read = stats.read.load(std::sync::atomic::Ordering::Relaxed);
-            let offsets = stats.advanced.load(std::sync::atomic::Ordering::Relaxed);
-            let halted = stats.partitions_halted();
-            let types = stats.ignored_types.lock().expect("ignored types lock");
-            let ignored_types = if types.is_empty() {
-                String::new()
-            } else {
-                let each: Vec<String> = types.iter().map(|(t, n)| format!("{t} {n}")).collect();
-                format!(" ({})", each.join(", "))
-            };
-            // The progress line counts offsets, transaction markers included: say both.
-            let halted = if halted == 0 { String::new() } else { format!("; {halted} partition(s) halted") };
-            let drained = stats.drained.load(std::sync::atomic::Ordering::Relaxed);
-            let dead = stats.dead_letters.load(std::sync::atomic::Ordering::Relaxed);
-            let mut parked = String::new();
-            if c.parked + drained > 0 {
-                parked = format!(", parked {} (`parked` lists them), held ones applied {drained}", c.parked);
-            }
-            if dead > 0 {
-                parked.push_str(&format!(", dead letters {dead} (`dead-letters list`)"));
-            }
-            println!(
-                "{name}: read {read} events in {elapsed:.2}s ({:.0}/s; checkpoints moved {offsets} offsets, \
-                transaction markers included): applied {}, duplicates skipped {}, stale skipped {}, ignored \
-                {}{ignored_types}{parked}{halted}",
-                read as f64 / elapsed.max(1e-9),
-                c.applied,
-                c.duplicate,
-                c.stale,
-                c.ignored
-            );
+            println!("{name}: {}", summary(stats, elapsed));
         }
         let halts = report.halts();
         if halts.is_empty() {
@@ -95,6 +64,43 @@ impl App {
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// What a run of one projection did, on one line: events read and their rate, and what
+/// became of them.
+fn summary(stats: &projectionist_kafka::Stats, elapsed: f64) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = stats.outcomes();
+    let read = stats.read.load(Relaxed);
+    let offsets = stats.advanced.load(Relaxed);
+    let halted = stats.partitions_halted();
+    let types = stats.ignored_types.lock().expect("ignored types lock");
+    let ignored_types = if types.is_empty() {
+        String::new()
+    } else {
+        let each: Vec<String> = types.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        format!(" ({})", each.join(", "))
+    };
+    // The progress line counts offsets, transaction markers included: say both.
+    let halted = if halted == 0 { String::new() } else { format!("; {halted} partition(s) halted") };
+    let drained = stats.drained.load(Relaxed);
+    let dead = stats.dead_letters.load(Relaxed);
+    let mut parked = String::new();
+    if c.parked + drained > 0 {
+        parked = format!(", parked {} (`parked` lists them), held ones applied {drained}", c.parked);
+    }
+    if dead > 0 {
+        parked.push_str(&format!(", dead letters {dead} (`dead-letters list`)"));
+    }
+    format!(
+        "read {read} events in {elapsed:.2}s ({:.0}/s; checkpoints moved {offsets} offsets, transaction markers \
+         included): applied {}, duplicates skipped {}, stale skipped {}, ignored {}{ignored_types}{parked}{halted}",
+        read as f64 / elapsed.max(1e-9),
+        c.applied,
+        c.duplicate,
+        c.stale,
+        c.ignored
+    )
 }
 
 /// Updates the progress line from the engine's counters while a run works: offsets the
