@@ -140,31 +140,10 @@ impl Runner {
                 },
                 (parts, stored) = checkpoints_read(&mut self.assigning) => self.assign(parts, stored).await,
                 // Serves rebalances and errors; messages go to the partitions' own queues.
-                received = self.consumer.recv() => match received {
-                    Ok(message) => {
-                        let tp = Tp::new(message.topic(), message.partition());
-                        let offset = message.offset();
-                        drop(message);
-                        self.stray(tp, offset).await;
-                    }
-                    Err(e @ rdkafka::error::KafkaError::MessageConsumptionFatal(_)) => return Err(e.into()),
-                    Err(rdkafka::error::KafkaError::MessageConsumption(InconsistentGroupProtocol)) => {
-                        tracing::error!(
-                            projection = %self.name(),
-                            group = %self.group,
-                            "Cannot join the group: its members use another partition.assignment.strategy (eager \
-                            range/roundrobin and cooperative-sticky never mix). Joining again once they leave or \
-                            switch."
-                        );
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(e) => {
-                        // Broker hiccups surface here too; librdkafka reconnects by itself.
-                        tracing::warn!(projection = %self.name(), error = %e, "Kafka consumer error; continuing.");
-                        self.consumer.context().remember_error(e.to_string());
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                },
+                received = self.consumer.recv() => {
+                    let stray = received.map(|m| (Tp::new(m.topic(), m.partition()), m.offset()));
+                    self.received(stray).await?;
+                }
                 () = self.caught_up_told.notified(), if self.config.exit_when_caught_up => {
                     if self.stop_caught_up() {
                         break;
@@ -178,6 +157,39 @@ impl Runner {
                 }
             }
         }
+        self.close().await;
+        Ok(())
+    }
+
+    /// What the consumer's own queue gave: a stray message (its partition and offset), or an
+    /// error (fatal: the run ends).
+    async fn received(&mut self, received: std::result::Result<(Tp, i64), rdkafka::error::KafkaError>) -> Result<()> {
+        match received {
+            Ok((tp, offset)) => self.stray(tp, offset).await,
+            Err(e @ rdkafka::error::KafkaError::MessageConsumptionFatal(_)) => return Err(e.into()),
+            Err(rdkafka::error::KafkaError::MessageConsumption(InconsistentGroupProtocol)) => {
+                tracing::error!(
+                    projection = %self.name(),
+                    group = %self.group,
+                    "Cannot join the group: its members use another partition.assignment.strategy (eager \
+                    range/roundrobin and cooperative-sticky never mix). Joining again once they leave or \
+                    switch."
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                // Broker hiccups surface here too; librdkafka reconnects by itself.
+                tracing::warn!(projection = %self.name(), error = %e, "Kafka consumer error; continuing.");
+                self.consumer.context().remember_error(e.to_string());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The run's end: the batches in flight finished, Kafka's offsets committed where
+    /// PostgreSQL's checkpoints stand, the group left.
+    async fn close(mut self) {
         if let Some(assigning) = self.assigning.take() {
             assigning.read.abort();
         }
@@ -208,7 +220,6 @@ impl Runner {
         // runtime's shutdown (a process's exit) waits for it.
         let Self { consumer, .. } = self;
         drop(tokio::task::spawn_blocking(move || drop(consumer)));
-        Ok(())
     }
 
     /// A message on the consumer's own queue: its partition's queue was not split in time.
