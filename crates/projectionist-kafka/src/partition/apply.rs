@@ -115,14 +115,14 @@ impl Partition {
     /// a retry writes the same prepared events again. Where each message was read, and the
     /// halt, if any.
     async fn prepare(&self, messages: Vec<Msg>) -> (Prepared, Vec<At>, Option<Halt>) {
-        let Split { places, envelopes, messages, undecodable, halt } = split(messages, self.on_poison);
+        let Split { places, envelopes, messages, undecodable, halt } = split(messages, self.settings.on_poison);
         let mut prepared = self.projection.prepare_lazy(envelopes);
         let (topic, partition) = (self.tp.topic.clone(), self.tp.partition);
         prepared.set_source(Source { topic, partition, messages, undecodable });
         if let Some(tables) = self.checked.get(&self.pool, self.projection.as_ref()).await {
             prepared.set_checked(tables);
         }
-        if self.sole_writer {
+        if self.settings.sole_writer {
             prepared.set_sole_writer();
         }
         // Each attempt's transaction begins holding the swap lock (see `try_apply`).
@@ -132,7 +132,7 @@ impl Partition {
 
     /// What halts rather than being dead-lettered (see [`projectionist_postgres::Error::halts`]).
     fn halts(&self, e: &projectionist_postgres::Error) -> bool {
-        e.halts(self.on_poison)
+        e.halts(self.settings.on_poison)
     }
 
     /// Writes `prepared` up to `next_offset`, waiting out PostgreSQL's outages and retrying
@@ -146,6 +146,7 @@ impl Partition {
     ) -> Option<projectionist_postgres::Result<Counted>> {
         let mut outage = Outage::new(self.stats.clone(), self.name());
         let result = self
+            .settings
             .retry
             .run_until(
                 || self.try_apply(prepared, places, next_offset),
@@ -229,7 +230,7 @@ impl Partition {
         index: usize,
         e: &projectionist_postgres::Error,
     ) -> Halt {
-        let (reason, kind) = classify(e, self.retry.max_retries);
+        let (reason, kind) = classify(e, self.settings.retry.max_retries);
         let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
         let checkpoint = self.progress.checkpoint.load(std::sync::atomic::Ordering::SeqCst).max(0);
         let message = message.unwrap_or(At { offset: checkpoint, timestamp: None });
@@ -261,8 +262,8 @@ impl Partition {
             expected: self.expected_checkpoint(),
             next_offset,
             offsets: &offsets,
-            on_gap: self.on_gap,
-            bounds: self.bounds,
+            on_gap: self.settings.on_gap,
+            bounds: self.settings.bounds,
             folding: folding.as_deref(),
         };
         let committed = writer::commit_batch(&self.pool, self.projection.as_ref(), prepared, batch).await?;

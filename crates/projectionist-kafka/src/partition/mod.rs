@@ -75,26 +75,35 @@ pub(crate) enum Begin {
     Halted,
 }
 
-/// What the task needs besides its queue.
+/// What the task needs besides its queue: what it works with (handles shared with the
+/// runner and the other partitions), and how it works ([`Settings`]).
 pub(crate) struct Partition {
     pub tp: Tp,
     pub projection: SharedProjection,
     pub pool: PgPool,
     pub consumer: Arc<StreamConsumer<EngineContext>>,
     pub stats: Arc<Stats>,
+    pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
+    pub checked: Arc<Checked>,
+    /// A rebuild's bulk load: batches folded in memory, written once due (see `Folding`).
+    pub folding: Option<tokio::sync::Mutex<projectionist_postgres::Folding>>,
+    pub progress: Arc<Progress>,
+    /// Its batches' bounds.
     pub limits: Limits,
+    pub settings: Settings,
+}
+
+/// How a projection's partitions work: the same for each of them.
+#[derive(Clone)]
+pub(crate) struct Settings {
     pub retry: RetryPolicy,
     pub exit_when_caught_up: bool,
     pub on_gap: OnGap,
     pub on_poison: OnPoison,
-    pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
-    pub checked: Arc<Checked>,
+    /// No one else writes the projection's tables (a rebuild's shadow).
     pub sole_writer: bool,
-    /// A rebuild's bulk load: batches folded in memory, written once due (see `Folding`).
-    pub folding: Option<tokio::sync::Mutex<projectionist_postgres::Folding>>,
     pub max_event_bytes: usize,
     pub bounds: projectionist_postgres::park::Bounds,
-    pub progress: Arc<Progress>,
 }
 
 /// What PostgreSQL checks of the projection's tables beyond their declarations (CHECK
@@ -251,7 +260,7 @@ impl Task {
     fn receive(&mut self, received: Option<KafkaResult<BorrowedMessage<'_>>>) -> bool {
         match received {
             Some(Ok(message)) => {
-                let (msg, bytes) = Msg::from_kafka(&message, self.partition.max_event_bytes);
+                let (msg, bytes) = Msg::from_kafka(&message, self.partition.settings.max_event_bytes);
                 self.partition.stats.read.fetch_add(1, Ordering::Relaxed);
                 self.batcher.push_read_now(msg, bytes, Instant::now);
                 true
@@ -316,7 +325,7 @@ impl Task {
             self.swept = Instant::now();
             self.partition.resume_stale().await;
         }
-        if self.partition.exit_when_caught_up && idle {
+        if self.partition.settings.exit_when_caught_up && idle {
             self.partition.check_caught_up(&mut self.target, self.batcher.is_halted()).await;
         }
         let oldest = match &self.in_flight {
@@ -334,7 +343,7 @@ impl Task {
     /// growing). A queue drained while the next fetch is on its way is neither: rows written
     /// then would be written again by the batches that follow.
     async fn fold_due_at_idle(&mut self) -> Option<Reads> {
-        if self.partition.exit_when_caught_up {
+        if self.partition.settings.exit_when_caught_up {
             let high = self.partition.high_watermark(&mut self.target).await;
             if high.is_some_and(|high| self.partition.position().is_some_and(|p| p >= high)) {
                 return Some(Reads::End);

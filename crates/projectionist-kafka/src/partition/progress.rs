@@ -67,7 +67,7 @@ impl Partition {
                 self.advance(position, position);
             }
             Err(e) => {
-                let delay = self.retry.wait_delay(retry.failures);
+                let delay = self.settings.retry.wait_delay(retry.failures);
                 retry.failures += 1;
                 retry.not_before = Some(Instant::now() + delay);
                 if retry.log.due() {

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use super::{Runner, Task};
 use crate::batcher::Limits;
 use crate::outage::Outage;
-use crate::partition::{Begin, Halt, HaltKind, Order, Partition, Progress};
+use crate::partition::{Begin, Halt, HaltKind, Order, Partition, Progress, Settings};
 use crate::retry::Retry;
 use crate::tp::Tp;
 
@@ -228,14 +228,6 @@ impl Runner {
             pool: self.pool.clone(),
             consumer: self.consumer.clone(),
             stats: self.stats.clone(),
-            limits,
-            retry: self.config.retry_policy(),
-            exit_when_caught_up: self.config.exit_when_caught_up,
-            on_gap: self.config.on_gap,
-            on_poison: self.config.on_poison,
-            dead_letter_topic: self.dead_letter_topic.clone(),
-            checked: self.checked.clone(),
-            sole_writer: self.exclusive.sole_writer,
             // Read from its start with no checkpoint, as a rebuild's shadow first is: its
             // tables hold nothing of the partition (checkpoints commit with the rows).
             folding: self.exclusive.fold.then(|| {
@@ -243,10 +235,20 @@ impl Runner {
                 let folding = if fresh { Folding::from_nothing() } else { Folding::default() };
                 folding.into()
             }),
-            max_event_bytes: self.config.max_event_bytes,
-            bounds: projectionist_postgres::park::Bounds {
-                parked_aggregates: self.config.max_parked_aggregates,
-                held_per_aggregate: self.config.max_held_per_aggregate,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            checked: self.checked.clone(),
+            limits,
+            settings: Settings {
+                retry: self.config.retry_policy(),
+                exit_when_caught_up: self.config.exit_when_caught_up,
+                on_gap: self.config.on_gap,
+                on_poison: self.config.on_poison,
+                sole_writer: self.exclusive.sole_writer,
+                max_event_bytes: self.config.max_event_bytes,
+                bounds: projectionist_postgres::park::Bounds {
+                    parked_aggregates: self.config.max_parked_aggregates,
+                    held_per_aggregate: self.config.max_held_per_aggregate,
+                },
             },
             progress,
         }
