@@ -49,6 +49,15 @@ pub(super) fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Re
         .iter()
         .position(|t| t.same(&write.table))
         .ok_or_else(|| format!("table {name} is written but not declared in tables()"))?;
+    check_target(event, write)?;
+    check_changes(write)?;
+    Ok(t)
+}
+
+/// Checks that the table of `write` takes its target (the event's row, a keyed row, a child
+/// or a clear), and that the target belongs to the event's own aggregate where it must.
+fn check_target(event: &EventRef<'_>, write: &Write) -> Result<(), String> {
+    let name = write.table.name();
     match (write.table.gate(), &write.target) {
         (Gate::Custom, _) => return Err(format!("table {name} is custom: write it in apply, not project")),
         (Gate::FanIn, Target::Aggregate { .. }) => {
@@ -115,6 +124,13 @@ pub(super) fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Re
         }
         _ => {}
     }
+    Ok(())
+}
+
+/// Checks what `write` does to its row: a delete its table can keep, and each change to a
+/// declared column, once, an add only where the table and the value take one.
+fn check_changes(write: &Write) -> Result<(), String> {
+    let name = write.table.name();
     if write.delete && write.table.is_gated() && !write.table.is_deletable() {
         return Err(format!(
             "table {name}: delete() of a row of an upsert or transition table needs the table declared \
@@ -143,7 +159,7 @@ pub(super) fn check(tables: &[Table], event: &EventRef<'_>, write: &Write) -> Re
             }
         }
     }
-    Ok(t)
+    Ok(())
 }
 
 /// Checks the `i`th key value of a fan-in row against its column's type: stored (no NUL, not

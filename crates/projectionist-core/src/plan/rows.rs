@@ -2,48 +2,115 @@
 //! owns, its writes taken into the states of the rows they write, then the row writes and
 //! aggregate version moves that realise them.
 
+use std::ops::ControlFlow;
+
 use super::coalesce::{coalesce, RowState};
 use super::gate::{check, combine, transition, upsert, Verdict};
 use super::*;
 use crate::table::{check_key, Gate};
 
+/// Plans `events` through the pass's steps for each event (see [`Pass::event`]), then makes
+/// the plan of where the pass ends; `ordered_rows`: [`Plan::rows`] in their full order.
 pub(super) fn plan_rows<'a>(
     tables: &[Table],
     stored: &Stored,
     events: &'a [(EventRef<'a>, Effect<'a>)],
     ordered_rows: bool,
 ) -> Result<Plan<'a>, PlanError> {
-    // Keyed by what the events hold (no key copied per event); ordered at the end if asked.
-    // Per (table, key, child key: "" but in child tables).
-    let mut rows: Map<(usize, &'a str, &'a str), RowState<'a>> = Map::default();
-    // The aggregates whose children a table's clear removed: (table, aggregate id).
-    let mut cleared: Vec<(usize, &'a str)> = Vec::new();
-    // The children written, per (table, aggregate id): what a clear drops.
-    let mut children: Map<(usize, &'a str), Vec<&'a str>> = Map::default();
-    // Per aggregate (type, id): the version stored, and the version it moves to.
-    let mut marks: Map<(&'a str, &'a str), Moves> = Map::default();
-    let mut outcomes = Vec::with_capacity(events.len());
-    // Per aggregate type: the gated tables it owns, whether its aggregate version gates it,
-    // and whether that version may skip (kept only for deletable upsert tables).
-    let mut owned: Map<&str, (Vec<usize>, bool, bool)> = Map::default();
-    // Aggregates parked or resumed in this plan (`None`: resumed).
-    let mut parks: Map<(&'a str, &'a str), Option<Parked>> = Map::default();
-    // The aggregates parked where the plan starts, looked up by what the events hold.
-    let parked_before: Map<(&str, &str), Parked> =
-        stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
-    let mut unparked = None;
-    let declared: Vec<Declared> = tables.iter().map(Declared::of).collect();
-    // Per event, kept from one to the next (cleared) so as not to allocate for each.
-    let mut targets: Vec<usize> = Vec::new();
-    let mut verdicts: Vec<(&str, Verdict)> = Vec::new();
-
+    let mut pass = Pass::new(tables, stored, events.len());
+    // Per aggregate type, what gates its events: outside the pass, so that an event's steps
+    // borrow it while they change the pass.
+    let mut owned: Map<&str, Owned> = Map::default();
     for (index, (event, effect)) in events.iter().enumerate() {
+        let writes = pass.check_writes(index, event, effect)?;
+        let owned = owned.entry(event.aggregate_type).or_insert_with(|| Owned::of(tables, event.aggregate_type));
+        if pass.event(index, event, effect, writes, owned)?.is_break() {
+            break;
+        }
+    }
+    Ok(pass.finish(ordered_rows))
+}
+
+/// What gates the events of one aggregate type in this projection.
+struct Owned {
+    /// The gated tables the type owns.
+    gated: Vec<usize>,
+    /// Whether its aggregate version gates it.
+    aggregate_gated: bool,
+    /// Whether that version may skip (kept only for deletable upsert tables).
+    skips: bool,
+}
+
+impl Owned {
+    fn of(tables: &[Table], aggregate_type: &str) -> Self {
+        let gated = (0..tables.len()).filter(|&t| tables[t].is_gated() && tables[t].owns(aggregate_type));
+        let skips = tables
+            .iter()
+            .filter(|t| t.owns(aggregate_type) && (!t.is_gated() || t.is_deletable()))
+            .all(|t| t.is_deletable() && t.gate() == Gate::Upsert);
+        Owned { gated: gated.collect(), aggregate_gated: aggregate_gated(tables, aggregate_type), skips }
+    }
+}
+
+/// The pass's state. Keyed by what the events hold (no key copied per event); ordered at the
+/// end if asked.
+struct Pass<'a, 't> {
+    tables: &'t [Table],
+    stored: &'t Stored,
+    declared: Vec<Declared>,
+    /// Per (table, key, child key: "" but in child tables).
+    rows: Map<(usize, &'a str, &'a str), RowState<'a>>,
+    /// The aggregates whose children a table's clear removed: (table, aggregate id).
+    cleared: Vec<(usize, &'a str)>,
+    /// The children written, per (table, aggregate id): what a clear drops.
+    children: Map<(usize, &'a str), Vec<&'a str>>,
+    /// Per aggregate (type, id): the version stored, and the version it moves to.
+    marks: Map<(&'a str, &'a str), Moves>,
+    outcomes: Vec<Outcome>,
+    /// Aggregates parked or resumed in this plan (`None`: resumed).
+    parks: Map<(&'a str, &'a str), Option<Parked>>,
+    /// The aggregates parked where the plan starts, looked up by what the events hold.
+    parked_before: Map<(&'t str, &'t str), Parked>,
+    unparked: Option<(String, String)>,
+    /// Per event, kept from one to the next (cleared) so as not to allocate for each: the
+    /// tables its writes target, and its gates' verdicts (in the order of [`Owned::gated`]).
+    targets: Vec<usize>,
+    verdicts: Vec<(&'static str, Verdict)>,
+}
+
+impl<'a, 't> Pass<'a, 't> {
+    fn new(tables: &'t [Table], stored: &'t Stored, events: usize) -> Self {
+        let parked_before = stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
+        Pass {
+            tables,
+            stored,
+            declared: tables.iter().map(Declared::of).collect(),
+            rows: Map::default(),
+            cleared: Vec::new(),
+            children: Map::default(),
+            marks: Map::default(),
+            outcomes: Vec::with_capacity(events),
+            parks: Map::default(),
+            parked_before,
+            unparked: None,
+            targets: Vec::new(),
+            verdicts: Vec::new(),
+        }
+    }
+
+    /// Checks the event's keys and writes: returns its writes, their tables in `targets`.
+    fn check_writes(
+        &mut self,
+        index: usize,
+        event: &EventRef<'a>,
+        effect: &Effect<'a>,
+    ) -> Result<&'a [Write], PlanError> {
         let fail = |problem: String| PlanError { index, problem, disagreement: false };
         check_key("aggregate_id", event.aggregate_id).map_err(fail)?;
         check_key("aggregate_type", event.aggregate_type).map_err(fail)?;
         let writes = match effect {
             Effect::Writes(w) => *w,
-            Effect::Custom if !aggregate_gated(tables, event.aggregate_type) => {
+            Effect::Custom if !aggregate_gated(self.tables, event.aggregate_type) => {
                 return Err(fail(format!(
                     "an event of aggregate type {:?} is applied in apply(), but no custom or fan-in table \
                      declares that type: declare it with aggregate_types(..), so that its duplicates are \
@@ -53,218 +120,281 @@ pub(super) fn plan_rows<'a>(
             }
             Effect::Ignored | Effect::Custom | Effect::Poison => &[],
         };
-        targets.clear();
+        self.targets.clear();
         for w in writes {
-            targets.push(check(tables, event, w).map_err(fail)?);
+            self.targets.push(check(self.tables, event, w).map_err(fail)?);
         }
+        Ok(writes)
+    }
 
-        // Classify against every gate the aggregate owns in this projection.
-        let (gated, aggregate_gated, skips) = owned.entry(event.aggregate_type).or_insert_with(|| {
-            let gated = (0..tables.len()).filter(|&t| tables[t].is_gated() && tables[t].owns(event.aggregate_type));
-            let skips = tables
-                .iter()
-                .filter(|t| t.owns(event.aggregate_type) && (!t.is_gated() || t.is_deletable()))
-                .all(|t| t.is_deletable() && t.gate() == Gate::Upsert);
-            (gated.collect(), aggregate_gated(tables, event.aggregate_type), skips)
-        });
-        let (gated, aggregate_gated, skips) = (gated.as_slice(), *aggregate_gated, *skips);
+    /// Plans one event, its `writes` checked (see [`Pass::check_writes`]): held if its aggregate
+    /// is parked, else its outcome, and if applied its writes taken. Breaks where the plan
+    /// ends: before an event whose aggregate's parking is stale, after one that resumes it.
+    fn event(
+        &mut self,
+        index: usize,
+        event: &EventRef<'a>,
+        effect: &Effect<'a>,
+        writes: &'a [Write],
+        owned: &Owned,
+    ) -> Result<ControlFlow<()>, PlanError> {
         let mark_key = (event.aggregate_type, event.aggregate_id);
         // A parked aggregate's events past the version it waits for are held.
-        let parked = match parks.get(&mark_key) {
+        let parked = match self.parks.get(&mark_key) {
             Some(state) => *state,
-            None if parked_before.is_empty() => None,
-            None => parked_before.get(&mark_key).copied(),
+            None if self.parked_before.is_empty() => None,
+            None => self.parked_before.get(&mark_key).copied(),
         };
         // Parked before this plan, but the version it waits for was applied since (it arrived
         // on another partition): the parking is stale. The aggregate resumes here, before
         // this event, so that its held events apply first, then this event is planned again.
-        if let Some(p) = parked.filter(|_| !parks.contains_key(&mark_key)) {
-            let rows_now = gated.iter().map(|&t| row(&mut rows, stored, tables, t, event.aggregate_id).current);
-            let mut gate = rows_now.max().flatten();
-            if aggregate_gated {
-                gate = gate.max(mark(&mut marks, stored, mark_key).1);
-            }
-            if gate.is_some_and(|at| at >= p.waiting_for) {
-                parks.insert(mark_key, None);
-                unparked = Some((event.aggregate_type.to_owned(), event.aggregate_id.to_owned()));
-                break;
+        if let Some(p) = parked.filter(|_| !self.parks.contains_key(&mark_key)) {
+            if self.applied_since(p, event, owned) {
+                self.resume(mark_key);
+                return Ok(ControlFlow::Break(()));
             }
         }
         let held = |p: Parked| event.version > p.waiting_for || (p.dead_letter && event.version == p.waiting_for);
         if parked.is_some_and(held) {
-            outcomes.push(Outcome::Parked);
-            continue;
+            self.outcomes.push(Outcome::Parked);
+            return Ok(ControlFlow::Continue(()));
         }
-        verdicts.clear();
-        let mut rows_at = None;
-        for &t in gated {
-            let table = &tables[t];
-            let state = row(&mut rows, stored, tables, t, event.aggregate_id);
-            rows_at = rows_at.max(state.current);
-            let verdict = match table.gate() {
-                // No row of a deletable table (never written, or deleted): the aggregate's
-                // version decides.
-                _ if table.is_deletable() && state.current.is_none() => Verdict::NoGate,
-                Gate::Transition => transition(state.current, event.version),
-                _ => upsert(state.current, event.version, targets.contains(&t)),
-            };
-            verdicts.push((table.name(), verdict));
+        let verdict = self.classify(index, event, owned)?;
+        if let (Verdict::Gap { expected, .. }, Some(_), false) = (verdict, &self.stored.parked, self.stored.gaps_halt) {
+            self.parks.insert(mark_key, Some(Parked { waiting_for: expected, dead_letter: false }));
+            self.outcomes.push(Outcome::Parked);
+            return Ok(ControlFlow::Continue(()));
         }
-        if aggregate_gated {
-            let mark = mark(&mut marks, stored, mark_key);
-            // Not kept yet (a table declared deletable or fan-in since): where its rows stand.
-            let at = mark.1.or(rows_at);
-            let verdict = if skips { upsert(at, event.version, true) } else { transition(at, event.version) };
-            verdicts.push(("the aggregate's version", verdict));
-        }
-        let verdict = combine(&verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })?;
-        if let (Verdict::Gap { expected, .. }, Some(_), false) = (verdict, &stored.parked, stored.gaps_halt) {
-            parks.insert(mark_key, Some(Parked { waiting_for: expected, dead_letter: false }));
-            outcomes.push(Outcome::Parked);
-            continue;
-        }
-        if matches!(effect, Effect::Poison) && matches!(verdict, Verdict::Apply | Verdict::NoGate) {
-            parks.insert(mark_key, Some(Parked { waiting_for: event.version, dead_letter: true }));
-            outcomes.push(Outcome::DeadLettered);
-            continue;
+        let applies = matches!(verdict, Verdict::Apply | Verdict::NoGate);
+        if matches!(effect, Effect::Poison) && applies {
+            self.parks.insert(mark_key, Some(Parked { waiting_for: event.version, dead_letter: true }));
+            self.outcomes.push(Outcome::DeadLettered);
+            return Ok(ControlFlow::Continue(()));
         }
         // The version a parked aggregate waits for: it resumes (unless already applied).
         let resumes = parked.is_some_and(|p| p.waiting_for == event.version);
         if resumes {
-            parks.insert(mark_key, None);
-            unparked = Some((event.aggregate_type.to_owned(), event.aggregate_id.to_owned()));
+            self.resume(mark_key);
         }
         let handled = !matches!(effect, Effect::Ignored);
-        outcomes.push(match verdict {
+        self.outcomes.push(match verdict {
             Verdict::Gap { expected, found } => Outcome::Gap { expected, found },
             _ if !handled => Outcome::Ignored,
             Verdict::Apply | Verdict::NoGate => Outcome::Applied,
             Verdict::Duplicate => Outcome::Duplicate,
             Verdict::Stale => Outcome::Stale,
         });
-        if !matches!(verdict, Verdict::Apply | Verdict::NoGate) {
-            if resumes {
-                break;
-            }
-            continue;
+        if applies {
+            self.apply(event, writes, owned);
         }
+        Ok(if resumes { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
+    }
 
-        // Applied: move every gate, coalesce the writes.
-        for (&t, (_, v)) in gated.iter().zip(&verdicts) {
+    /// Whether the version parking `p` waits for is applied: where the aggregate's gates
+    /// stand now (its rows, its aggregate version).
+    fn applied_since(&mut self, p: Parked, event: &EventRef<'a>, owned: &Owned) -> bool {
+        let (tables, stored) = (self.tables, self.stored);
+        let rows_now = owned.gated.iter().map(|&t| row(&mut self.rows, stored, tables, t, event.aggregate_id).current);
+        let mut gate = rows_now.max().flatten();
+        if owned.aggregate_gated {
+            gate = gate.max(mark(&mut self.marks, stored, (event.aggregate_type, event.aggregate_id)).1);
+        }
+        gate.is_some_and(|at| at >= p.waiting_for)
+    }
+
+    /// The aggregate resumes: the plan ends with it (see [`Plan::unparked`]).
+    fn resume(&mut self, mark_key: (&'a str, &'a str)) {
+        self.parks.insert(mark_key, None);
+        self.unparked = Some((mark_key.0.to_owned(), mark_key.1.to_owned()));
+    }
+
+    /// Classifies the event against every gate the aggregate owns in this projection: each
+    /// gate's verdict in `verdicts`, and the one they agree on.
+    fn classify(&mut self, index: usize, event: &EventRef<'a>, owned: &Owned) -> Result<Verdict, PlanError> {
+        self.verdicts.clear();
+        let mut rows_at = None;
+        for &t in &owned.gated {
+            let table = &self.tables[t];
+            let state = row(&mut self.rows, self.stored, self.tables, t, event.aggregate_id);
+            rows_at = rows_at.max(state.current);
+            let verdict = match table.gate() {
+                // No row of a deletable table (never written, or deleted): the aggregate's
+                // version decides.
+                _ if table.is_deletable() && state.current.is_none() => Verdict::NoGate,
+                Gate::Transition => transition(state.current, event.version),
+                _ => upsert(state.current, event.version, self.targets.contains(&t)),
+            };
+            self.verdicts.push((table.name(), verdict));
+        }
+        if owned.aggregate_gated {
+            let mark = mark(&mut self.marks, self.stored, (event.aggregate_type, event.aggregate_id));
+            // Not kept yet (a table declared deletable or fan-in since): where its rows stand.
+            let at = mark.1.or(rows_at);
+            let verdict = if owned.skips { upsert(at, event.version, true) } else { transition(at, event.version) };
+            self.verdicts.push(("the aggregate's version", verdict));
+        }
+        combine(&self.verdicts).map_err(|problem| PlanError { index, problem, disagreement: true })
+    }
+
+    /// Applied: move every gate, coalesce the writes.
+    fn apply(&mut self, event: &EventRef<'a>, writes: &'a [Write], owned: &Owned) {
+        for (&t, (_, v)) in owned.gated.iter().zip(&self.verdicts) {
             if *v == Verdict::NoGate {
                 continue;
             }
-            let state = rows.get_mut(&(t, event.aggregate_id, "")).expect("state made above");
+            let state = self.rows.get_mut(&(t, event.aggregate_id, "")).expect("state made above");
             if state.current.is_none() {
                 state.created = Some(Some(event.version));
             }
             state.current = Some(event.version);
         }
-        if aggregate_gated {
-            marks.get_mut(&mark_key).expect("mark made above").1 = Some(event.version);
+        if owned.aggregate_gated {
+            let mark_key = (event.aggregate_type, event.aggregate_id);
+            self.marks.get_mut(&mark_key).expect("mark made above").1 = Some(event.version);
         }
-        for (write, &t) in writes.iter().zip(&targets) {
-            let (key, Some(child)) = write.target.keys() else {
-                // A clear: the aggregate's children written before it in the batch are
-                // dropped (the clear deletes them); what follows makes them again.
-                let parent = event.aggregate_id;
-                for child in children.get(&(t, parent)).into_iter().flatten() {
-                    let state = rows.get_mut(&(t, parent, *child)).expect("indexed when made");
-                    state.delete(&declared[t], true);
-                    state.deleted = false;
-                    state.writers += 1;
-                }
-                if !cleared.contains(&(t, parent)) {
-                    cleared.push((t, parent));
-                }
-                continue;
-            };
-            let state = rows.entry((t, key, child)).or_insert_with(|| {
-                if tables[t].gate() == Gate::Child {
-                    children.entry((t, key)).or_default().push(child);
-                }
-                RowState::default()
-            });
-            state.writers += 1;
-            if write.delete {
-                state.delete(&declared[t], !tables[t].is_gated());
-                if tables[t].is_gated() {
-                    state.current = None;
-                }
-            } else if tables[t].is_gated() {
-                // A deletable table's row not there: made by this event (the aggregate's
-                // version let it apply).
-                if state.current.is_none() {
-                    (state.created, state.current) = (Some(Some(event.version)), Some(event.version));
-                }
-                let creating = state.created == Some(Some(event.version));
-                state.take(&declared[t], &write.changes, creating, creating);
-            } else {
-                // A fan-in row's first write in the batch merges into whatever row is there.
-                let first = state.created.is_none();
-                state.created = Some(None);
-                state.take(&declared[t], &write.changes, first, false);
+        for (i, write) in writes.iter().enumerate() {
+            let t = self.targets[i];
+            match write.target.keys() {
+                (key, Some(child)) => self.take(t, key, child, write, event.version),
+                (_, None) => self.clear(t, event.aggregate_id),
             }
-        }
-        if resumes {
-            break;
         }
     }
 
-    let mut plan = Plan { outcomes, unparked, ..Plan::default() };
-    plan.parks = parks.into_iter().map(|((t, i), state)| ((t.to_owned(), i.to_owned()), state)).collect();
-    plan.parks.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
-    let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(rows.len());
-    for &(t, key) in &cleared {
-        let (table, child, kind) = (tables[t], None, RowKind::Clear);
-        ordered.push((t, RowWrite { table, key, child, kind, expected: None, version: None, columns: Vec::new() }));
+    /// A clear: the aggregate's children written before it in the batch are dropped (the
+    /// clear deletes them); what follows makes them again.
+    fn clear(&mut self, t: usize, parent: &'a str) {
+        for child in self.children.get(&(t, parent)).into_iter().flatten() {
+            let state = self.rows.get_mut(&(t, parent, *child)).expect("indexed when made");
+            state.delete(&self.declared[t], true);
+            state.deleted = false;
+            state.writers += 1;
+        }
+        if !self.cleared.contains(&(t, parent)) {
+            self.cleared.push((t, parent));
+        }
     }
-    for ((t, key, child), state) in rows {
-        let table = tables[t];
-        if state.writers > 1 && !plan.rewritten.contains(&table) {
-            plan.rewritten.push(table);
+
+    /// Takes `write`, of an event applied at `version`, into the state of row (`key`,
+    /// `child`) of table `t`.
+    fn take(&mut self, t: usize, key: &'a str, child: &'a str, write: &'a Write, version: i64) {
+        let (table, declared) = (&self.tables[t], &self.declared[t]);
+        let children = &mut self.children;
+        let state = self.rows.entry((t, key, child)).or_insert_with(|| {
+            if table.gate() == Gate::Child {
+                children.entry((t, key)).or_default().push(child);
+            }
+            RowState::default()
+        });
+        state.writers += 1;
+        if write.delete {
+            state.delete(declared, !table.is_gated());
+            if table.is_gated() {
+                state.current = None;
+            }
+        } else if table.is_gated() {
+            // A deletable table's row not there: made by this event (the aggregate's
+            // version let it apply).
+            if state.current.is_none() {
+                (state.created, state.current) = (Some(Some(version)), Some(version));
+            }
+            let creating = state.created == Some(Some(version));
+            state.take(declared, &write.changes, creating, creating);
+        } else {
+            // A fan-in row's first write in the batch merges into whatever row is there.
+            let first = state.created.is_none();
+            state.created = Some(None);
+            state.take(declared, &write.changes, first, false);
         }
-        let mut superseded = state.superseded;
-        let child = (!table.child_key().is_empty()).then_some(child);
-        let mut push = |kind, expected, version, columns| {
-            ordered.push((t, RowWrite { table, key, child, kind, expected, version, columns }))
-        };
-        if !state.checks.is_empty() {
-            push(RowKind::Check, None, None, state.checks);
+    }
+
+    /// The plan: each event's outcome, the row writes that realise the rows' states and the
+    /// aggregate version moves.
+    fn finish(self, ordered_rows: bool) -> Plan<'a> {
+        let Pass { tables, declared, rows, cleared, marks, outcomes, parks, unparked, .. } = self;
+        let mut plan = Plan { outcomes, unparked, ..Plan::default() };
+        plan.parks = parks.into_iter().map(|((t, i), state)| ((t.to_owned(), i.to_owned()), state)).collect();
+        plan.parks.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(rows.len());
+        for &(t, key) in &cleared {
+            let (table, child, kind) = (tables[t], None, RowKind::Clear);
+            ordered.push((t, RowWrite { table, key, child, kind, expected: None, version: None, columns: Vec::new() }));
         }
-        if !table.is_gated() {
-            if state.deleted {
-                push(RowKind::Delete, None, None, Vec::new());
+        for ((t, key, child), state) in rows {
+            let table = tables[t];
+            if state.writers > 1 && !plan.rewritten.contains(&table) {
+                plan.rewritten.push(table);
             }
-            if state.created.is_some() {
-                push(RowKind::Merge, None, None, state.first);
+            let child = (!table.child_key().is_empty()).then_some(child);
+            let push = |kind, expected, version, columns| {
+                ordered.push((t, RowWrite { table, key, child, kind, expected, version, columns }))
+            };
+            if row_writes(&table, &declared[t], state, push) && !plan.superseded.contains(&table) {
+                plan.superseded.push(table);
             }
-            if !state.rest.is_empty() {
-                push(RowKind::Update, None, None, state.rest);
+        }
+        order(&mut ordered, ordered_rows);
+        plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
+        for ((aggregate_type, aggregate_id), (stored, current)) in marks {
+            if let (Some(version), true) = (current, current != stored) {
+                let (aggregate_type, aggregate_id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
+                plan.aggregates.push(AggregateWrite { aggregate_type, aggregate_id, expected: stored, version });
             }
-        } else if state.current != state.stored || state.deleted {
-            if state.deleted && state.stored.is_some() {
-                push(RowKind::Delete, state.stored, None, Vec::new());
-            }
-            match state.created {
-                // Deleted, and not made again.
-                None if state.deleted => {}
-                None => push(RowKind::Update, state.stored, state.current, state.rest),
-                Some(created) => {
-                    let (first, rest) = coalesce(&declared[t], state.first, state.rest, &mut superseded);
-                    if rest.is_empty() {
-                        push(RowKind::Insert, None, state.current, first);
-                    } else {
-                        push(RowKind::Insert, None, created, first);
-                        push(RowKind::Update, created, state.current, rest);
-                    }
+        }
+        plan.aggregates
+            .sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
+        plan
+    }
+}
+
+/// The writes that realise `state`, the state of a row of `table` at the end of the pass,
+/// handed to `push` (kind, expected version, version, columns) in order. Returns whether a
+/// value PostgreSQL might refuse was superseded (see [`Plan::superseded`]).
+fn row_writes<'a>(
+    table: &Table,
+    declared: &Declared,
+    state: RowState<'a>,
+    mut push: impl FnMut(RowKind, Option<i64>, Option<i64>, Vec<ColumnWrite<'a>>),
+) -> bool {
+    let mut superseded = state.superseded;
+    if !state.checks.is_empty() {
+        push(RowKind::Check, None, None, state.checks);
+    }
+    if !table.is_gated() {
+        if state.deleted {
+            push(RowKind::Delete, None, None, Vec::new());
+        }
+        if state.created.is_some() {
+            push(RowKind::Merge, None, None, state.first);
+        }
+        if !state.rest.is_empty() {
+            push(RowKind::Update, None, None, state.rest);
+        }
+    } else if state.current != state.stored || state.deleted {
+        if state.deleted && state.stored.is_some() {
+            push(RowKind::Delete, state.stored, None, Vec::new());
+        }
+        match state.created {
+            // Deleted, and not made again.
+            None if state.deleted => {}
+            None => push(RowKind::Update, state.stored, state.current, state.rest),
+            Some(created) => {
+                let (first, rest) = coalesce(declared, state.first, state.rest, &mut superseded);
+                if rest.is_empty() {
+                    push(RowKind::Insert, None, state.current, first);
+                } else {
+                    push(RowKind::Insert, None, created, first);
+                    push(RowKind::Update, created, state.current, rest);
                 }
             }
         }
-        if superseded && !plan.superseded.contains(&table) {
-            plan.superseded.push(table);
-        }
     }
+    superseded
+}
+
+/// Orders the plan's row writes: fully if `ordered_rows`, else only as far as a row's
+/// writes need.
+fn order(ordered: &mut [(usize, RowWrite<'_>)], ordered_rows: bool) {
     // Per table, deletes, then inserts and merges, then the updates that may build on them;
     // then by key, so that concurrent writers lock rows in one order.
     if ordered_rows {
@@ -286,16 +416,6 @@ pub(super) fn plan_rows<'a>(
             _ => 2,
         });
     }
-    plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
-    for ((aggregate_type, aggregate_id), (stored, current)) in marks {
-        if let (Some(version), true) = (current, current != stored) {
-            let (aggregate_type, aggregate_id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
-            plan.aggregates.push(AggregateWrite { aggregate_type, aggregate_id, expected: stored, version });
-        }
-    }
-    plan.aggregates
-        .sort_unstable_by(|a, b| (&a.aggregate_type, &a.aggregate_id).cmp(&(&b.aggregate_type, &b.aggregate_id)));
-    Ok(plan)
 }
 
 /// The state of row `key` of table `t` in the plan: as stored where the plan has not moved it.
