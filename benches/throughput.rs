@@ -34,6 +34,8 @@ use sqlx::{ConnectOptions, PgPool};
 
 #[path = "throughput/orders.rs"]
 mod orders;
+#[path = "throughput/peer.rs"]
+mod peer;
 
 const PARTITIONS: i32 = 4;
 
@@ -111,8 +113,15 @@ async fn publish(events: &[RawEnvelope]) -> (String, f64) {
 }
 
 /// Publishes `events` as they come (a stream generated on the fly stays out of memory) to a
-/// new topic named from `prefix`: the topic, how many, and the rate.
+/// new topic named from `prefix`, keyed by their aggregate ids: the topic, how many, and the
+/// rate.
 async fn publish_all(prefix: &str, events: impl Iterator<Item = RawEnvelope>) -> (String, usize, f64) {
+    publish_records(prefix, events.map(|e| (e.aggregate_id.clone().into_bytes(), e.to_json()))).await
+}
+
+/// Publishes `records` (key, payload) to a new topic named from `prefix`: the topic, how
+/// many, and the rate.
+async fn publish_records(prefix: &str, records: impl Iterator<Item = (Vec<u8>, Vec<u8>)>) -> (String, usize, f64) {
     static TOPICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = TOPICS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let topic = format!("{prefix}.{}.{n}", std::process::id());
@@ -121,10 +130,9 @@ async fn publish_all(prefix: &str, events: impl Iterator<Item = RawEnvelope>) ->
         ClientConfig::new().set("bootstrap.servers", brokers()).set("linger.ms", "5").create().expect("producer");
     let started = Instant::now();
     let mut count = 0;
-    for e in events {
+    for (key, payload) in records {
         count += 1;
-        let payload = e.to_json();
-        while let Err((err, _)) = producer.send(BaseRecord::to(&topic).key(&e.aggregate_id).payload(&payload)) {
+        while let Err((err, _)) = producer.send(BaseRecord::to(&topic).key(&key).payload(&payload)) {
             assert!(
                 matches!(
                     err,
@@ -762,6 +770,14 @@ async fn main() {
         drop_topics().await;
         return;
     }
+    // The peer arm alone (Kafka Connect with Debezium's JDBC sink).
+    if env_usize("BENCH_PEER_ONLY", 0) != 0 {
+        if let Some(compared) = peer::arm().await {
+            print_peer(&compared);
+        }
+        drop_topics().await;
+        return;
+    }
     // The freshness arm alone, at one rate: what to run while working on it, without the
     // other arms' minutes.
     if let Some(rate) = std::env::var("BENCH_FRESHNESS_ONLY").ok().and_then(|r| r.parse::<f64>().ok()) {
@@ -947,6 +963,8 @@ async fn main() {
             );
         }
     }
+    // Against Kafka Connect with Debezium's JDBC sink: BENCH_PEER=0 skips it.
+    let peer = if env_usize("BENCH_PEER", 1) == 0 { None } else { peer::arm().await };
     // Child rows and deletes: BENCH_ORDERS=0 skips it (a build from before them).
     let orders = if env_usize("BENCH_ORDERS", 1) == 0 { None } else { Some(orders::arm().await) };
     let per_delivery = |run: &Run| run.cpu_seconds / events.len() as f64 * 1e6;
@@ -977,6 +995,18 @@ async fn main() {
         println!("  orders: pipeline / PostgreSQL ceiling {of_ceiling:>6.2}   (>= 0.7; median of the rounds)");
         println!("  orders: rebuild / pipeline            {rebuild:>6.2}   (>= 2; median of the rounds)");
     }
+    if let Some(compared) = &peer {
+        print_peer(compared);
+    }
     println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
     drop_topics().await;
+}
+
+fn print_peer(compared: &peer::Compared) {
+    let (ours, sink) = compared.wrong;
+    println!(
+        "  projectionist / Kafka Connect JDBC sink, with re-sends {:>6.2}   (>= 10; wrong rows {ours} against {sink})",
+        compared.with_resends
+    );
+    println!("  projectionist / Kafka Connect JDBC sink, in order      {:>6.2}", compared.in_order);
 }

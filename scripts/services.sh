@@ -27,6 +27,9 @@
 # With --start-postgres or --crash-postgres: only the fault suite's PostgreSQL cluster
 #   (projectionist_faults, on 5435), started (created first if needed; prints PG_FAULTS_URL)
 #   or crashed (an immediate stop of that cluster's own postmaster).
+# With --kafka-connect: only Kafka Connect's and Debezium's JDBC sink's jars for the bench's
+#   peer arm, fetched once (prints KAFKA_CONNECT_LIBS and KAFKA_CONNECT_PLUGINS; fails saying
+#   why when Java 17 or Maven is missing).
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -267,6 +270,7 @@ ensure_tls_brokers() {
 
 source "$HERE/services/apache-kafka.sh"
 source "$HERE/services/tansu.sh"
+source "$HERE/services/kafka-connect.sh"
 
 # One invocation at a time (tests start and stop brokers through this script, in parallel).
 # What it starts in the background is started with the lock's descriptor closed (9>&-).
@@ -286,6 +290,10 @@ case ${1:-} in
         ;;
     --start-postgres)
         start_faults_postgres
+        exit
+        ;;
+    --kafka-connect)
+        fetch_kafka_connect
         exit
         ;;
     --crash-postgres)

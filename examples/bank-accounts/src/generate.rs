@@ -90,6 +90,38 @@ pub fn expected(events: &[RawEnvelope]) -> BTreeMap<String, ExpectedAccount> {
         .collect()
 }
 
+/// Each delivery of `events` as a state-transfer record (see [`crate::states`]): the same
+/// envelope (id, aggregate, version, time), carrying the account's row after that version
+/// instead of the event. Duplicates and re-sends stay what they were.
+pub fn state_transfer(events: &[RawEnvelope]) -> Vec<RawEnvelope> {
+    let mut by_account: BTreeMap<&str, BTreeMap<i64, AccountEvent>> = BTreeMap::new();
+    for e in events {
+        let event: AccountEvent =
+            serde_json::from_value(serde_json::json!({"type": e.event_type, "data": e.data})).expect("valid event");
+        by_account.entry(&e.aggregate_id).or_default().insert(e.version, event);
+    }
+    let mut rows: std::collections::HashMap<(&str, i64), serde_json::Value> = std::collections::HashMap::new();
+    for (id, versions) in by_account {
+        let (mut owner, mut balance, mut status) = (String::new(), 0_i64, "");
+        for (version, event) in versions {
+            match event {
+                AccountEvent::AccountOpened { owner: o } => (owner, status) = (o, "open"),
+                AccountEvent::MoneyDeposited { amount } => balance += amount,
+                AccountEvent::MoneyWithdrawn { amount } => balance -= amount,
+                AccountEvent::AccountClosed {} => status = "closed",
+            }
+            let row = serde_json::json!({ "owner": owner, "balance_cents": balance, "status": status });
+            rows.insert((id, version), row);
+        }
+    }
+    let state = |e: &RawEnvelope| RawEnvelope {
+        event_type: "AccountState".into(),
+        data: rows[&(e.aggregate_id.as_str(), e.version)].clone(),
+        ..e.clone()
+    };
+    events.iter().map(state).collect()
+}
+
 pub use projectionist::testing::with_redeliveries;
 
 /// How far a redelivery may trail its original in [`deliveries`]: it comes after the

@@ -6,6 +6,7 @@
 
 #[cfg(feature = "generate")]
 pub mod generate;
+pub mod states;
 
 use projectionist::postgres::PgConnection;
 use projectionist::{Envelope, Projection, Table, Writes};

@@ -134,3 +134,47 @@ async fn thousands_of_events_survive_every_delivery_anomaly(pool: PgPool) {
         );
     }
 }
+
+/// State-transfer records (the bench's peer arm): a re-send of an older state that arrives
+/// after a newer one is stale, where a sink that overwrites would roll the row back.
+#[sqlx::test(migrations = false)]
+async fn a_late_state_transfer_record_is_stale(pool: PgPool) {
+    let events = [
+        opened("acc-1"),
+        envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 500 }),
+        envelope("acc-1", 3, &AccountEvent::MoneyWithdrawn { amount: 200 }),
+    ];
+    let resent = RawEnvelope { id: uuid::Uuid::new_v4(), ..events[1].clone() };
+    let states =
+        bank_accounts::generate::state_transfer(&[events[0].clone(), events[1].clone(), events[2].clone(), resent]);
+    ProjectionTest::new(pool, bank_accounts::states::AccountStates)
+        .when(states)
+        .then_outcomes([Outcome::Applied, Outcome::Applied, Outcome::Applied, Outcome::Stale])
+        .then_rows(
+            "SELECT account_id, owner, balance_cents, status, version FROM account_states",
+            json!([{"account_id": "acc-1", "owner": "ann", "balance_cents": 300, "status": "open", "version": 3}]),
+        )
+        .run()
+        .await;
+}
+
+/// Every account of a generated stream with its duplicates and re-sends, as state-transfer
+/// records in batches: each row is the account's last state, as the event projection has it.
+#[sqlx::test(migrations = false)]
+async fn state_transfer_records_leave_each_account_at_its_last_state(pool: PgPool) {
+    let distinct = stream(200, 30, 5);
+    let states =
+        bank_accounts::generate::state_transfer(&projectionist_testing::with_redeliveries(&distinct, 0.1, 0.05, 9));
+    migrate(&pool, &[&bank_accounts::states::AccountStates]).await.unwrap();
+    for batch in states.chunks(97) {
+        apply_batch(&pool, &bank_accounts::states::AccountStates, batch).await.unwrap();
+    }
+    let rows: Vec<(String, String, i64, String, i64)> =
+        sqlx::query_as("SELECT account_id, owner, balance_cents, status, version FROM account_states ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let want: Vec<(String, String, i64, String, i64)> =
+        expected(&distinct).into_iter().map(|(id, a)| (id, a.owner, a.balance, a.status, a.version)).collect();
+    assert_eq!(rows, want);
+}
