@@ -772,7 +772,7 @@ async fn main() {
     }
     // The peer arm alone (Kafka Connect with Debezium's JDBC sink).
     if env_usize("BENCH_PEER_ONLY", 0) != 0 {
-        if let Some(compared) = peer::arm().await {
+        if let Some(compared) = peer::arm(&events).await {
             print_peer(&compared);
         }
         drop_topics().await;
@@ -964,7 +964,7 @@ async fn main() {
         }
     }
     // Against Kafka Connect with Debezium's JDBC sink: BENCH_PEER=0 skips it.
-    let peer = if env_usize("BENCH_PEER", 1) == 0 { None } else { peer::arm().await };
+    let peer = if env_usize("BENCH_PEER", 1) == 0 { None } else { peer::arm(&events).await };
     // Child rows and deletes: BENCH_ORDERS=0 skips it (a build from before them).
     let orders = if env_usize("BENCH_ORDERS", 1) == 0 { None } else { Some(orders::arm().await) };
     let per_delivery = |run: &Run| run.cpu_seconds / events.len() as f64 * 1e6;

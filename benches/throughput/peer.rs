@@ -6,8 +6,8 @@
 //! version), the sink as JSON records with their schema into `accounts`. Then the same with
 //! the stream's out-of-order re-sends removed. Each read model is compared with the oracle.
 //!
-//! `BENCH_PEER=0` skips it, `BENCH_PEER_ONLY=1` runs it alone, `BENCH_PEER_DELIVERIES`
-//! (default 200000) sizes it; `scripts/bench.sh` fetches the jars (`scripts/services.sh
+//! `BENCH_PEER=0` skips it, `BENCH_PEER_ONLY=1` runs it alone; it takes the bench's stream
+//! (`BENCH_DELIVERIES`). `scripts/bench.sh` fetches the jars (`scripts/services.sh
 //! --kafka-connect`), or skips the arm saying why.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +20,7 @@ use projectionist::postgres::migrate;
 use projectionist::RawEnvelope;
 use sqlx::PgPool;
 
-use super::{empty_database, env_usize, publish_all, publish_records, stream, Bin, Run};
+use super::{empty_database, publish_all, publish_records, Bin, Run};
 
 const ACCOUNT_STATES: Bin = Bin {
     var: "ACCOUNT_STATES_BIN",
@@ -50,20 +50,22 @@ struct Side {
     cpu_seconds: f64,
     /// Of which after its start-up, where told apart (the sink's, after its task runs).
     cpu_after_start: Option<f64>,
+    /// The machine's CPU from the start to all rows written: every process's (PostgreSQL's
+    /// and the broker's too).
+    machine_cpu_seconds: f64,
     /// Rows that are not the account's last state: an older state written over a newer one.
     wrong: usize,
 }
 
 /// The arm: prints its figures and returns projectionist / sink for the stream with re-sends
 /// and in order, with each side's wrong rows on the first.
-pub(super) async fn arm() -> Option<Compared> {
+pub(super) async fn arm(events: &[RawEnvelope]) -> Option<Compared> {
     let (Ok(libs), Ok(plugins)) = (std::env::var("KAFKA_CONNECT_LIBS"), std::env::var("KAFKA_CONNECT_PLUGINS")) else {
         println!(
             "peer (Kafka Connect + Debezium JDBC sink): skipped, its jars are not fetched (scripts/bench.sh does)"
         );
         return None;
     };
-    let events = stream(env_usize("BENCH_PEER_DELIVERIES", 200_000));
     let versions = std::env::var("KAFKA_CONNECT_VERSIONS").unwrap_or_default();
     println!(
         "peer: projectionist against Kafka Connect with Debezium's JDBC sink ({versions}; upsert keyed by account_id, \
@@ -71,7 +73,7 @@ pub(super) async fn arm() -> Option<Compared> {
         super::PARTITIONS
     );
     let mut results = Vec::new();
-    for (label, deliveries) in [("with re-sends", events.clone()), ("in order", in_order(&events))] {
+    for (label, deliveries) in [("with re-sends", events.to_vec()), ("in order", in_order(events))] {
         let states = bank_accounts::generate::state_transfer(&deliveries);
         let oracle = last_states(&states);
         let ours = projectionist(&states, &oracle).await;
@@ -91,10 +93,12 @@ pub(super) async fn arm() -> Option<Compared> {
                 .cpu_after_start
                 .map_or(String::new(), |cpu| format!(" ({:.2} us after its start-up)", per_delivery(cpu)));
             println!(
-                "    {who:<15} start to done {:>6.1} s, peak RSS {:>6.1} MiB, CPU per delivery {:>6.2} us{after_start}",
+                "    {who:<15} start to done {:>6.1} s, peak RSS {:>6.1} MiB, CPU per delivery {:>6.2} us{after_start}; \
+                 the machine's {:>6.2} us",
                 side.start_to_done.as_secs_f64(),
                 side.rss_mib,
-                per_delivery(side.cpu_seconds)
+                per_delivery(side.cpu_seconds),
+                per_delivery(side.machine_cpu_seconds)
             );
         }
         results.push((ours, sink));
@@ -158,13 +162,16 @@ async fn projectionist(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>) -
     let (topic, _, _) = publish_all("bench.peer.states", states.iter().cloned()).await;
     let (pool, url) = empty_database("projectionist_bench_peer").await;
     migrate(&pool, &[&AccountStates]).await.unwrap();
+    let busy = machine_cpu_seconds();
     let run: Run = ACCOUNT_STATES.projector("run", &url, &topic, states.len(), &["--reset", "--exit-when-caught-up"]);
+    let machine_cpu_seconds = machine_cpu_seconds() - busy;
     Side {
         rate: run.rate,
         start_to_done: run.start_to_exit,
         rss_mib: run.rss_mib,
         cpu_seconds: run.cpu_seconds,
         cpu_after_start: None,
+        machine_cpu_seconds,
         wrong: wrong_rows(&pool, "account_states", "balance_cents", oracle).await,
     }
 }
@@ -187,6 +194,7 @@ async fn sink(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>, libs: &str
         last.insert(&s.aggregate_id, s.version);
     }
     let want: i64 = last.values().sum();
+    let busy = machine_cpu_seconds();
     let mut connect = Connect::start(&topic, &url, libs, plugins);
     let ready = connect.wait_running();
     let cpu_at_ready = connect.cpu_seconds();
@@ -200,6 +208,7 @@ async fn sink(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>, libs: &str
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let done = Instant::now();
+    let machine_cpu_seconds = machine_cpu_seconds() - busy;
     let (cpu_seconds, rss_mib) = (connect.cpu_seconds(), connect.peak_rss_mib());
     connect.stop();
     Side {
@@ -208,6 +217,7 @@ async fn sink(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>, libs: &str
         rss_mib,
         cpu_seconds,
         cpu_after_start: Some(cpu_seconds - cpu_at_ready),
+        machine_cpu_seconds,
         wrong: wrong_rows(&pool, "accounts", "balance_cents", oracle).await,
     }
 }
@@ -370,6 +380,16 @@ impl Connect {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Seconds of CPU the whole machine has spent (every core, every process), from /proc/stat.
+fn machine_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat (Linux)");
+    let cpu = stat.lines().next().expect("the cpu line");
+    // user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
+    let ticks: Vec<f64> = cpu.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
+    let busy: f64 = ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    busy / 100.0
 }
 
 /// A port free on 127.0.0.1 now, for the worker's REST listener.
