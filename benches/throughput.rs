@@ -176,17 +176,31 @@ fn kafka_drain(topic: &str, expected: usize) -> f64 {
 /// CPU seconds (user + system) of this process's children that have been waited for, from
 /// `/proc/self/stat` (`cutime`, `cstime`): around one projector run, its own CPU.
 fn children_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat (Linux)");
-    // Fields after the command name: state is field 3, cutime 16, cstime 17.
-    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat format").1.split_whitespace().collect();
-    let ticks: f64 = fields[13].parse::<f64>().unwrap() + fields[14].parse::<f64>().unwrap();
-    let per_second = Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse::<f64>().ok())
-        .unwrap_or(100.0);
-    ticks / per_second
+    stat_seconds("self", 13).expect("/proc/self/stat (Linux)")
+}
+
+/// Two clock-tick counters of `/proc/<pid>/stat` added up, in seconds: from the field
+/// `first` counted after the command name (11: `utime`, `stime`; 13: `cutime`, `cstime`).
+fn stat_seconds(pid: &str, first: usize) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    Some((ticks(first)? + ticks(first + 1)?) / clock_ticks())
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 where it cannot say).
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        let out = Command::new("getconf").arg("CLK_TCK").output().ok();
+        out.and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse::<f64>().ok()).unwrap_or(100.0)
+    })
+}
+
+/// A process's peak resident set (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// One projector run: deliveries/s, peak RSS in MiB, CPU seconds (user + system).
@@ -298,15 +312,8 @@ fn watch(mut child: std::process::Child, started: Instant, deliveries: usize, cp
     let watcher = {
         let peak = peak.clone();
         std::thread::spawn(move || loop {
-            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return };
-            if let Some(kb) = status
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-            {
-                peak.fetch_max(kb, std::sync::atomic::Ordering::Relaxed);
-            }
+            let Some(kb) = peak_rss_kib(pid) else { return };
+            peak.fetch_max(kb, std::sync::atomic::Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(20));
         })
     };

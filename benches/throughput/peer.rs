@@ -151,8 +151,8 @@ fn row(state: &RawEnvelope) -> Row {
 }
 
 /// Rows of `table` (`account_id` and the row's four columns) that are not the oracle's.
-async fn wrong_rows(pool: &PgPool, table: &str, balance: &str, oracle: &BTreeMap<String, Row>) -> usize {
-    let sql = format!("SELECT account_id, owner, {balance}, status, version FROM {table}");
+async fn wrong_rows(pool: &PgPool, table: &str, oracle: &BTreeMap<String, Row>) -> usize {
+    let sql = format!("SELECT account_id, owner, balance_cents, status, version FROM {table}");
     let rows: Vec<(String, String, i64, String, i64)> = sqlx::query_as(&sql).fetch_all(pool).await.unwrap();
     let found: BTreeMap<String, Row> = rows.into_iter().map(|(id, o, b, s, v)| (id, (o, b, s, v))).collect();
     oracle.iter().filter(|(id, want)| found.get(*id) != Some(want)).count()
@@ -172,7 +172,7 @@ async fn projectionist(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>) -
         cpu_seconds: run.cpu_seconds,
         cpu_after_start: None,
         machine_cpu_seconds,
-        wrong: wrong_rows(&pool, "account_states", "balance_cents", oracle).await,
+        wrong: wrong_rows(&pool, "account_states", oracle).await,
     }
 }
 
@@ -218,7 +218,7 @@ async fn sink(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>, libs: &str
         cpu_seconds,
         cpu_after_start: Some(cpu_seconds - cpu_at_ready),
         machine_cpu_seconds,
-        wrong: wrong_rows(&pool, "accounts", "balance_cents", oracle).await,
+        wrong: wrong_rows(&pool, "accounts", oracle).await,
     }
 }
 
@@ -260,13 +260,8 @@ impl Connect {
         std::fs::create_dir_all(&dir).unwrap();
         let rest = free_port();
         let name = format!("bench-sink-{}", uuid::Uuid::new_v4().simple());
-        let options: sqlx::postgres::PgConnectOptions = database_url.parse().expect("a PostgreSQL URL");
-        let jdbc = format!(
-            "jdbc:postgresql://{}:{}/{}",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap()
-        );
+        // The database, its user and password: the bench's own (the URL it was given).
+        let (jdbc, user, password) = jdbc(database_url);
         let brokers = super::brokers();
         let write = |file: &str, text: String| std::fs::write(dir.join(file), text).unwrap();
         write(
@@ -282,8 +277,6 @@ impl Connect {
                 dir.join("connect.offsets").display()
             ),
         );
-        // The database's user and password: the bench's own (the URL it was given).
-        let (user, password) = credentials(database_url);
         write(
             "sink.properties",
             format!(
@@ -361,17 +354,13 @@ impl Connect {
         panic!("Kafka Connect: {what}; status {status}; its log ends:\n{}", tail.join("\n"));
     }
 
+    /// The worker's CPU so far (`utime`, `stime`).
     fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |s| s.1).split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-        (ticks(11) + ticks(12)) / 100.0
+        super::stat_seconds(&self.child.id().to_string(), 11).unwrap_or(0.0)
     }
 
     fn peak_rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        let kib = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1));
-        kib.and_then(|k| k.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
+        super::peak_rss_kib(self.child.id()).unwrap_or(0) as f64 / 1024.0
     }
 
     /// Stops the worker by its pid (our child) and removes its files.
@@ -389,7 +378,7 @@ fn machine_cpu_seconds() -> f64 {
     // user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
     let ticks: Vec<f64> = cpu.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
     let busy: f64 = ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
-    busy / 100.0
+    busy / super::clock_ticks()
 }
 
 /// A port free on 127.0.0.1 now, for the worker's REST listener.
@@ -397,15 +386,17 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// The user and password of a PostgreSQL URL.
-fn credentials(url: &str) -> (String, String) {
+/// A PostgreSQL URL as JDBC takes it: the JDBC URL, the user and the password.
+fn jdbc(url: &str) -> (String, String, String) {
     let parsed: sqlx::postgres::PgConnectOptions = url.parse().expect("a PostgreSQL URL");
+    let database = parsed.get_database().expect("a database in the URL");
+    let jdbc = format!("jdbc:postgresql://{}:{}/{database}", parsed.get_host(), parsed.get_port());
     let password = url
         .split_once("://")
         .and_then(|(_, rest)| rest.split_once('@'))
         .and_then(|(userinfo, _)| userinfo.split_once(':'))
         .map_or(String::new(), |(_, p)| p.to_owned());
-    (parsed.get_username().to_owned(), password)
+    (jdbc, parsed.get_username().to_owned(), password)
 }
 
 /// `GET path` on `addr` (HTTP/1.0, so that the server closes): the body of a 200.

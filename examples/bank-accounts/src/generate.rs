@@ -11,7 +11,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use crate::{AccountEvent, AGGREGATE_TYPE};
 
 /// One expected `bank_accounts` row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExpectedAccount {
     /// Holder.
     pub owner: String,
@@ -65,53 +65,54 @@ pub fn envelope(account_id: &str, version: i64, event: &AccountEvent) -> RawEnve
 /// The read model `events` must produce, folded in memory: the latest version of each
 /// account applied once, in version order, whatever duplicates the input holds.
 pub fn expected(events: &[RawEnvelope]) -> BTreeMap<String, ExpectedAccount> {
-    let mut by_account: BTreeMap<String, BTreeMap<i64, AccountEvent>> = BTreeMap::new();
-    for e in events {
-        let event: AccountEvent =
-            serde_json::from_value(serde_json::json!({"type": e.event_type, "data": e.data})).expect("valid event");
-        by_account.entry(e.aggregate_id.clone()).or_default().insert(e.version, event);
-    }
-    by_account
+    by_account(events)
         .into_iter()
         .map(|(id, versions)| {
-            let mut row = ExpectedAccount { owner: String::new(), balance: 0, status: String::new(), version: 0 };
+            let mut row = ExpectedAccount::default();
             for (version, event) in versions {
                 assert_eq!(version, row.version + 1, "account {id} has a gap before version {version}");
-                match event {
-                    AccountEvent::AccountOpened { owner } => (row.owner, row.status) = (owner, "open".into()),
-                    AccountEvent::MoneyDeposited { amount } => row.balance += amount,
-                    AccountEvent::MoneyWithdrawn { amount } => row.balance -= amount,
-                    AccountEvent::AccountClosed {} => row.status = "closed".into(),
-                }
-                row.version = version;
+                row.apply(version, event);
             }
-            (id, row)
+            (id.to_owned(), row)
         })
         .collect()
 }
 
-/// Each delivery of `events` as a state-transfer record (see [`crate::states`]): the same
-/// envelope (id, aggregate, version, time), carrying the account's row after that version
-/// instead of the event. Duplicates and re-sends stay what they were.
-pub fn state_transfer(events: &[RawEnvelope]) -> Vec<RawEnvelope> {
+/// Each account's distinct events, by version.
+fn by_account(events: &[RawEnvelope]) -> BTreeMap<&str, BTreeMap<i64, AccountEvent>> {
     let mut by_account: BTreeMap<&str, BTreeMap<i64, AccountEvent>> = BTreeMap::new();
     for e in events {
         let event: AccountEvent =
             serde_json::from_value(serde_json::json!({"type": e.event_type, "data": e.data})).expect("valid event");
         by_account.entry(&e.aggregate_id).or_default().insert(e.version, event);
     }
+    by_account
+}
+
+impl ExpectedAccount {
+    /// The row after `event`, its version `version`.
+    fn apply(&mut self, version: i64, event: AccountEvent) {
+        match event {
+            AccountEvent::AccountOpened { owner } => (self.owner, self.status) = (owner, "open".into()),
+            AccountEvent::MoneyDeposited { amount } => self.balance += amount,
+            AccountEvent::MoneyWithdrawn { amount } => self.balance -= amount,
+            AccountEvent::AccountClosed {} => self.status = "closed".into(),
+        }
+        self.version = version;
+    }
+}
+
+/// Each delivery of `events` as a state-transfer record (see [`crate::states`]): the same
+/// envelope (id, aggregate, version, time), carrying the account's row after that version
+/// instead of the event. Duplicates and re-sends stay what they were.
+pub fn state_transfer(events: &[RawEnvelope]) -> Vec<RawEnvelope> {
     let mut rows: std::collections::HashMap<(&str, i64), serde_json::Value> = std::collections::HashMap::new();
-    for (id, versions) in by_account {
-        let (mut owner, mut balance, mut status) = (String::new(), 0_i64, "");
+    for (id, versions) in by_account(events) {
+        let mut row = ExpectedAccount::default();
         for (version, event) in versions {
-            match event {
-                AccountEvent::AccountOpened { owner: o } => (owner, status) = (o, "open"),
-                AccountEvent::MoneyDeposited { amount } => balance += amount,
-                AccountEvent::MoneyWithdrawn { amount } => balance -= amount,
-                AccountEvent::AccountClosed {} => status = "closed",
-            }
-            let row = serde_json::json!({ "owner": owner, "balance_cents": balance, "status": status });
-            rows.insert((id, version), row);
+            row.apply(version, event);
+            let state = serde_json::json!({ "owner": row.owner, "balance_cents": row.balance, "status": row.status });
+            rows.insert((id, version), state);
         }
     }
     let state = |e: &RawEnvelope| RawEnvelope {
