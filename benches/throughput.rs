@@ -64,10 +64,17 @@ async fn empty_database(name: &str) -> (PgPool, String) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (run ./scripts/bench.sh)");
     let admin = PgConnectOptions::from_str(&url).expect("valid DATABASE_URL");
     let mut conn = admin.connect().await.expect("connect");
-    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut conn)
-        .await
-        .expect("drop old database");
+    // An autovacuum worker in the old database (the superuser's, which `FORCE` may not end
+    // for this role: 42501) is waited out; it ends within seconds.
+    for tries in 1.. {
+        match sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await {
+            Ok(_) => break,
+            Err(e) if tries < 60 && e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42501") => {
+                tokio::time::sleep(Duration::from_secs(1)).await
+            }
+            Err(e) => panic!("drop old database {name}: {e}"),
+        }
+    }
     sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("fresh database");
     let pool = PgPoolOptions::new()
         .max_connections(4)
