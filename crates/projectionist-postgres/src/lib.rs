@@ -17,6 +17,7 @@ mod projection;
 pub mod rebuild;
 mod shared_rows;
 mod swap_lock;
+mod types;
 pub mod wait;
 pub mod writer;
 
