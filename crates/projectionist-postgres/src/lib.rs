@@ -34,4 +34,5 @@ pub use migrate::{migrate, migrate_with, MigrateOptions, HISTORY_TABLE};
 pub use prepared::Prepared;
 pub use projection::{checked_tables, create_schema, reset, validate, PgProjection, SharedProjection};
 pub use sqlx::{PgConnection, PgPool};
+pub use types::PgTypes;
 pub use writer::{Mode, Written};
