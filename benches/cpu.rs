@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bank_accounts::{AccountEvent, BankAccounts};
 use projectionist::fold::Fold;
 use projectionist::plan::{plan_unordered, Effect, EventRef, Stored};
-use projectionist::postgres::PgProjection;
+use projectionist::postgres::{PgProjection, PgTypes};
 use projectionist::{Envelope, EventDecoder, LazyEnvelope, Projection, Writes};
 
 const BATCH: usize = 5_000;
@@ -109,9 +109,9 @@ fn main() {
                     }
                 }
             }
-            let planned = plan_unordered(tables, &stored, &events).expect("the bench's batches plan");
+            let planned = plan_unordered(tables, &PgTypes, &stored, &events).expect("the bench's batches plan");
             let planned_at = Instant::now();
-            assert!(fold.absorb(tables, &planned), "the bench's batches fold");
+            assert!(fold.absorb(tables, &PgTypes, &planned), "the bench's batches fold");
             if fold.len() >= FOLD_ROWS {
                 fold.clear();
             }

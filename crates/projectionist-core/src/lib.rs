@@ -8,6 +8,8 @@ mod outcome;
 pub mod plan;
 mod projection;
 mod table;
+#[cfg(test)]
+mod test_types;
 pub mod upcast;
 mod write;
 

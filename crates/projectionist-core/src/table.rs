@@ -314,8 +314,9 @@ impl Table {
         self.columns.iter().any(|(c, _)| *c == column)
     }
 
-    /// The declared columns: name and SQL type (with its constraints).
-    pub(crate) fn column_declarations(&self) -> &'static [(&'static str, &'static str)] {
+    /// The declared columns: name and SQL type (with its constraints), as [`Table::columns`]
+    /// took them.
+    pub fn column_declarations(&self) -> &'static [(&'static str, &'static str)] {
         self.columns
     }
 

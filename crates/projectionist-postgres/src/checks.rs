@@ -2,10 +2,10 @@
 //! from the catalog: the set-based writer coalesces a row's writes only where no state it
 //! skips could have been refused, so that a batch ends as one event at a time would.
 
-use projectionist_core::plan::required_columns;
 use projectionist_core::Table;
 use sqlx::PgConnection;
 
+use crate::types::required_columns;
 use crate::{Ident, Result};
 
 /// The tables of a projection that PostgreSQL checks beyond their declared columns' types,

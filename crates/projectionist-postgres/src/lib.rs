@@ -17,6 +17,7 @@ mod projection;
 pub mod rebuild;
 mod shared_rows;
 mod swap_lock;
+mod types;
 pub mod wait;
 pub mod writer;
 
@@ -33,4 +34,5 @@ pub use migrate::{migrate, migrate_with, MigrateOptions, HISTORY_TABLE};
 pub use prepared::Prepared;
 pub use projection::{checked_tables, create_schema, reset, validate, PgProjection, SharedProjection};
 pub use sqlx::{PgConnection, PgPool};
+pub use types::PgTypes;
 pub use writer::{Mode, Written};

@@ -20,7 +20,7 @@ mod pending;
 
 use std::collections::HashMap;
 
-use crate::plan::{AggregateWrite, ColumnWrite, Declared, Plan, RowKind, RowWrite};
+use crate::plan::{AggregateWrite, ColumnWrite, Declared, Plan, RowKind, RowWrite, TypeRules};
 use crate::{Outcome, Table};
 use pending::Pending;
 
@@ -175,9 +175,10 @@ impl Fold {
     }
 
     /// Folds `plan` (planned against the versions the fold says, for the rows it holds) in,
-    /// or refuses it and changes nothing (see the module). `tables`: the projection's.
-    pub fn absorb(&mut self, tables: &[Table], plan: &Plan<'_>) -> bool {
-        let declared: Vec<(Table, Declared)> = tables.iter().map(|t| (*t, Declared::of(t))).collect();
+    /// or refuses it and changes nothing (see the module). `tables`: the projection's, whose
+    /// columns take the values `types` says, as planned.
+    pub fn absorb(&mut self, tables: &[Table], types: &dyn TypeRules, plan: &Plan<'_>) -> bool {
+        let declared: Vec<(Table, Declared)> = tables.iter().map(|t| (*t, Declared::of(t, types))).collect();
         let declared = |table: &Table| declared.iter().find(|(t, _)| t.name() == table.name()).map(|(_, d)| d);
         if !self.admits(plan, &declared) {
             return false;
@@ -471,6 +472,7 @@ fn same_name(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use crate::plan::{plan, Effect, EventRef, Stored};
+    use crate::test_types::TestTypes;
     use crate::{Envelope, Write};
 
     const ORDERS: Table =
@@ -505,8 +507,8 @@ mod tests {
                 (EventRef { aggregate_type: "order", aggregate_id: id, version: *version }, Effect::Writes(w))
             })
             .collect();
-        let p = plan(&TABLES, &stored, &events).unwrap();
-        assert!(fold.absorb(&TABLES, &p), "folded");
+        let p = plan(&TABLES, &TestTypes, &stored, &events).unwrap();
+        assert!(fold.absorb(&TABLES, &TestTypes, &p), "folded");
         p.outcomes
     }
 

@@ -285,6 +285,7 @@ fn compact(declared: &Declared, column: &mut Column) {
 #[cfg(test)]
 mod tests {
     use super::{compact, Column, Declared, Table};
+    use crate::test_types::TestTypes;
     use serde_json::{json, Value};
 
     const T: Table = Table::transition("t", "id").aggregate_type("a").columns(&[
@@ -309,7 +310,7 @@ mod tests {
 
     #[test]
     fn a_chain_of_integer_adds_is_kept_as_its_running_extremes() {
-        let declared = Declared::of(&T);
+        let declared = Declared::of(&T, &TestTypes);
         let deltas: Vec<Value> = [5, -12, 40, 3, -70, 8].into_iter().map(Value::from).collect();
         let mut c = column("n", &deltas);
         compact(&declared, &mut c);

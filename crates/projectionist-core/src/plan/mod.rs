@@ -1,7 +1,8 @@
 //! Planning a batch: every event classified against the stored versions exactly as the
 //! per-event gate would, and each row's applied chain coalesced into as few row writes as
 //! keep the result identical to applying the events one at a time. Pure: the Postgres side
-//! reads the versions, runs the plan's statements and checks their counts.
+//! reads the versions, says what its columns take ([`TypeRules`]), runs the plan's
+//! statements and checks their counts.
 //!
 //! What keeps a batch equal to its events applied one by one:
 //! - an event moves only the gates its own aggregate type owns ([`Table::owns`]);
@@ -32,8 +33,8 @@ use crate::write::{Change, Op, Write};
 use crate::Outcome;
 
 pub(crate) use coalesce::sums_fit;
-pub use columns::CopyColumns;
 pub(crate) use columns::Declared;
+pub use columns::{ColumnValues, TypeRules};
 use rows::plan_rows;
 
 /// The identity of an event being planned.
@@ -238,13 +239,15 @@ type Moves = (Option<i64>, Option<i64>);
 /// The planner's per-batch maps, keyed by what the batch's events hold.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// Plans `events` (in offset order) against `stored` for a projection owning `tables`.
+/// Plans `events` (in offset order) against `stored` for a projection owning `tables`, whose
+/// columns take the values `types` says (`projectionist_postgres::PgTypes`).
 pub fn plan<'a>(
     tables: &[Table],
+    types: &dyn TypeRules,
     stored: &Stored,
     events: &'a [(EventRef<'a>, Effect<'a>)],
 ) -> Result<Plan<'a>, PlanError> {
-    plan_rows(tables, stored, events, true)
+    plan_rows(tables, types, stored, events, true)
 }
 
 /// As [`plan`], with [`Plan::rows`] in no order but one (a row's insert before its update):
@@ -253,10 +256,11 @@ pub fn plan<'a>(
 /// what a rebuild spends per event.
 pub fn plan_unordered<'a>(
     tables: &[Table],
+    types: &dyn TypeRules,
     stored: &Stored,
     events: &'a [(EventRef<'a>, Effect<'a>)],
 ) -> Result<Plan<'a>, PlanError> {
-    plan_rows(tables, stored, events, false)
+    plan_rows(tables, types, stored, events, false)
 }
 
 /// Where to cut `events` so that no row of the `checked` tables is written twice within a
@@ -293,13 +297,6 @@ pub fn rounds(events: &[(EventRef<'_>, Effect<'_>)], checked: &[Table]) -> Vec<u
         }
     }
     cuts
-}
-
-/// The columns of `table` its declarations make NOT NULL with no default: a row inserted
-/// without them is refused, and the planner never completes such an insert with a later
-/// event's values.
-pub fn required_columns(table: &Table) -> Vec<&'static str> {
-    Declared::of(table).required().collect()
 }
 
 /// Whether events of `aggregate_type` are gated by the aggregate's version: when a fan-in,

@@ -13,11 +13,12 @@ use crate::table::{check_key, Gate};
 /// the plan of where the pass ends; `ordered_rows`: [`Plan::rows`] in their full order.
 pub(super) fn plan_rows<'a>(
     tables: &[Table],
+    types: &dyn TypeRules,
     stored: &Stored,
     events: &'a [(EventRef<'a>, Effect<'a>)],
     ordered_rows: bool,
 ) -> Result<Plan<'a>, PlanError> {
-    let mut pass = Pass::new(tables, stored, events.len());
+    let mut pass = Pass::new(tables, types, stored, events.len());
     // Per aggregate type, what gates its events: outside the pass, so that an event's steps
     // borrow it while they change the pass.
     let mut owned: Map<&str, Owned> = Map::default();
@@ -79,12 +80,12 @@ struct Pass<'a, 't> {
 }
 
 impl<'a, 't> Pass<'a, 't> {
-    fn new(tables: &'t [Table], stored: &'t Stored, events: usize) -> Self {
+    fn new(tables: &'t [Table], types: &dyn TypeRules, stored: &'t Stored, events: usize) -> Self {
         let parked_before = stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
         Pass {
             tables,
             stored,
-            declared: tables.iter().map(Declared::of).collect(),
+            declared: tables.iter().map(|t| Declared::of(t, types)).collect(),
             rows: Map::default(),
             cleared: Vec::new(),
             children: Map::default(),

@@ -22,8 +22,8 @@ pub(crate) async fn fold(
     }
     let stored = read_stored(conn, projection, tables, events, true, Some(fold)).await?;
     // Folded, the rows are written in the fold's order, not the plan's.
-    let plan = planned(events, plan_unordered(tables, &stored, events))?;
-    Ok(fold.absorb(tables, &plan).then_some(plan.outcomes))
+    let plan = planned(events, plan_unordered(tables, &PgTypes, &stored, events))?;
+    Ok(fold.absorb(tables, &PgTypes, &plan).then_some(plan.outcomes))
 }
 
 /// Writes what `fold` holds, set-based, each statement's row count checked: the aggregates'

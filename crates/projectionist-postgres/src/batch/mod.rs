@@ -11,8 +11,8 @@ use std::io::Write as _;
 
 use projectionist_core::fold::Fold;
 use projectionist_core::plan::{
-    aggregate_gated, plan, plan_unordered, rounds, AggregateWrite, CopyColumns, Effect, EventRef, Parked, Plan,
-    PlanError, RowKind, RowWrite, Stored, Versions,
+    aggregate_gated, plan, plan_unordered, rounds, AggregateWrite, Effect, EventRef, Parked, Plan, PlanError, RowKind,
+    RowWrite, Stored, Versions,
 };
 use projectionist_core::{Gate, Outcome, Table};
 use serde::Serialize;
@@ -29,6 +29,7 @@ use stored::{read_stored, write_aggregates};
 
 use crate::checks::Checks;
 use crate::shared_rows::SharedRows;
+use crate::types::{CopyColumns, PgTypes};
 use crate::{Error, EventErrorKind, Ident, Mode, Result};
 
 /// Whether the database refused a statement for a value in it — a data exception (class
@@ -153,7 +154,7 @@ async fn plan_run<'a>(
     let mut stored = read_stored(conn, projection, tables, events, parking.sole_writer, None).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
-    let planned = |events| planned(events, plan(tables, &stored, events));
+    let planned = |events| planned(events, plan(tables, &PgTypes, &stored, events));
     let mut plan = planned(events)?;
     // A gap ends the run: what precedes it is written, nothing at or after it.
     if let Some(gap) = plan.outcomes.iter().position(|o| matches!(o, Outcome::Gap { .. })) {

@@ -2,6 +2,7 @@
 //! statement over a JSON array of rows, its row count checked.
 
 use super::*;
+use crate::types::IntType;
 
 /// Writes `rows`, one statement per table and shape, each statement's row count checked.
 pub(super) async fn write_row_writes<'r, 'a: 'r>(
@@ -31,77 +32,36 @@ pub(super) enum ColumnKind {
     SumStored(IntType),
 }
 
-/// An integer column type, by its declaration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum IntType {
-    Small,
-    Int,
-    Big,
-}
-
-impl IntType {
-    /// The integer type a declaration such as `bigint NOT NULL DEFAULT 0` starts with.
-    fn of(declared: &str) -> Option<Self> {
-        let first = declared.split_whitespace().next()?;
-        let is = |names: &[&str]| names.iter().any(|n| first.eq_ignore_ascii_case(n));
-        if is(&["smallint", "int2"]) {
-            Some(Self::Small)
-        } else if is(&["integer", "int", "int4"]) {
-            Some(Self::Int)
-        } else if is(&["bigint", "int8"]) {
-            Some(Self::Big)
-        } else {
-            None
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::Small => "smallint",
-            Self::Int => "integer",
-            Self::Big => "bigint",
-        }
-    }
-
-    fn range(self) -> (i128, i128) {
-        match self {
-            Self::Small => (i16::MIN.into(), i16::MAX.into()),
-            Self::Int => (i32::MIN.into(), i32::MAX.into()),
-            Self::Big => (i64::MIN.into(), i64::MAX.into()),
-        }
-    }
-
-    /// `base + d1 + d2 + …` when every value is an integer and every step stays in the
-    /// type's range; `None` sends the column to the fold (which raises what a step raises).
-    fn total(self, base: &Value, deltas: &[&Value]) -> Option<i64> {
-        let (min, max) = self.range();
-        let (lo, hi, sum) = self.sums(deltas)?;
-        let base = i128::from(base.as_i64()?);
-        let fits = |v: i128| (min..=max).contains(&v);
-        (fits(base) && fits(base + lo) && fits(base + hi)).then(|| (base + sum) as i64)
-    }
-
-    /// The lowest and highest running sums of `deltas` (0 included) and their sum, when
-    /// every delta is an integer the type takes; `None` sends the column to the fold.
-    fn sums(self, deltas: &[&Value]) -> Option<(i128, i128, i128)> {
-        let (min, max) = self.range();
-        let (mut lo, mut hi, mut sum) = (0_i128, 0_i128, 0_i128);
-        for d in deltas {
-            let d = d.as_i64().map(i128::from).or_else(|| d.as_u64().map(i128::from))?;
-            if d < min || d > max {
-                return None;
-            }
-            sum += d;
-            (lo, hi) = (lo.min(sum), hi.max(sum));
-        }
-        Some((lo, hi, sum))
-    }
-}
-
 impl ColumnKind {
     fn folds(self) -> bool {
         matches!(self, Self::FoldStored | Self::FoldValue)
     }
+}
+
+/// `base + d1 + d2 + …` when every value is an integer and every step stays in `ty`'s
+/// range; `None` sends the column to the fold (which raises what a step raises).
+fn total(ty: IntType, base: &Value, deltas: &[&Value]) -> Option<i64> {
+    let (min, max) = ty.range();
+    let (lo, hi, sum) = sums(ty, deltas)?;
+    let base = i128::from(base.as_i64()?);
+    let fits = |v: i128| (min..=max).contains(&v);
+    (fits(base) && fits(base + lo) && fits(base + hi)).then(|| (base + sum) as i64)
+}
+
+/// The lowest and highest running sums of `deltas` (0 included) and their sum, when every
+/// delta is an integer `ty` takes; `None` sends the column to the fold.
+fn sums(ty: IntType, deltas: &[&Value]) -> Option<(i128, i128, i128)> {
+    let (min, max) = ty.range();
+    let (mut lo, mut hi, mut sum) = (0_i128, 0_i128, 0_i128);
+    for d in deltas {
+        let d = d.as_i64().map(i128::from).or_else(|| d.as_u64().map(i128::from))?;
+        if d < min || d > max {
+            return None;
+        }
+        sum += d;
+        (lo, hi) = (lo.min(sum), hi.max(sum));
+    }
+    Some((lo, hi, sum))
 }
 
 /// What one statement does: its kind of row write, touching these columns in these ways.
@@ -379,7 +339,7 @@ pub(super) fn encode(row: &RowWrite, out: &mut Vec<u8>, shape: &mut Shape) {
             }
             // An integer column, every step known: added here, exactly, as the column would.
             (Some(base), _) => {
-                match table.column_type(name).and_then(IntType::of).and_then(|ty| ty.total(base, &column.deltas)) {
+                match table.column_type(name).and_then(IntType::of).and_then(|ty| total(ty, base, &column.deltas)) {
                     Some(total) => {
                         doc.field(name, "", &total);
                         ColumnKind::Set
@@ -397,7 +357,7 @@ pub(super) fn encode(row: &RowWrite, out: &mut Vec<u8>, shape: &mut Shape) {
             }
             (None, _) => {
                 let int = table.column_type(name).and_then(IntType::of);
-                match int.and_then(|ty| Some((ty, ty.sums(&column.deltas)?))) {
+                match int.and_then(|ty| Some((ty, sums(ty, &column.deltas)?))) {
                     Some((ty, (lo, hi, sum))) => {
                         for (part, n) in [("$lo", lo), ("$hi", hi), ("$sum", sum)] {
                             // As a string: JSON numbers past i64 would lose digits.
@@ -472,26 +432,22 @@ pub(super) fn expect_rows(table: &str, planned: usize, changed: u64) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::IntType;
+    use super::{sums, total, IntType};
     use serde_json::json;
 
     #[test]
     fn integer_columns_sum_exactly_with_their_running_extremes() {
-        assert_eq!(IntType::of("bigint NOT NULL DEFAULT 0"), Some(IntType::Big));
-        assert_eq!(IntType::of("INT4"), Some(IntType::Int));
-        assert_eq!(IntType::of("smallint"), Some(IntType::Small));
-        assert_eq!(IntType::of("numeric(12,2)"), None);
-        assert_eq!(IntType::of("bigserial"), None);
+        use IntType::{Big, Small};
         let ds = [&json!(5), &json!(-12), &json!(u64::MAX), &json!(-3)];
-        assert_eq!(IntType::Big.sums(&ds), None, "a delta the type cannot take goes to the fold");
+        assert_eq!(sums(Big, &ds), None, "a delta the type cannot take goes to the fold");
         let ds = [&json!(5), &json!(-12), &json!(i64::MAX), &json!(-3)];
         let max = i128::from(i64::MAX);
-        assert_eq!(IntType::Big.sums(&ds), Some((-7, max - 7, max - 10)));
-        assert_eq!(IntType::Small.sums(&[&json!(1.5)]), None, "not an integer: the fold");
-        assert_eq!(IntType::Small.sums(&[&json!("7")]), None, "a string: the fold");
-        assert_eq!(IntType::Small.total(&json!(32000), &[&json!(700), &json!(-700)]), Some(32000));
-        assert_eq!(IntType::Small.total(&json!(32000), &[&json!(800), &json!(-800)]), None, "a step overflows");
-        assert_eq!(IntType::Small.total(&json!(-32768), &[&json!(-1), &json!(1)]), None, "a step overflows");
-        assert_eq!(IntType::Big.total(&json!("5"), &[&json!(1)]), None, "a string base: the fold");
+        assert_eq!(sums(Big, &ds), Some((-7, max - 7, max - 10)));
+        assert_eq!(sums(Small, &[&json!(1.5)]), None, "not an integer: the fold");
+        assert_eq!(sums(Small, &[&json!("7")]), None, "a string: the fold");
+        assert_eq!(total(Small, &json!(32000), &[&json!(700), &json!(-700)]), Some(32000));
+        assert_eq!(total(Small, &json!(32000), &[&json!(800), &json!(-800)]), None, "a step overflows");
+        assert_eq!(total(Small, &json!(-32768), &[&json!(-1), &json!(1)]), None, "a step overflows");
+        assert_eq!(total(Big, &json!("5"), &[&json!(1)]), None, "a string base: the fold");
     }
 }

@@ -12,19 +12,19 @@ fn a_fan_in_row_deleted_drops_what_came_before_and_starts_again_after() {
         (r("a", 3), Effect::Writes(&add)),
         (r("a", 2), Effect::Writes(&delete)),
     ];
-    let p = plan(&[STATS], &Stored::default(), &events).unwrap();
+    let p = plan(&[STATS], &TestTypes, &Stored::default(), &events).unwrap();
     assert_eq!(p.outcomes[3], Outcome::Stale, "a replayed delete after the re-creation");
     let rows: Vec<(RowKind, Vec<Value>)> =
         p.rows.iter().map(|r| (r.kind, r.columns.iter().flat_map(|c| owned(&c.deltas)).collect())).collect();
     assert_eq!(rows, vec![(RowKind::Delete, vec![]), (RowKind::Merge, vec![Value::from(2)])]);
     assert!(p.superseded.is_empty(), "a set that surely fits, dropped: nothing PostgreSQL would refuse");
     // Deleted last: only the delete is written.
-    let p = plan(&[STATS], &Stored::default(), &events[..2]).unwrap();
+    let p = plan(&[STATS], &TestTypes, &Stored::default(), &events[..2]).unwrap();
     assert_eq!(p.rows.iter().map(|r| r.kind).collect::<Vec<_>>(), vec![RowKind::Delete]);
     // An add dropped by the delete might have been refused (an overflow of what the row
     // holds): checked against the row as stored, nothing written, no rounds.
     let events = [(r("a", 1), Effect::Writes(&add)), (r("a", 2), Effect::Writes(&delete))];
-    let p = plan(&[STATS], &Stored::default(), &events).unwrap();
+    let p = plan(&[STATS], &TestTypes, &Stored::default(), &events).unwrap();
     let rows: Vec<(RowKind, Vec<Value>)> =
         p.rows.iter().map(|r| (r.kind, r.columns.iter().flat_map(|c| owned(&c.deltas)).collect())).collect();
     assert_eq!(rows, vec![(RowKind::Check, vec![Value::from(2)]), (RowKind::Delete, vec![])]);
@@ -32,13 +32,13 @@ fn a_fan_in_row_deleted_drops_what_came_before_and_starts_again_after() {
     // Once deleted in the batch, the row is new: its adds start from zero, summed here.
     let events =
         [(r("a", 1), Effect::Writes(&delete)), (r("a", 2), Effect::Writes(&add)), (r("a", 3), Effect::Writes(&delete))];
-    let p = plan(&[STATS], &Stored::default(), &events).unwrap();
+    let p = plan(&[STATS], &TestTypes, &Stored::default(), &events).unwrap();
     assert_eq!((p.rows.iter().map(|r| r.kind).collect::<Vec<_>>(), p.superseded), (vec![RowKind::Delete], vec![]));
     // An add to the stored row that a later set replaced, then the row deleted: the add
     // alone could overflow what the row holds; no check can stand for it, so in rounds.
     let events =
         [(r("a", 1), Effect::Writes(&add)), (r("a", 2), Effect::Writes(&set)), (r("a", 3), Effect::Writes(&delete))];
-    assert_eq!(plan(&[STATS], &Stored::default(), &events).unwrap().superseded, vec![STATS]);
+    assert_eq!(plan(&[STATS], &TestTypes, &Stored::default(), &events).unwrap().superseded, vec![STATS]);
     // Unless a step leaves the column's range: in rounds.
     let big = [STATS.row("c").add("n", i64::MAX)];
     let events = [
@@ -47,7 +47,7 @@ fn a_fan_in_row_deleted_drops_what_came_before_and_starts_again_after() {
         (r("a", 3), Effect::Writes(&big)),
         (r("a", 4), Effect::Writes(&delete)),
     ];
-    assert_eq!(plan(&[STATS], &Stored::default(), &events).unwrap().superseded, vec![STATS]);
+    assert_eq!(plan(&[STATS], &TestTypes, &Stored::default(), &events).unwrap().superseded, vec![STATS]);
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn a_row_made_and_deleted_in_the_batch_is_checked_in_memory_where_its_values_are
         (r("a", 3), Effect::Writes(&[])),
         (r("a", 4), Effect::Writes(&gone)),
     ];
-    let p = plan(&[ORDERS], &Stored::default(), &events).unwrap();
+    let p = plan(&[ORDERS], &TestTypes, &Stored::default(), &events).unwrap();
     assert!(p.superseded.is_empty() && p.rows.is_empty(), "0 + 5 fits: nothing to check, nothing written");
     // An add to a column the creating event left to its default: not known here.
     let events = [
@@ -77,7 +77,7 @@ fn a_row_made_and_deleted_in_the_batch_is_checked_in_memory_where_its_values_are
         (r("a", 3), Effect::Writes(&late)),
         (r("a", 4), Effect::Writes(&gone)),
     ];
-    assert_eq!(plan(&[ORDERS], &Stored::default(), &events).unwrap().superseded, vec![ORDERS]);
+    assert_eq!(plan(&[ORDERS], &TestTypes, &Stored::default(), &events).unwrap().superseded, vec![ORDERS]);
 }
 
 #[test]
@@ -93,13 +93,13 @@ fn a_deletable_row_deleted_keeps_its_version_in_the_aggregate_version_and_a_late
     ];
     let mut stored = Stored::default();
     stored.rows.insert("ledger", Versions::from_iter([("a".to_owned(), 3)]));
-    let p = plan(&[LEDGER], &stored, &events).unwrap();
+    let p = plan(&[LEDGER], &TestTypes, &stored, &events).unwrap();
     assert_eq!(p.outcomes, vec![Outcome::Applied, Outcome::Applied, Outcome::Applied, Outcome::Stale]);
     let rows: Vec<_> = p.rows.iter().map(|r| (r.kind, r.expected, r.version)).collect();
     assert_eq!(rows, vec![(RowKind::Delete, Some(3), None), (RowKind::Insert, None, Some(6))]);
     assert_eq!((p.aggregates[0].expected, p.aggregates[0].version), (None, 6), "kept from where the row stood");
     // Deleted and not written again: only the delete; v5 moves the aggregate's version alone.
-    let p = plan(&[LEDGER], &stored, &events[..2]).unwrap();
+    let p = plan(&[LEDGER], &TestTypes, &stored, &events[..2]).unwrap();
     assert_eq!(p.rows.iter().map(|r| r.kind).collect::<Vec<_>>(), vec![RowKind::Delete]);
     assert_eq!(p.aggregates[0].version, 5);
 }
@@ -118,7 +118,7 @@ fn a_clear_drops_the_aggregates_children_written_before_it_and_is_written_first(
         (r("a", 2), Effect::Writes(&w2)),
         (r("a", 3), Effect::Writes(&w3)),
     ];
-    let p = plan(&[LINES], &Stored::default(), &events).unwrap();
+    let p = plan(&[LINES], &TestTypes, &Stored::default(), &events).unwrap();
     let rows: Vec<_> = p.rows.iter().map(|r| (r.kind, r.key, r.child)).collect();
     assert_eq!(
         rows,
