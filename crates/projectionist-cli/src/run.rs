@@ -53,6 +53,9 @@ impl App {
         let elapsed = started.elapsed().as_secs_f64();
         for (name, stats) in &report.projections {
             println!("{name}: {}", summary(stats, elapsed));
+            for (topic, partition, accounting) in stats.partitions() {
+                println!("  {topic}/{partition}: {accounting}");
+            }
         }
         let halts = report.halts();
         if halts.is_empty() {

@@ -129,6 +129,11 @@ impl<M> Batcher<M> {
         self.buffer.first()
     }
 
+    /// How many messages are buffered.
+    pub(crate) fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
     /// Whether nothing is buffered.
     pub(crate) fn is_empty(&self) -> bool {
         self.buffer.is_empty()

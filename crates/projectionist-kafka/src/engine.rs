@@ -163,6 +163,18 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// Logs an error for each partition whose messages read do not add up to their outcomes
+    /// (see [`crate::Accounting`]): one counted twice or not at all, which is a bug.
+    fn check_accounting(&self) {
+        for (name, stats) in &self.projections {
+            for (topic, partition, accounting) in stats.partitions().into_iter().filter(|(_, _, a)| !a.adds_up()) {
+                let message =
+                    "The messages this partition read do not add up to their outcomes (a bug; please report it).";
+                tracing::error!(projection = %name, %topic, partition, %accounting, "{message}");
+            }
+        }
+    }
+
     /// Every partition halt, as messages naming topic, partition, offset and reason.
     pub fn halts(&self) -> Vec<String> {
         self.projections.iter().flat_map(|(_, s)| s.halts.lock().expect("halts lock").clone()).collect()
@@ -279,6 +291,7 @@ impl Engine {
         for r in results {
             r.map_err(|e| Error::Task(e.to_string()))??;
         }
+        report.check_accounting();
         Ok(report)
     }
 

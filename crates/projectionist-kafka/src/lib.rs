@@ -22,4 +22,4 @@ pub use config::{redact_userinfo, EngineConfig, Exclusive, ProjectionSettings};
 pub use engine::{Engine, Readiness, ReadyState, Registration, RunReport};
 pub use error::{Error, Result};
 pub use retry::{Retry, RetryPolicy, Retrying};
-pub use stats::Stats;
+pub use stats::{Accounting, Stats};

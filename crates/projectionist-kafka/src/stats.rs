@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use projectionist_core::OutcomeCounts;
 
@@ -48,6 +48,106 @@ pub struct Stats {
     /// Waits for PostgreSQL under way: partitions applying a batch and checkpoint reads on
     /// assignment (see [`crate::outage`]).
     pub(crate) waiting: Mutex<usize>,
+    /// What became of the messages each partition read, over all its assignments in this
+    /// process.
+    partitions: Mutex<BTreeMap<Tp, Arc<Tally>>>,
+}
+
+/// What became of the messages one partition read in a process: each read message ends in
+/// exactly one of the other counters, so that `read` is their sum ([`Accounting::adds_up`])
+/// once nothing is in flight. Held events applied later, when their aggregate resumes, are
+/// not counted again here (they were counted `parked` when read).
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub read: AtomicU64,
+    pub applied: AtomicU64,
+    pub duplicate: AtomicU64,
+    pub stale: AtomicU64,
+    pub ignored: AtomicU64,
+    pub parked: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    /// Read and then dropped before an outcome: revoked, halted, a checkpoint that moved, a
+    /// batch abandoned or that failed. Read again by the partition's next owner or run.
+    pub unapplied: AtomicU64,
+}
+
+impl Tally {
+    /// The outcomes of a committed batch's own events, and `dead_lettered` messages of it
+    /// that are not events at all.
+    pub(crate) fn add(&self, c: &OutcomeCounts, not_events: u64) {
+        self.applied.fetch_add(c.applied, Ordering::Relaxed);
+        self.duplicate.fetch_add(c.duplicate, Ordering::Relaxed);
+        self.stale.fetch_add(c.stale, Ordering::Relaxed);
+        self.ignored.fetch_add(c.ignored, Ordering::Relaxed);
+        self.parked.fetch_add(c.parked, Ordering::Relaxed);
+        self.dead_lettered.fetch_add(c.dead_lettered + not_events, Ordering::Relaxed);
+    }
+
+    /// `n` messages read and dropped before an outcome.
+    pub(crate) fn unapplied(&self, n: usize) {
+        self.unapplied.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Accounting {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Accounting {
+            read: load(&self.read),
+            applied: load(&self.applied),
+            duplicate: load(&self.duplicate),
+            stale: load(&self.stale),
+            ignored: load(&self.ignored),
+            parked: load(&self.parked),
+            dead_lettered: load(&self.dead_lettered),
+            unapplied: load(&self.unapplied),
+        }
+    }
+}
+
+/// What became of the messages one partition read in a process, as [`Stats::partitions`]
+/// tells it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Accounting {
+    /// Messages read from the partition.
+    pub read: u64,
+    /// Events that changed the read model.
+    pub applied: u64,
+    /// Redeliveries of applied versions.
+    pub duplicate: u64,
+    /// Versions older than the stored one.
+    pub stale: u64,
+    /// Event types the projection does not handle.
+    pub ignored: u64,
+    /// Events held behind a parked aggregate.
+    pub parked: u64,
+    /// Messages kept as dead letters.
+    pub dead_lettered: u64,
+    /// Read, then dropped before an outcome (revoked, halted, stopped, a moved checkpoint):
+    /// read again by the partition's next owner or run.
+    pub unapplied: u64,
+}
+
+impl Accounting {
+    /// Whether every message read is counted once: `read` is the sum of the rest.
+    pub fn adds_up(&self) -> bool {
+        let Self { read, applied, duplicate, stale, ignored, parked, dead_lettered, unapplied } = *self;
+        read == applied + duplicate + stale + ignored + parked + dead_lettered + unapplied
+    }
+}
+
+impl std::fmt::Display for Accounting {
+    /// `read R = applied A + duplicates D + …`, the identity it should satisfy.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { read, applied, duplicate, stale, ignored, parked, dead_lettered, unapplied } = *self;
+        write!(
+            f,
+            "read {read} = applied {applied} + duplicates {duplicate} + stale {stale} + ignored {ignored} + parked \
+             {parked} + dead-lettered {dead_lettered} + not applied {unapplied}"
+        )?;
+        if !self.adds_up() {
+            write!(f, " (does not add up)")?;
+        }
+        Ok(())
+    }
 }
 
 impl Stats {
@@ -84,6 +184,18 @@ impl Stats {
     /// Partitions halted in this process (they stay halted until it restarts).
     pub fn partitions_halted(&self) -> usize {
         self.halted.lock().expect("halted lock").len()
+    }
+
+    /// The tally of partition `tp`, made at its first assignment.
+    pub(crate) fn tally(&self, tp: &Tp) -> Arc<Tally> {
+        self.partitions.lock().expect("partitions lock").entry(tp.clone()).or_default().clone()
+    }
+
+    /// What became of the messages each partition read in this process, by topic and
+    /// partition.
+    pub fn partitions(&self) -> Vec<(String, i32, Accounting)> {
+        let partitions = self.partitions.lock().expect("partitions lock");
+        partitions.iter().map(|(tp, t)| (tp.topic.clone(), tp.partition, t.snapshot())).collect()
     }
 
     /// Outcome counts so far.

@@ -146,6 +146,26 @@ async fn applied_so_far(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT coalesce(sum(version), 0)::bigint FROM bank_accounts").fetch_one(pool).await.unwrap()
 }
 
+/// The summary's partition lines of `topic` (`read R = applied A + …`), each checked to
+/// add up: its counts after `read`, in the order printed.
+fn partition_counts(stdout: &str, topic: &str) -> Vec<Vec<u64>> {
+    let prefix = format!("{topic}/");
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.trim().starts_with(&prefix)).collect();
+    lines
+        .iter()
+        .map(|line| {
+            assert!(!line.contains("does not add up"), "{line}");
+            let (_, counts) = line.split_once(": ").unwrap();
+            let n: Vec<u64> = counts
+                .split(['=', '+'])
+                .map(|part| part.split_whitespace().last().unwrap().parse().unwrap_or_else(|e| panic!("{line}: {e}")))
+                .collect();
+            assert_eq!(n[0], n[1..].iter().sum::<u64>(), "read is the sum of the outcomes: {line}");
+            n
+        })
+        .collect()
+}
+
 fn summary_number(stdout: &str, label: &str) -> u64 {
     let at = stdout.find(label).unwrap_or_else(|| panic!("no {label:?} in {stdout}")) + label.len();
     stdout[at..].trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
@@ -164,6 +184,10 @@ async fn published_events_build_the_expected_read_model(pool: PgPool) {
     assert_eq!(summary_number(&stdout, "applied"), events.len() as u64, "{stdout}");
     let skipped = summary_number(&stdout, "duplicates skipped") + summary_number(&stdout, "stale skipped");
     assert_eq!(skipped, (delivered.len() - events.len()) as u64, "{stdout}");
+    let partitions = partition_counts(&stdout, &env.topic);
+    assert_eq!(partitions.len(), 4, "a line per partition: {stdout}");
+    let applied: u64 = partitions.iter().map(|n| n[1]).sum();
+    assert_eq!(applied, events.len() as u64, "the partitions' applied add up to the run's: {stdout}");
     let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_checkpoints WHERE topic = $1")
         .bind(&env.topic)
         .fetch_one(&pool)
@@ -267,6 +291,8 @@ async fn a_runner_killed_while_aggregates_are_parked_loses_and_doubles_nothing(p
             .unwrap();
     let want: Vec<String> = poisoned.iter().map(|id| (*id).clone()).collect();
     assert_eq!(parked, want, "only the poisoned accounts wait, each behind its dead letter: {stdout}");
+    // Parked, dead-lettered, drained: every message the restarted run read is counted once.
+    assert_eq!(partition_counts(&stdout, &env.topic).len(), 4, "{stdout}");
     let gaps: i64 = sqlx::query_scalar("SELECT count(*) FROM projectionist_parked WHERE dead_letter IS NULL")
         .fetch_one(&pool)
         .await
@@ -439,6 +465,8 @@ async fn under_on_poison_halt_a_malformed_event_halts_its_partition_naming_it(po
     assert!(stderr.contains("Every partition caught up with its high watermark or halted; stopping."), "{stderr}");
     assert!(!stderr.contains("Caught up with the high watermarks"), "{stderr}");
     assert!(stdout.contains("ignored 0; 1 partition(s) halted"), "the summary counts the halt: {stdout}");
+    // The poison message and the one after it: read, not applied (read again after the fix).
+    assert_eq!(partition_counts(&stdout, &env.topic), [[3, 1, 0, 0, 0, 0, 0, 2]], "{stdout}");
     let expected = format!(
         "partition halted: {}/0@1 in projection bank_accounts, aggregate acc-p: undecodable \
         envelope: field `id`: not a UUID",
@@ -452,6 +480,29 @@ async fn under_on_poison_halt_a_malformed_event_halts_its_partition_naming_it(po
         .unwrap();
     assert_eq!(next, 1, "checkpoint stops at the poison event, never past it");
     assert_eq!(applied_so_far(&pool).await, 1, "the event after the poison one is not applied");
+}
+
+/// Under the default `on_poison`, a message that is not an envelope is dead-lettered and the
+/// partition reads on: the summary counts it once, as dead-lettered.
+#[sqlx::test(migrations = false)]
+async fn a_malformed_message_is_counted_once_as_a_dead_letter(pool: PgPool) {
+    let env = Env::new(&pool, "malformed").await;
+    let out = env.cli(&["create-topics", "--partitions", "1"]).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let opened = generate::envelope("acc-m", 1, &AccountEvent::AccountOpened { owner: "m".into() });
+    let after = generate::envelope("acc-m", 2, &AccountEvent::MoneyDeposited { amount: 5 });
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let malformed = b"{not json".to_vec();
+    for payload in [opened.to_json(), malformed, after.to_json(), opened.to_json()] {
+        producer.send(BaseRecord::to(&env.topic).key("acc-m").payload(&payload)).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let (status, stdout, stderr) = env.run_until_caught_up(&[]).await;
+    assert!(status.success(), "{stderr}");
+    // Read 4: versions 1 and 2 applied, the malformed message dead-lettered alone (it names
+    // no usable aggregate), version 1 again stale (the account is at version 2).
+    assert_eq!(partition_counts(&stdout, &env.topic), [[4, 2, 0, 1, 0, 0, 1, 0]], "{stdout}");
 }
 
 /// Produces `payloads` in one transaction, committed or aborted.

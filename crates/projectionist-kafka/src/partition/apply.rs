@@ -51,63 +51,78 @@ impl Partition {
         );
         let this = self.clone();
         async move {
-            let first_offset = messages.first().map_or(0, |m| m.at.offset);
-            let last_offset = messages.last().map_or(0, |m| m.at.offset);
-            let (mut prepared, places, mut halt) = this.prepare(messages).await;
-            let mut end = prepared.len();
-            if let Some((index, failure)) = prepared.failures().find(|(_, e)| this.halts(e)) {
-                halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, failure));
-                end = index;
+            let size = messages.len();
+            let applied = this.apply_inner(messages, through, order).await;
+            if !matches!(applied, Applied::Committed { .. }) {
+                // Nothing of it committed: read again by the next owner or run.
+                this.tally.unapplied(size);
             }
-            loop {
-                prepared.truncate(end);
-                // Everything, or up to the message the partition halts at.
-                let next_offset = match (&halt, through) {
-                    (Some(h), _) => h.offset,
-                    (None, Some(position)) => position.max(last_offset + 1),
-                    (None, None) => last_offset + 1,
-                };
-                if let Some(source) = prepared.source_mut() {
-                    source.undecodable.retain(|u| u.message.offset.is_some_and(|o| o < next_offset));
-                }
-                if next_offset <= first_offset {
-                    break;
-                }
-                let started = Instant::now();
-                let Some(result) = this.attempt(&prepared, &places, next_offset, order.clone()).await else {
-                    return Applied::Abandoned;
-                };
-                let e = match result {
-                    Ok(counted) => {
-                        return this.committed_batch(counted, &prepared, &places, first_offset, started, halt)
-                    }
-                    Err(projectionist_postgres::Error::CheckpointMoved { stored, .. }) => {
-                        return Applied::Moved(stored)
-                    }
-                    Err(e) => e,
-                };
-                let index = e.event_index().unwrap_or(0);
-                let e = match e.event_index() {
-                    Some(_) if !this.halts(&e) => {
-                        // An event retrying cannot fix: dead-lettered, the rest written again.
-                        let error = e.to_string();
-                        match prepared.poison(index, e) {
-                            Ok(()) => {
-                                tracing::warn!(%error, "An event the batch cannot apply; dead-lettering it.");
-                                continue;
-                            }
-                            Err(e) => e,
-                        }
-                    }
-                    _ => e,
-                };
-                halt = Some(this.halt_at(places.get(index).copied(), &prepared, index, &e));
-                end = index;
-            }
-            Applied::Halted(halt.expect("a batch commits, or halts at an event"))
+            applied
         }
         .instrument(span)
         .await
+    }
+
+    /// [`Partition::apply`]'s work, in its span.
+    async fn apply_inner(&self, messages: Vec<Msg>, through: Option<i64>, order: watch::Receiver<Order>) -> Applied {
+        let offsets: Vec<i64> = messages.iter().map(|m| m.at.offset).collect();
+        let first_offset = messages.first().map_or(0, |m| m.at.offset);
+        let last_offset = messages.last().map_or(0, |m| m.at.offset);
+        let (mut prepared, places, mut halt) = self.prepare(messages).await;
+        let mut end = prepared.len();
+        if let Some((index, failure)) = prepared.failures().find(|(_, e)| self.halts(e)) {
+            halt = Some(self.halt_at(places.get(index).copied(), &prepared, index, failure));
+            end = index;
+        }
+        loop {
+            prepared.truncate(end);
+            // Everything, or up to the message the partition halts at.
+            let next_offset = match (&halt, through) {
+                (Some(h), _) => h.offset,
+                (None, Some(position)) => position.max(last_offset + 1),
+                (None, None) => last_offset + 1,
+            };
+            let mut not_events = 0;
+            if let Some(source) = prepared.source_mut() {
+                source.undecodable.retain(|u| u.message.offset.is_some_and(|o| o < next_offset));
+                not_events = source.undecodable.len() as u64;
+            }
+            if next_offset <= first_offset {
+                break;
+            }
+            let started = Instant::now();
+            let Some(result) = self.attempt(&prepared, &places, next_offset, order.clone()).await else {
+                return Applied::Abandoned;
+            };
+            let e = match result {
+                Ok(counted) => {
+                    let unapplied = offsets.iter().filter(|&&o| o >= counted.next_offset).count();
+                    self.tally.add(&counted.own, not_events);
+                    self.tally.unapplied(unapplied);
+                    return self.committed_batch(counted, &prepared, &places, first_offset, started, halt);
+                }
+                Err(projectionist_postgres::Error::CheckpointMoved { stored, .. }) => return Applied::Moved(stored),
+                Err(e) => e,
+            };
+            let index = e.event_index().unwrap_or(0);
+            let e = match e.event_index() {
+                Some(_) if !self.halts(&e) => {
+                    // An event retrying cannot fix: dead-lettered, the rest written again.
+                    let error = e.to_string();
+                    match prepared.poison(index, e) {
+                        Ok(()) => {
+                            tracing::warn!(%error, "An event the batch cannot apply; dead-lettering it.");
+                            continue;
+                        }
+                        Err(e) => e,
+                    }
+                }
+                _ => e,
+            };
+            halt = Some(self.halt_at(places.get(index).copied(), &prepared, index, &e));
+            end = index;
+        }
+        Applied::Halted(halt.expect("a batch commits, or halts at an event"))
     }
 
     /// The batch's messages split (those that are not envelopes set aside, or under
@@ -184,7 +199,7 @@ impl Partition {
         started: Instant,
         mut halt: Option<Halt>,
     ) -> Applied {
-        let Counted { counts, next_offset, gap, ignored, parking } = counted;
+        let Counted { counts, next_offset, gap, ignored, parking, .. } = counted;
         self.stats.add(&counts);
         self.count_ignored(ignored);
         self.count_parking(&parking);
@@ -338,6 +353,7 @@ impl Partition {
             metrics::counter!(m::BATCH_FALLBACKS, "projection" => self.name().to_owned()).increment(1);
         }
         let mut counts: OutcomeCounts = outcomes.iter().filter(|o| !matches!(o, Outcome::Gap { .. })).collect();
+        let own = counts;
         // Held events of earlier batches applied now count as what they became.
         let drained = written.drained;
         counts.merge(&OutcomeCounts { parked: 0, ..drained });
@@ -356,7 +372,7 @@ impl Partition {
         for (reason, n) in dead_letters {
             metrics::counter!(m::DEAD_LETTERS, "projection" => self.name().to_owned(), "reason" => reason).increment(n);
         }
-        Counted { counts, next_offset, gap, ignored, parking }
+        Counted { counts, own, next_offset, gap, ignored, parking }
     }
 
     /// Counts what a committed batch did to the parking, and logs it.
@@ -408,6 +424,9 @@ pub(crate) enum Applied {
 /// ended it, if one did (its index in the batch, and why).
 struct Counted {
     counts: OutcomeCounts,
+    /// The outcomes of the batch's own events (`counts` without the held events of earlier
+    /// batches it applied).
+    own: OutcomeCounts,
     /// What the batch did to the parking.
     parking: Parking,
     next_offset: i64,

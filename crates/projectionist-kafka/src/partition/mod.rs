@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use crate::batcher::{Batcher, Limits};
 use crate::context::EngineContext;
 use crate::retry::RetryPolicy;
-use crate::stats::Stats;
+use crate::stats::{Stats, Tally};
 use crate::tp::Tp;
 use apply::Applied;
 use decode::Msg;
@@ -83,6 +83,8 @@ pub(crate) struct Partition {
     pub pool: PgPool,
     pub consumer: Arc<StreamConsumer<EngineContext>>,
     pub stats: Arc<Stats>,
+    /// What became of the messages it read (shared by its assignments in this process).
+    pub tally: Arc<Tally>,
     pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
     pub checked: Arc<Checked>,
     /// A rebuild's bulk load: batches folded in memory, written once due (see `Folding`).
@@ -137,6 +139,8 @@ impl Checked {
 /// The batch being applied, in a task of its own.
 struct InFlight {
     handle: JoinHandle<Applied>,
+    /// Its messages.
+    size: usize,
     /// Broker timestamp of its first message.
     oldest: Option<i64>,
 }
@@ -247,6 +251,8 @@ impl Partition {
         if task.order == Order::Shutdown && !task.batcher.is_halted() && task.partition.fold_held() {
             task.write_fold(Reads::End).await;
         }
+        // Revoked: what is buffered is left to the next owner.
+        task.partition.tally.unapplied(task.batcher.len());
     }
 }
 
@@ -262,6 +268,7 @@ impl Task {
             Some(Ok(message)) => {
                 let (msg, bytes) = Msg::from_kafka(&message, self.partition.settings.max_event_bytes);
                 self.partition.stats.read.fetch_add(1, Ordering::Relaxed);
+                self.partition.tally.read.fetch_add(1, Ordering::Relaxed);
                 self.batcher.push_read_now(msg, bytes, Instant::now);
                 true
             }
@@ -294,9 +301,9 @@ impl Task {
         // Everything read is in this batch: it may end past the last message, at the
         // position after the transaction markers read with it.
         let through = if drained && self.batcher.is_empty() { self.partition.position() } else { None };
-        let oldest = batch.first().and_then(|m| m.at.timestamp);
+        let (oldest, size) = (batch.first().and_then(|m| m.at.timestamp), batch.len());
         let handle = tokio::spawn(self.partition.clone().apply(batch, through, orders.clone()));
-        self.in_flight = Some(InFlight { handle, oldest });
+        self.in_flight = Some(InFlight { handle, size, oldest });
         Flow::Continue
     }
 
@@ -398,6 +405,7 @@ impl Task {
             Ok(Applied::Moved(stored)) => self.read_on_from(stored),
             Err(e) => {
                 // A panic in projection code: the batch rolled back with its transaction.
+                self.partition.tally.unapplied(in_flight.size);
                 let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
                 let reason = format!("the projection's task failed: {e}");
                 let kind = HaltKind::Error;
@@ -416,6 +424,7 @@ impl Task {
         let partition = &self.partition;
         let (topic, number) = (&partition.tp.topic, partition.tp.partition);
         let dropped = self.batcher.restart();
+        partition.tally.unapplied(dropped);
         partition.progress.checkpoint.store(stored.unwrap_or(-1), Ordering::SeqCst);
         partition.progress.stored.store(stored.unwrap_or(-1), Ordering::SeqCst);
         let offset = stored.map_or(rdkafka::Offset::Beginning, rdkafka::Offset::Offset);
@@ -440,6 +449,7 @@ impl Task {
     /// Stops the partition at `halt`: what is buffered after it is dropped, and it is reported.
     fn halt(&mut self, halt: Halt) {
         let dropped = self.batcher.halt();
+        self.partition.tally.unapplied(dropped);
         tracing::debug!(dropped, "Buffered messages after the halt dropped.");
         self.halted_at = halt.timestamp.or(self.halted_at);
         let partition = &self.partition;
@@ -452,7 +462,10 @@ impl Task {
     async fn abandon(&mut self) {
         if let Some(in_flight) = self.in_flight.take() {
             in_flight.handle.abort();
-            let _ = in_flight.handle.await;
+            // Aborted (or failed), it counted nothing of its messages.
+            if in_flight.handle.await.is_err() {
+                self.partition.tally.unapplied(in_flight.size);
+            }
             let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
             let grace_s = REVOKE_GRACE.as_secs();
             tracing::warn!(

@@ -228,6 +228,7 @@ impl Runner {
             pool: self.pool.clone(),
             consumer: self.consumer.clone(),
             stats: self.stats.clone(),
+            tally: self.stats.tally(tp),
             // Read from its start with no checkpoint, as a rebuild's shadow first is: its
             // tables hold nothing of the partition (checkpoints commit with the rows).
             folding: self.exclusive.fold.then(|| {

@@ -11,9 +11,12 @@
 //! kills, shorter absences; the scenarios marked `ignore` left out); `CHAOS_FULL=1
 //! --include-ignored` (`scripts/chaos.sh`) runs all of it at full strength.
 
+mod accounting;
 #[path = "../common/mod.rs"]
 mod common;
 mod net;
+
+use accounting::{Account, Expect};
 
 use common::{brokers, rand_test_topic, read_model};
 
@@ -42,6 +45,8 @@ struct Scene {
     brokers: String,
     topic: String,
     group: String,
+    /// The partition accounts of every member that stopped cleanly (see [`accounting`]).
+    accounts: std::sync::Mutex<Vec<Account>>,
 }
 
 impl Scene {
@@ -55,7 +60,8 @@ impl Scene {
     async fn at(url: &str, db: &str, brokers: String, name: &str) -> Self {
         let database_url = projectionist_testing::with_database(url, db);
         let group = format!("chaos-{}", uuid::Uuid::new_v4().simple());
-        let scene = Self { database_url, brokers, topic: rand_test_topic(name), group };
+        let accounts = Default::default();
+        let scene = Self { database_url, brokers, topic: rand_test_topic(name), group, accounts };
         topics::create_topics(&scene.brokers, &[scene.topic.as_str()], PARTITIONS, 1).await.unwrap();
         let out = scene.cli(&["migrate"]).output().await.unwrap();
         assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
@@ -98,7 +104,7 @@ impl Scene {
         run.args(["run", "--group-id", &self.group, "--metrics-addr", metrics_addr]);
         run.args(["--batch-max-events", "20", "--kafka-property", "session.timeout.ms=6000"])
             .args(["--kafka-property", "heartbeat.interval.ms=500"])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null());
         if let Some(fault) = fault {
             // Its log is read (by `exited`) to see where it was killed.
@@ -114,7 +120,24 @@ impl Scene {
         let out =
             tokio::time::timeout(Duration::from_secs(180), run.output()).await.expect("caught up in time").unwrap();
         assert!(out.status.success(), "run to the end: {}", String::from_utf8_lossy(&out.stderr));
+        self.counted(&out.stdout);
         started.elapsed()
+    }
+
+    /// Keeps the partition accounts of a run's summary, `stdout`.
+    fn counted(&self, stdout: &[u8]) {
+        let accounts = accounting::parse(&String::from_utf8_lossy(stdout), &self.topic);
+        self.accounts.lock().unwrap().extend(accounts);
+    }
+
+    /// SIGTERM: `member` exits 0 within a minute; its partition accounts are kept.
+    async fn stop(&self, member: Child) {
+        let pid = member.id().unwrap().to_string();
+        std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(60), member.wait_with_output());
+        let out = out.await.expect("stops in time").unwrap();
+        assert!(out.status.success(), "exit 0 after SIGTERM: {}", out.status);
+        self.counted(&out.stdout);
     }
 
     /// Publishes `events` keyed by aggregate, `pace` apart, in the background (an idempotent
@@ -161,14 +184,6 @@ impl Scene {
     }
 }
 
-/// SIGTERM: `member` exits 0 within a minute.
-async fn stop(mut member: Child) {
-    let pid = member.id().unwrap().to_string();
-    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(60), member.wait()).await.expect("stops in time").unwrap();
-    assert!(status.success(), "exit 0 after SIGTERM: {status}");
-}
-
 /// An account stream with the bank stream's duplicates and re-sends.
 fn stream(accounts: usize, seed: u64) -> Vec<RawEnvelope> {
     generate::with_redeliveries(&generate::stream(accounts, 20, seed), 0.1, 0.05, seed)
@@ -185,8 +200,9 @@ fn judge(got: &BTreeMap<String, ExpectedAccount>, want: &BTreeMap<String, Expect
     (lost, doubled + got.keys().filter(|id| !want.contains_key(*id)).count())
 }
 
-/// Ends a scenario: the oracle's checks and `rebuild --verify`, then its row of the table.
-/// Panics (after printing the row) when a check fails.
+/// Ends a scenario: the oracle's checks, the partition accounts of the members that
+/// stopped cleanly as `expect` says (see [`accounting`]) and `rebuild --verify`, then its row
+/// of the table. Panics (after printing the row) when a check fails.
 async fn conclude(
     pool: &PgPool,
     scene: &Scene,
@@ -194,6 +210,7 @@ async fn conclude(
     done: &str,
     recovery: Duration,
     events: &[RawEnvelope],
+    expect: Expect,
 ) {
     let (lost, doubled) = judge(&read_model(pool).await, &generate::expected(events));
     let (letters, held): (i64, i64) = sqlx::query_as(
@@ -212,9 +229,13 @@ async fn conclude(
     let at_the_end = checkpoints.iter().all(|(p, next)| highs.get(p) == Some(next)) && checkpoints.len() == highs.len();
     let verify = scene.cli(&["rebuild", "--verify", "--metrics-addr", "off"]).output().await.unwrap();
     let verified = verify.status.success();
-    let pass = lost == 0 && doubled == 0 && letters == 0 && held == 0 && at_the_end && verified;
+    let accounts = scene.accounts.lock().unwrap().clone();
+    let distinct = accounting::distinct_events(&scene.brokers, &scene.topic, PARTITIONS);
+    let miscounted = accounting::judge(&accounts, &distinct, expect);
+    let counted = if miscounted.is_some() { "FAIL".to_owned() } else { format!("{expect:?}") };
+    let pass = lost == 0 && doubled == 0 && letters == 0 && held == 0 && at_the_end && verified && miscounted.is_none();
     let row = format!(
-        "{scenario:<40} | {done:<50} | {:>7.1} s | {lost:>4} | {doubled:>7} | {}",
+        "{scenario:<40} | {done:<50} | {:>7.1} s | {lost:>4} | {doubled:>7} | {counted:<7} | {}",
         recovery.as_secs_f64(),
         if pass { "pass" } else { "FAIL" }
     );
@@ -227,6 +248,8 @@ async fn conclude(
     assert_eq!((lost, doubled), (0, 0), "{scenario}: accounts with an event lost, doubled");
     assert_eq!((letters, held), (0, 0), "{scenario}: dead letters, held events");
     assert!(at_the_end, "{scenario}: checkpoints {checkpoints:?}, high watermarks {highs:?}");
+    assert!(!accounts.is_empty(), "{scenario}: no member stopped cleanly with its partition accounts");
+    assert_eq!(miscounted, None, "{scenario}: the partition accounts {accounts:?}");
     assert!(
         verified,
         "{scenario}: rebuild --verify: {}{}",
@@ -281,7 +304,7 @@ async fn sigkills_at_each_commit_boundary(pool: PgPool) {
     tokio::time::timeout(Duration::from_secs(300), publishing).await.expect("published").unwrap();
     let recovery = scene.run_to_the_end().await;
     let done = format!("{kills} SIGKILLs at the commit boundaries");
-    conclude(&pool, &scene, "crash at each commit boundary", &done, recovery, &events).await;
+    conclude(&pool, &scene, "crash at each commit boundary", &done, recovery, &events, Expect::AtMost).await;
 }
 
 /// A rebuild killed in its swap (everything done but the commit): the live tables are as they
@@ -304,7 +327,8 @@ async fn a_rebuild_killed_during_its_swap(pool: PgPool) {
     let said = String::from_utf8_lossy(&again.stdout);
     assert!(again.status.success() && said.contains("(resumed)"), "{said}{}", String::from_utf8_lossy(&again.stderr));
     let done = "rebuild SIGKILLed before its swap's commit, re-run";
-    conclude(&pool, &scene, "a rebuild killed during its swap", done, started.elapsed(), &events).await;
+    let recovery = started.elapsed();
+    conclude(&pool, &scene, "a rebuild killed during its swap", done, recovery, &events, Expect::AtMost).await;
 }
 
 /// A group of three `run` processes, members SIGKILLed one after another (and started again)
@@ -333,7 +357,8 @@ async fn sigkills_of_a_group_while_publishing(pool: PgPool) {
     }
     let recovery = scene.run_to_the_end().await;
     let done = format!("{kills} SIGKILLs of a 3-member group");
-    conclude(&pool, &scene, "SIGKILLs of a group while publishing", &done, recovery, &events).await;
+    let scenario = "SIGKILLs of a group while publishing";
+    conclude(&pool, &scene, scenario, &done, recovery, &events, Expect::AtMost).await;
 }
 
 /// The broker stopped (by its recorded pid, the `faults` instance) under load and started
@@ -347,7 +372,8 @@ async fn a_broker_bounced_under_load(pool: PgPool) {
     let db = pool.connect_options().get_database().expect("test database").to_owned();
     let scene = Scene::at(&std::env::var("DATABASE_URL").unwrap(), &db, brokers, "chaos-broker-bounce").await;
     let away = Duration::from_secs(if full() { 30 } else { 8 });
-    bounced(&pool, &scene, "a broker bounced under load", away, |up| {
+    // PostgreSQL up throughout: no commit's acknowledgement is lost, each event applied once.
+    bounced(&pool, &scene, "a broker bounced under load", away, Expect::Exact, |up| {
         common::services(&[if up { "--start-broker" } else { "--stop-broker" }, "faults"]);
     })
     .await;
@@ -366,7 +392,7 @@ async fn postgresql_crashed_under_load() {
     let scene = Scene::at(&server, &db, brokers(), "chaos-pg-crash").await;
     let pool = PgPool::connect(&scene.database_url).await.unwrap();
     let away = Duration::from_secs(if full() { 30 } else { 8 });
-    bounced(&pool, &scene, "PostgreSQL crashed under load", away, |up| {
+    bounced(&pool, &scene, "PostgreSQL crashed under load", away, Expect::AtMost, |up| {
         common::services(&[if up { "--start-postgres" } else { "--crash-postgres" }]);
     })
     .await;
@@ -379,7 +405,7 @@ async fn postgresql_crashed_under_load() {
 /// runs throughout, a producer publishes while the service is away (its records wait in its
 /// queue when the broker is away); the member must bring the read model to the end of the stream without exiting,
 /// and stop cleanly. The recovery: from the service's return to the read model exact.
-async fn bounced(pool: &PgPool, scene: &Scene, scenario: &str, away: Duration, toggle: impl Fn(bool)) {
+async fn bounced(pool: &PgPool, scene: &Scene, scenario: &str, away: Duration, expect: Expect, toggle: impl Fn(bool)) {
     let events = stream(if full() { 1_000 } else { 300 }, 34);
     let (first, rest) = events.split_at(events.len() / 3);
     scene.publish(first, Duration::ZERO).await.unwrap();
@@ -391,9 +417,9 @@ async fn bounced(pool: &PgPool, scene: &Scene, scenario: &str, away: Duration, t
     assert!(member.try_wait().unwrap().is_none(), "the projector exited while {scenario}");
     toggle(true);
     let (published, recovery) = scene.recovered(pool, &mut member, publishing, &events).await;
-    stop(member).await;
+    scene.stop(member).await;
     let done = format!("away {} s; all published {:.1} s after", away.as_secs(), published.as_secs_f64());
-    conclude(pool, scene, scenario, &done, recovery, &events).await;
+    conclude(pool, scene, scenario, &done, recovery, &events, expect).await;
 }
 
 /// A rebuild swapped in and then rolled back beside a live member, a producer publishing
@@ -414,9 +440,11 @@ async fn a_swap_and_a_rollback_beside_a_live_run(pool: PgPool) {
     let rolled = scene.cli(&["rebuild", "--rollback"]).output().await.unwrap();
     assert!(rolled.status.success(), "rollback: {}", String::from_utf8_lossy(&rolled.stderr));
     let (_, recovery) = scene.recovered(&pool, &mut member, publishing, &events).await;
-    stop(member).await;
+    scene.stop(member).await;
     let done = "rebuild swapped in, then rolled back, a member live";
-    conclude(&pool, &scene, "a swap and a rollback beside a live run", done, recovery, &events).await;
+    let scenario = "a swap and a rollback beside a live run";
+    // Rolled back under the member: it applies again what the restored tables lack.
+    conclude(&pool, &scene, scenario, done, recovery, &events, Expect::AddsUp).await;
 }
 
 /// The projector in a network namespace of its own (see `net`), its link to the broker cut,
@@ -468,12 +496,12 @@ async fn network_cuts_under_load(pool: PgPool) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    stop(member).await;
+    scene.stop(member).await;
     drop(net);
     let each: Vec<String> = recoveries.iter().map(|r| format!("{:.1}", r.as_secs_f64())).collect();
     let done = format!("{} s cuts: broker, PG, both; back {} s", cut.as_secs(), each.join("/"));
     let slowest = recoveries.into_iter().max().unwrap();
-    conclude(&pool, &scene, "network cuts under load", &done, slowest, &events).await;
+    conclude(&pool, &scene, "network cuts under load", &done, slowest, &events, Expect::AtMost).await;
 }
 
 /// A second `run` process started while a rebuild's swap holds the live writers back (the
@@ -509,8 +537,9 @@ async fn a_second_run_started_during_a_swap(pool: PgPool) {
     assert!(swapped.success(), "the rebuild swapped in: {swapped}");
     let (_, recovery) = scene.recovered(&pool, &mut first, publishing, &events).await;
     assert!(second.try_wait().unwrap().is_none(), "the second member runs on");
-    stop(first).await;
-    stop(second).await;
+    scene.stop(first).await;
+    scene.stop(second).await;
     let done = "a 2nd run joined while the swap held writers 5 s";
-    conclude(&pool, &scene, "a second run started during a swap", done, recovery, &events).await;
+    let scenario = "a second run started during a swap";
+    conclude(&pool, &scene, scenario, done, recovery, &events, Expect::AtMost).await;
 }
