@@ -24,6 +24,10 @@
 # With --start-broker, --stop-broker or --restart-broker [main|faults]: only that Apache Kafka
 #   instance, stopped by the pid recorded when it was started, never by a name (`faults` is
 #   a second broker on 29092 that the broker fault tests stop and start).
+# With --start-cluster or --stop-cluster: the fault suite's three-node KRaft cluster (node1,
+#   node2, node3 on 39092, 39192, 39292; prints KAFKA_CLUSTER_BROKERS), started together or
+#   stopped by their recorded pids; --start-broker nodeN starts one again, --kill-broker
+#   INSTANCE SIGKILLs one by its recorded pid (a crash).
 # With --start-postgres or --crash-postgres: only the fault suite's PostgreSQL cluster
 #   (projectionist_faults, on 5435), started (created first if needed; prints PG_FAULTS_URL)
 #   or crashed (an immediate stop of that cluster's own postmaster).
@@ -286,6 +290,18 @@ case ${1:-} in
     --start-broker | --stop-broker | --restart-broker)
         [ "$1" = --start-broker ] || stop_apache_kafka "${2:-main}"
         [ "$1" = --stop-broker ] || { start_apache_kafka "${2:-main}" && apache_kafka_env "${2:-main}"; }
+        exit
+        ;;
+    --start-cluster)
+        start_apache_kafka_cluster && apache_kafka_env node1
+        exit
+        ;;
+    --stop-cluster)
+        stop_apache_kafka_cluster
+        exit
+        ;;
+    --kill-broker)
+        kill_apache_kafka "${2:?which instance}"
         exit
         ;;
     --start-postgres)

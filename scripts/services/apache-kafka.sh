@@ -8,7 +8,10 @@
 #
 # Instances: `main` (127.0.0.1:9092, plus a mutual-TLS listener and a SASL listener for the
 # TLS/SASL tests) and `faults` (127.0.0.1:29092, plaintext only), which the broker fault tests
-# stop and start while every other test goes on against `main`.
+# stop and start while every other test goes on against `main`; and `node1`, `node2`, `node3`
+# (127.0.0.1:39092, 39192, 39292): a three-node KRaft cluster (each node broker and controller,
+# internal topics replicated three times, min ISR 2, small heaps) for the fault suite's
+# partition-leader scenario, started together (`start_apache_kafka_cluster`).
 
 APACHE_KAFKA_VERSION=3.9.1
 APACHE_KAFKA_HEAP=${APACHE_KAFKA_HEAP:-768m}
@@ -47,7 +50,8 @@ apache_kafka_ports() {
     case $1 in
         main) echo "$KAFKA_PORT ${KAFKA_CONTROLLER_PORT:-9093}" ;;
         faults) echo "${KAFKA_FAULTS_PORT:-29092} ${KAFKA_FAULTS_CONTROLLER_PORT:-29093}" ;;
-        *) log "No Apache Kafka instance '$1' (main or faults)."; exit 2 ;;
+        node[123]) echo "39$((${1#node} - 1))92 39$((${1#node} - 1))93" ;;
+        *) log "No Apache Kafka instance '$1' (main, faults, node1, node2 or node3)."; exit 2 ;;
     esac
 }
 
@@ -65,10 +69,14 @@ write_apache_kafka_config() { # instance dir port controller-port
         listeners+=",SSL://$KAFKA_HOST:$TLS_PORT,SASL_PLAINTEXT://$KAFKA_HOST:$SASL_PORT"
         advertised+=",SSL://$KAFKA_HOST:$TLS_PORT,SASL_PLAINTEXT://$KAFKA_HOST:$SASL_PORT"
     fi
+    local node=1 voters="1@$KAFKA_HOST:$controller" replicas=1
+    if [[ $instance == node? ]]; then
+        node=${instance#node} voters="1@$KAFKA_HOST:39093,2@$KAFKA_HOST:39193,3@$KAFKA_HOST:39293" replicas=3
+    fi
     cat >"$dir/server.properties" <<CONF
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$KAFKA_HOST:$controller
+node.id=$node
+controller.quorum.voters=$voters
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listeners=$listeners
@@ -77,9 +85,13 @@ listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SSL:SSL,
 log.dirs=$dir/data
 num.partitions=1
 # One node: the internal topics cannot have more replicas; transactions need min ISR 1.
-offsets.topic.replication.factor=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+# The cluster's nodes: three replicas, two in sync for a write to count.
+offsets.topic.replication.factor=$replicas
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$(( replicas > 1 ? 2 : 1 ))
+min.insync.replicas=$(( replicas > 1 ? 2 : 1 ))
+# The log cleaner's buffer (128 MiB by default) within the small heap of a cluster's node.
+log.cleaner.dedupe.buffer.size=$(( replicas > 1 ? 16777216 : 134217728 ))
 # Tests join groups all the time: no wait for more members.
 group.initial.rebalance.delay.ms=0
 # The product creates its topics explicitly (create-topics, publish), as in docker-compose.yml.
@@ -104,8 +116,48 @@ CONF
 
 # Starts an instance unless it runs already; waits until it serves requests.
 start_apache_kafka() { # instance
-    local instance=$1 dir=$STATE_DIR/$1 port controller pid
+    launch_apache_kafka "$1" && wait_apache_kafka "$1"
+}
+
+# Starts the three nodes of the cluster (none waits for the others: a node serves once a
+# majority of the controllers is up), then waits for each.
+start_apache_kafka_cluster() {
+    local node
+    for node in node1 node2 node3; do launch_apache_kafka "$node" || return 1; done
+    for node in node1 node2 node3; do wait_apache_kafka "$node" || return 1; done
+}
+
+# Stops the cluster's nodes together (by their recorded pids): one stopped alone after the
+# others cannot finish a controlled shutdown without a quorum. Killed after 60 s.
+stop_apache_kafka_cluster() {
+    local node pid pids=()
+    for node in node1 node2 node3; do
+        pid=$(apache_kafka_pid "$node") || continue
+        log "Stopping Apache Kafka ($node, pid $pid)."
+        kill -TERM "$pid"
+        pids+=("$pid")
+    done
+    for pid in "${pids[@]}"; do
+        for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || continue 2; sleep 0.5; done
+        log "Apache Kafka (pid $pid) did not stop in 60 s; killing it."
+        kill -KILL "$pid"
+    done
+}
+
+# SIGKILLs an instance by the pid we recorded: a crash, no controlled shutdown.
+kill_apache_kafka() { # instance
+    local pid
+    pid=$(apache_kafka_pid "$1") || { log "Apache Kafka ($1) is not running (no live pid recorded)."; return; }
+    log "Killing Apache Kafka ($1, pid $pid)."
+    kill -KILL "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+}
+
+# Starts an instance's JVM unless it runs already (`wait_apache_kafka` waits for it).
+launch_apache_kafka() { # instance
+    local instance=$1 dir=$STATE_DIR/$1 port controller pid heap=$APACHE_KAFKA_HEAP
     read -r port controller <<<"$(apache_kafka_ports "$instance")"
+    rm -f "$dir/starting"
     if pid=$(apache_kafka_pid "$instance"); then
         log "Apache Kafka ($instance, pid $pid) already runs on $KAFKA_HOST:$port; leaving it as it is."
         return
@@ -118,22 +170,36 @@ start_apache_kafka() { # instance
         'log4j.appender.stdout=org.apache.log4j.ConsoleAppender' \
         'log4j.appender.stdout.layout=org.apache.log4j.PatternLayout' \
         'log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n' >"$dir/log4j.properties"
-    local java=(java "-Xmx$APACHE_KAFKA_HEAP" -Xms256m -XX:+UseG1GC "-Dlog4j.configuration=file:$dir/log4j.properties" -cp "$APACHE_KAFKA_LIBS/*")
+    [[ $instance == node? ]] && heap=${APACHE_KAFKA_NODE_HEAP:-256m}
+    local java=(java "-Xmx$heap" -Xms128m -XX:+UseG1GC "-Dlog4j.configuration=file:$dir/log4j.properties" -cp "$APACHE_KAFKA_LIBS/*")
     if [ ! -f "$dir/data/meta.properties" ]; then
         local scram=()
         for mechanism in SCRAM-SHA-256 SCRAM-SHA-512; do
             scram+=(--add-scram "$mechanism=[name=$KAFKA_SASL_TEST_USER,password=$KAFKA_SASL_TEST_PASSWORD]")
         done
         log "Formatting Apache Kafka's log folder $dir/data."
-        "${java[@]}" kafka.tools.StorageTool format -t "$("${java[@]}" kafka.tools.StorageTool random-uuid)" \
+        local id=$STATE_DIR/$instance.cluster-id
+        # The cluster's nodes share one cluster id.
+        [[ $instance == node? ]] && id=$STATE_DIR/cluster.cluster-id
+        [ -s "$id" ] || "${java[@]}" kafka.tools.StorageTool random-uuid >"$id"
+        "${java[@]}" kafka.tools.StorageTool format -t "$(cat "$id")" \
             -c "$dir/server.properties" "${scram[@]}" >"$dir/format.log" 2>&1 \
             || { log "Formatting failed; see $dir/format.log."; return 1; }
     fi
     log "Starting Apache Kafka $APACHE_KAFKA_VERSION ($instance) on $KAFKA_HOST:$port (log: $dir/server.log)."
     local since=0
     [ -f "$dir/server.log" ] && since=$(wc -l <"$dir/server.log")
+    echo "$since" >"$dir/starting"
     nohup setsid "${java[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/server.log" 2>&1 </dev/null 9>&- &
     echo $! >"$dir/kafka.pid"
+}
+
+# Waits until an instance `launch_apache_kafka` started serves requests (at once when it
+# was running already).
+wait_apache_kafka() { # instance
+    local instance=$1 dir=$STATE_DIR/$1 since
+    since=$(cat "$dir/starting" 2>/dev/null) || return 0
+    rm -f "$dir/starting"
     for _ in $(seq 1 240); do
         tail -n +"$((since + 1))" "$dir/server.log" | grep -q 'Kafka Server started' && { log "Apache Kafka ready."; return; }
         kill -0 "$(cat "$dir/kafka.pid")" 2>/dev/null || break
@@ -160,6 +226,10 @@ apache_kafka_env() { # instance
     read -r port _ <<<"$(apache_kafka_ports "$1")"
     if [ "$1" = faults ]; then
         echo "export KAFKA_FAULTS_BROKERS=$KAFKA_HOST:$port"
+        return
+    fi
+    if [[ $1 == node? ]]; then
+        echo "export KAFKA_CLUSTER_BROKERS=$KAFKA_HOST:39092,$KAFKA_HOST:39192,$KAFKA_HOST:39292"
         return
     fi
     local tls=$STATE_DIR/tls

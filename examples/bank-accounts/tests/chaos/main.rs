@@ -12,6 +12,7 @@
 //! --include-ignored` (`scripts/chaos.sh`) runs all of it at full strength.
 
 mod accounting;
+mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
 mod net;
@@ -56,13 +57,15 @@ impl Scene {
         Self::at(&std::env::var("DATABASE_URL").expect("DATABASE_URL"), &db, brokers(), name).await
     }
 
-    /// On database `db` of the server of `url` (its parameters kept), through `brokers`.
+    /// On database `db` of the server of `url` (its parameters kept), through `brokers`: its
+    /// topic replicated on each broker listed (up to three).
     async fn at(url: &str, db: &str, brokers: String, name: &str) -> Self {
         let database_url = projectionist_testing::with_database(url, db);
         let group = format!("chaos-{}", uuid::Uuid::new_v4().simple());
         let accounts = Default::default();
         let scene = Self { database_url, brokers, topic: rand_test_topic(name), group, accounts };
-        topics::create_topics(&scene.brokers, &[scene.topic.as_str()], PARTITIONS, 1).await.unwrap();
+        let replicas = scene.brokers.split(',').count().min(3) as i32;
+        topics::create_topics(&scene.brokers, &[scene.topic.as_str()], PARTITIONS, replicas).await.unwrap();
         let out = scene.cli(&["migrate"]).output().await.unwrap();
         assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
         scene

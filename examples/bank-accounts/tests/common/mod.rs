@@ -78,6 +78,23 @@ pub fn faults_broker(test: &str) -> Option<String> {
     Some(brokers.to_owned())
 }
 
+/// The addresses of the fault suite's three-node KRaft cluster (`scripts/services.sh
+/// --start-cluster`), started if needed; `None` (and a skip line saying why) off Apache Kafka
+/// or where the cluster does not start.
+pub fn cluster_brokers(test: &str) -> Option<String> {
+    let broker = std::env::var("PROJECTIONIST_BROKER").unwrap_or_default();
+    if !broker.starts_with("apache-kafka-") {
+        skip(test, "needs Apache Kafka started by scripts/services.sh (PROJECTIONIST_BROKER unset or another broker)");
+        return None;
+    }
+    let env = try_services(&["--start-cluster"]).unwrap_or_default();
+    let brokers = env.split_whitespace().find_map(|w| w.strip_prefix("KAFKA_CLUSTER_BROKERS="));
+    if brokers.is_none() {
+        skip(test, "the three-node cluster did not start here (its log above says why)");
+    }
+    brokers.map(str::to_owned)
+}
+
 /// The URL of the fault suite's own PostgreSQL cluster (`postgres` database), started if
 /// needed; `None` (and a skip line) where PostgreSQL is not a local cluster we administer.
 pub fn faults_postgres(test: &str) -> Option<String> {
