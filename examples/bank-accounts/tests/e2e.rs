@@ -146,24 +146,14 @@ async fn applied_so_far(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT coalesce(sum(version), 0)::bigint FROM bank_accounts").fetch_one(pool).await.unwrap()
 }
 
-/// The summary's partition lines of `topic` (`read R = applied A + …`), each checked to
-/// add up: its counts after `read`, in the order printed.
-fn partition_counts(stdout: &str, topic: &str) -> Vec<Vec<u64>> {
-    let prefix = format!("{topic}/");
-    let lines: Vec<&str> = stdout.lines().filter(|l| l.trim().starts_with(&prefix)).collect();
-    lines
-        .iter()
-        .map(|line| {
-            assert!(!line.contains("does not add up"), "{line}");
-            let (_, counts) = line.split_once(": ").unwrap();
-            let n: Vec<u64> = counts
-                .split(['=', '+'])
-                .map(|part| part.split_whitespace().last().unwrap().parse().unwrap_or_else(|e| panic!("{line}: {e}")))
-                .collect();
-            assert_eq!(n[0], n[1..].iter().sum::<u64>(), "read is the sum of the outcomes: {line}");
-            n
-        })
-        .collect()
+/// The summary's partition lines of `topic`, each checked to add up: its counts (read,
+/// then the outcomes, in the order printed).
+fn partition_counts(stdout: &str, topic: &str) -> Vec<[u64; 8]> {
+    let accounts = common::partition_accounts(stdout, topic);
+    for a in &accounts {
+        assert!(a.adds_up(), "partition {} does not add up: {:?}\n{stdout}", a.partition, a.counts);
+    }
+    accounts.into_iter().map(|a| a.counts).collect()
 }
 
 fn summary_number(stdout: &str, label: &str) -> u64 {

@@ -12,46 +12,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-/// One partition's line of a run's summary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Account {
-    pub partition: i32,
-    /// read, applied, duplicates, stale, ignored, parked, dead-lettered, not applied.
-    pub counts: [u64; 8],
-}
-
-impl Account {
-    pub fn adds_up(&self) -> bool {
-        self.counts[0] == self.counts[1..].iter().sum::<u64>()
-    }
-
-    pub fn applied(&self) -> u64 {
-        self.counts[1]
-    }
-}
-
-/// The partition lines of `topic` in a run's summary (`stdout`).
-pub fn parse(stdout: &str, topic: &str) -> Vec<Account> {
-    let prefix = format!("{topic}/");
-    stdout
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix(&prefix))
-        .map(|rest| {
-            let (partition, counts) = rest.split_once(": ").unwrap_or_else(|| panic!("a partition line: {rest}"));
-            // The projector says so too when they do not add up; `judge` tells.
-            let counts = counts.trim_end_matches(" (does not add up)");
-            let numbers: Vec<u64> = counts
-                .split(['=', '+'])
-                .map(|part| {
-                    let n = part.split_whitespace().last().unwrap_or_else(|| panic!("a count in {rest}"));
-                    n.parse().unwrap_or_else(|e| panic!("{rest}: {e}"))
-                })
-                .collect();
-            let counts = numbers.try_into().unwrap_or_else(|n| panic!("eight counts in {rest}: {n:?}"));
-            Account { partition: partition.parse().expect("a partition number"), counts }
-        })
-        .collect()
-}
+pub use super::common::{partition_accounts as parse, PartitionAccount as Account};
 
 /// What a scenario's members should have applied, against the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

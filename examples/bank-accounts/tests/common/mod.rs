@@ -192,3 +192,45 @@ impl Serving {
         self.log.lock().unwrap().clone()
     }
 }
+
+/// One partition's line of a run's summary: `read R = applied A + duplicates D + stale S +
+/// ignored I + parked P + dead-lettered L + not applied U`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionAccount {
+    pub partition: i32,
+    /// read, applied, duplicates, stale, ignored, parked, dead-lettered, not applied.
+    pub counts: [u64; 8],
+}
+
+impl PartitionAccount {
+    pub fn adds_up(&self) -> bool {
+        self.counts[0] == self.counts[1..].iter().sum::<u64>()
+    }
+
+    pub fn applied(&self) -> u64 {
+        self.counts[1]
+    }
+}
+
+/// The partition lines of `topic` in a run's summary (`stdout`).
+pub fn partition_accounts(stdout: &str, topic: &str) -> Vec<PartitionAccount> {
+    let prefix = format!("{topic}/");
+    stdout
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix(&prefix))
+        .map(|rest| {
+            let (partition, counts) = rest.split_once(": ").unwrap_or_else(|| panic!("a partition line: {rest}"));
+            // The projector says so too when they do not add up; `adds_up` tells.
+            let counts = counts.trim_end_matches(" (does not add up)");
+            let numbers: Vec<u64> = counts
+                .split(['=', '+'])
+                .map(|part| {
+                    let n = part.split_whitespace().last().unwrap_or_else(|| panic!("a count in {rest}"));
+                    n.parse().unwrap_or_else(|e| panic!("{rest}: {e}"))
+                })
+                .collect();
+            let counts = numbers.try_into().unwrap_or_else(|n| panic!("eight counts in {rest}: {n:?}"));
+            PartitionAccount { partition: partition.parse().expect("a partition number"), counts }
+        })
+        .collect()
+}
