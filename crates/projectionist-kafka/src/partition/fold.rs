@@ -1,6 +1,6 @@
-//! A rebuild's bulk load, the partition's side: batches folded in memory instead of written
-//! (see [`projectionist_postgres::Folding`]), and what the fold holds written with its
-//! checkpoint once due, at idle moments and at the end.
+//! The fold sink's work (see [`super::sink`]), a rebuild's bulk load: batches folded in
+//! memory instead of written (see [`projectionist_postgres::Folding`]), and what the fold
+//! holds written with its checkpoint once due, at idle moments and at the end.
 
 use projectionist_postgres::{folding, Prepared, Written};
 
@@ -20,7 +20,8 @@ pub(super) enum Reads {
 impl Partition {
     /// Folds `prepared` (read up to `at`, its checkpoint `next_offset`) into `folding`,
     /// writing what it holds once due: what it did, or `None` when the batch cannot be
-    /// folded (it is written as usual, after what the fold holds).
+    /// folded (the sink writes it as usual, after what the fold holds: see
+    /// `Partition::sink_batch`).
     pub(super) async fn try_fold(
         &self,
         prepared: &Prepared,
@@ -41,18 +42,9 @@ impl Partition {
         Ok(Some(written))
     }
 
-    /// Writes what the fold of a rebuild's bulk load holds, with the checkpoint past the last
-    /// batch folded (see [`projectionist_postgres::Folding`]); nothing when it holds nothing.
-    /// `reads`: whether this partition goes on reading its tables after it (else the tables'
-    /// statistics are left to the rebuild, which reads them once before its swap).
-    pub(super) async fn write_fold(&self, reads: Reads) -> projectionist_postgres::Result<()> {
-        let Some(folding) = &self.folding else { return Ok(()) };
-        self.flush(&mut *folding.lock().await, reads).await
-    }
-
     /// Writes what `folding` holds with the checkpoint past the last batch folded, in one
     /// transaction, then forgets it; nothing when it holds nothing.
-    async fn flush(
+    pub(super) async fn flush(
         &self,
         folding: &mut projectionist_postgres::Folding,
         reads: Reads,
@@ -88,12 +80,5 @@ impl Partition {
         if let Err(e) = analyzed {
             tracing::warn!(projection = %self.name(), error = %e, "Could not analyze the tables the rebuild fills.");
         }
-    }
-
-    /// Whether the fold of a rebuild's bulk load holds what is not yet written: rows, or no
-    /// rows but the checkpoint past batches that changed none (duplicates, stale events),
-    /// which is stored all the same.
-    pub(super) fn fold_held(&self) -> bool {
-        self.folding.as_ref().is_some_and(|f| f.try_lock().map_or(true, |f| f.through().is_some()))
     }
 }
