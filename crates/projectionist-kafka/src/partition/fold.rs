@@ -5,7 +5,7 @@
 use projectionist_postgres::{folding, Prepared, Written};
 
 use super::decode::At;
-use super::Partition;
+use super::{Partition, Task};
 
 /// Whether a partition goes on reading its tables after writing what a rebuild folded: then
 /// their statistics are read again once they have grown enough (see
@@ -80,5 +80,23 @@ impl Partition {
         if let Err(e) = analyzed {
             tracing::warn!(projection = %self.name(), error = %e, "Could not analyze the tables the rebuild fills.");
         }
+    }
+}
+
+impl Task {
+    /// Whether what the fold holds is written at this idle moment, and whether reads of its
+    /// tables follow: once the partition has read up to the high watermark it stops at
+    /// (`exit_when_caught_up`; the end of its reading), or has been quiet for
+    /// [`MARKERS_AFTER`](super::progress::MARKERS_AFTER) since its last batch (a stream that
+    /// keeps growing). A queue drained while the next fetch is on its way is neither: rows
+    /// written then would be written again by the batches that follow.
+    pub(super) async fn fold_due_at_idle(&mut self) -> Option<Reads> {
+        if self.partition.settings.exit_when_caught_up {
+            let high = self.partition.high_watermark(&mut self.target).await;
+            if high.is_some_and(|high| self.partition.position().is_some_and(|p| p >= high)) {
+                return Some(Reads::End);
+            }
+        }
+        self.markers.quiet().then_some(Reads::Follow)
     }
 }

@@ -318,12 +318,8 @@ impl Task {
         let idle = self.in_flight.is_none() && self.batcher.is_empty() && drained;
         // Nothing more to read for now: what the sink holds (a rebuild's fold) is written
         // before anything counts the partition's checkpoint (the markers, the caught-up check).
-        if idle && !self.batcher.is_halted() && self.partition.sink.holds() {
-            if let Some(reads) = self.fold_due_at_idle().await {
-                if !self.write_held(reads).await {
-                    return;
-                }
-            }
+        if idle && !self.batcher.is_halted() && !self.write_held_if_due().await {
+            return;
         }
         // Never past what the sink holds and has not written (it was not due above):
         // were the process to stop then, those events would be lost to the shadow.
@@ -346,39 +342,6 @@ impl Task {
             None => self.batcher.first().and_then(|m| m.at.timestamp),
         };
         self.partition.progress.oldest_unapplied_ms.store(oldest.unwrap_or(-1), Ordering::SeqCst);
-    }
-
-    /// Whether what a rebuild folded is written at this idle moment, and whether reads of
-    /// its tables follow: once the partition has read up to the high watermark it stops at
-    /// (`exit_when_caught_up`; the end of its reading), or has been quiet for
-    /// [`MARKERS_AFTER`](progress::MARKERS_AFTER) since its last batch (a stream that keeps
-    /// growing). A queue drained while the next fetch is on its way is neither: rows written
-    /// then would be written again by the batches that follow.
-    async fn fold_due_at_idle(&mut self) -> Option<Reads> {
-        if self.partition.settings.exit_when_caught_up {
-            let high = self.partition.high_watermark(&mut self.target).await;
-            if high.is_some_and(|high| self.partition.position().is_some_and(|p| p >= high)) {
-                return Some(Reads::End);
-            }
-        }
-        self.markers.quiet().then_some(Reads::Follow)
-    }
-
-    /// Writes what the sink holds; `false` when it could not be written now (waited out on
-    /// the next turn when PostgreSQL is away; otherwise the partition halts).
-    async fn write_held(&mut self, reads: Reads) -> bool {
-        let Err(e) = self.partition.write_held(reads).await else { return true };
-        let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
-        if crate::retry::Retry::of(&e) != crate::retry::Retry::Never {
-            let message = "Could not write the rebuild's folded rows; trying again.";
-            tracing::warn!(projection = %self.name(), %topic, partition, error = %e, "{message}");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            return false;
-        }
-        let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
-        let reason = format!("the rows folded by the rebuild's bulk load were refused: {e}");
-        self.halt(Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error });
-        false
     }
 
     /// Takes the result of the batch that was in flight.

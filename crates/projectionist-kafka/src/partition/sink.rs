@@ -4,13 +4,16 @@
 //! [`super::fold`]). The batch path and the task's loop ask the sink; neither tests which
 //! one it is.
 
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use projectionist_postgres::writer::{self, Batch, Committed};
 use projectionist_postgres::{Folding, Prepared};
 use tokio::sync::Mutex;
 
 use super::decode::At;
 use super::fold::Reads;
-use super::Partition;
+use super::{Halt, HaltKind, Partition, Task};
 
 /// Where a partition's prepared batches go.
 pub(crate) enum Sink {
@@ -108,5 +111,36 @@ impl Partition {
             Sink::Live => Ok(()),
             Sink::Fold(folding) => self.flush(&mut *folding.lock().await, reads).await,
         }
+    }
+}
+
+impl Task {
+    /// At an idle moment, writes what the sink holds when it is due then (see
+    /// `Task::fold_due_at_idle`); `false` when it was due and could not be written now.
+    pub(super) async fn write_held_if_due(&mut self) -> bool {
+        if !self.partition.sink.holds() {
+            return true;
+        }
+        match self.fold_due_at_idle().await {
+            Some(reads) => self.write_held(reads).await,
+            None => true,
+        }
+    }
+
+    /// Writes what the sink holds; `false` when it could not be written now (waited out on
+    /// the next turn when PostgreSQL is away; otherwise the partition halts).
+    pub(super) async fn write_held(&mut self, reads: Reads) -> bool {
+        let Err(e) = self.partition.write_held(reads).await else { return true };
+        let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
+        if crate::retry::Retry::of(&e) != crate::retry::Retry::Never {
+            let message = "Could not write the rebuild's folded rows; trying again.";
+            tracing::warn!(projection = %self.name(), %topic, partition, error = %e, "{message}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return false;
+        }
+        let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
+        let reason = format!("the rows folded by the rebuild's bulk load were refused: {e}");
+        self.halt(Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error });
+        false
     }
 }
