@@ -9,7 +9,7 @@
 //! - [`apply`]: one batch, decoded and projected once, put into the partition's sink;
 //! - [`sink`]: where a batch goes: written with its checkpoint at once, or folded in memory
 //!   and written once due (a rebuild's bulk load, [`fold`]);
-//! - [`progress`]: the checkpoint as others see it, Kafka commits, markers, caught-up;
+//! - [`progress`]: the checkpoint stored, as others see it, Kafka commits, markers, caught-up;
 //! - [`halt`]: where and why a partition stopped, reported in one place;
 //! - [`decode`]: messages and their envelopes.
 
