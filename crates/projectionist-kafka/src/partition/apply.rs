@@ -1,16 +1,16 @@
-//! Applying one batch: decoded and projected once, then written in one PostgreSQL
-//! transaction with its checkpoint — PostgreSQL outages waited out, other transient
-//! failures retried a bounded number of times, and what retrying cannot fix halting the
-//! partition at the event at fault after committing what precedes it.
+//! Applying one batch: decoded and projected once, then put into the partition's sink
+//! (written in one PostgreSQL transaction with its checkpoint, or a rebuild's fold; see
+//! [`super::sink`]) — PostgreSQL outages waited out, other transient failures retried a
+//! bounded number of times, and what retrying cannot fix halting the partition at the event
+//! at fault after committing what precedes it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use projectionist_core::{OnUnknownType, Outcome, OutcomeCounts};
-use projectionist_postgres::checkpoint::Passed;
 use projectionist_postgres::park::Source;
-use projectionist_postgres::writer::{self, Batch};
+use projectionist_postgres::writer;
 use projectionist_postgres::{EventErrorKind, Prepared, Written};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -140,7 +140,7 @@ impl Partition {
         if self.settings.sole_writer {
             prepared.set_sole_writer();
         }
-        // Each attempt's transaction begins holding the swap lock (see `try_apply`).
+        // Each attempt's transaction begins holding the swap lock (see `writer::commit_batch`).
         prepared.set_swap_locked();
         (prepared, places, halt)
     }
@@ -252,88 +252,17 @@ impl Partition {
         Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind }
     }
 
-    /// One transaction: the prepared batch and its checkpoint. A gap ends the batch: the
-    /// events before it commit with a checkpoint at its offset, and it is named.
+    /// One attempt: the prepared batch into the partition's sink with its checkpoint (see
+    /// [`Sink`](super::Sink): written in one transaction, or folded). A gap ends the batch:
+    /// the events before it commit with a checkpoint at its offset, and it is named.
     async fn try_apply(
         &self,
         prepared: &Prepared,
         at: &[At],
         next_offset: i64,
     ) -> projectionist_postgres::Result<Counted> {
-        let mut folding = match &self.folding {
-            Some(folding) => Some(folding.lock().await),
-            None => None,
-        };
-        if let Some(folding) = folding.as_deref_mut() {
-            // A rebuild's bulk load: folded, written with a checkpoint once due.
-            if let Some(written) = self.try_fold(prepared, at, next_offset, folding).await? {
-                return Ok(self.committed(prepared, written, next_offset, None).await);
-            }
-        }
-        let offsets: Vec<i64> = at.iter().map(|a| a.offset).collect();
-        let batch = Batch {
-            topic: &self.tp.topic,
-            partition: self.tp.partition,
-            expected: self.expected_checkpoint(),
-            next_offset,
-            offsets: &offsets,
-            on_gap: self.settings.on_gap,
-            bounds: self.settings.bounds,
-            folding: folding.as_deref(),
-        };
-        let committed = writer::commit_batch(&self.pool, self.projection.as_ref(), prepared, batch).await?;
-        self.stored(committed.next_offset);
-        if let Some(folding) = folding.as_deref_mut() {
-            folding.written(true);
-            self.written_fold();
-            self.analyze_if_due(folding).await;
-        }
-        let writer::Committed { written, next_offset, gap } = committed;
+        let writer::Committed { written, next_offset, gap } = self.sink_batch(prepared, at, next_offset).await?;
         Ok(self.committed(prepared, written, next_offset, gap).await)
-    }
-
-    /// Stores the checkpoint `next_offset` in `tx`, where it still stands where this process
-    /// last read or stored it: else `Error::CheckpointMoved` (a rebuild's swap or rollback,
-    /// `run --reset`, another process moved it), and the partition reads on from there
-    /// instead of writing past it. Once `tx` commits, [`Partition::stored`] says so. Returns
-    /// the checkpoint replaced (`None`: none was stored).
-    pub(super) async fn store_checkpoint(
-        &self,
-        tx: &mut projectionist_postgres::PgConnection,
-        next_offset: i64,
-    ) -> projectionist_postgres::Result<Option<i64>> {
-        let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
-        let expected = self.expected_checkpoint();
-        projectionist_postgres::checkpoint::store(tx, name, topic, partition, expected, next_offset).await?;
-        Ok(expected)
-    }
-
-    /// The checkpoint this process last read or stored (`None`: none is stored).
-    fn expected_checkpoint(&self) -> Option<i64> {
-        Some(self.progress.stored.load(std::sync::atomic::Ordering::SeqCst)).filter(|s| *s >= 0)
-    }
-
-    /// The checkpoint `next_offset` stored by this process is committed.
-    pub(super) fn stored(&self, next_offset: i64) {
-        self.progress.stored.store(next_offset, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Tells the waits for the read model that the checkpoint `next_offset` committed (see
-    /// [`projectionist_postgres::checkpoint::notify`]). A failure is only logged: what it
-    /// tells is committed, and the waits read the checkpoints again within a second.
-    /// `passed`: what the checkpoint passed, where known, so that the waits need not ask.
-    pub(super) async fn notify_checkpoint(
-        &self,
-        conn: &mut projectionist_postgres::PgConnection,
-        next_offset: i64,
-        passed: Option<Passed<'_>>,
-    ) {
-        let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
-        let notified = projectionist_postgres::checkpoint::notify(conn, name, topic, partition, next_offset, passed);
-        if let Err(e) = notified.await {
-            let message = "Could not notify the waits of a checkpoint; they read it again within a second.";
-            tracing::debug!(projection = %name, %topic, partition, error = %e, "{message}");
-        }
     }
 
     /// What a batch whose transaction committed (or whose events were folded) did, counted.

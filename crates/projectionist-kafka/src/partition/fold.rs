@@ -1,11 +1,11 @@
-//! A rebuild's bulk load, the partition's side: batches folded in memory instead of written
-//! (see [`projectionist_postgres::Folding`]), and what the fold holds written with its
-//! checkpoint once due, at idle moments and at the end.
+//! The fold sink's work (see [`super::sink`]), a rebuild's bulk load: batches folded in
+//! memory instead of written (see [`projectionist_postgres::Folding`]), and what the fold
+//! holds written with its checkpoint once due, at idle moments and at the end.
 
 use projectionist_postgres::{folding, Prepared, Written};
 
 use super::decode::At;
-use super::Partition;
+use super::{Partition, Task};
 
 /// Whether a partition goes on reading its tables after writing what a rebuild folded: then
 /// their statistics are read again once they have grown enough (see
@@ -20,7 +20,8 @@ pub(super) enum Reads {
 impl Partition {
     /// Folds `prepared` (read up to `at`, its checkpoint `next_offset`) into `folding`,
     /// writing what it holds once due: what it did, or `None` when the batch cannot be
-    /// folded (it is written as usual, after what the fold holds).
+    /// folded (the sink writes it as usual, after what the fold holds: see
+    /// `Partition::sink_batch`).
     pub(super) async fn try_fold(
         &self,
         prepared: &Prepared,
@@ -41,18 +42,9 @@ impl Partition {
         Ok(Some(written))
     }
 
-    /// Writes what the fold of a rebuild's bulk load holds, with the checkpoint past the last
-    /// batch folded (see [`projectionist_postgres::Folding`]); nothing when it holds nothing.
-    /// `reads`: whether this partition goes on reading its tables after it (else the tables'
-    /// statistics are left to the rebuild, which reads them once before its swap).
-    pub(super) async fn write_fold(&self, reads: Reads) -> projectionist_postgres::Result<()> {
-        let Some(folding) = &self.folding else { return Ok(()) };
-        self.flush(&mut *folding.lock().await, reads).await
-    }
-
     /// Writes what `folding` holds with the checkpoint past the last batch folded, in one
     /// transaction, then forgets it; nothing when it holds nothing.
-    async fn flush(
+    pub(super) async fn flush(
         &self,
         folding: &mut projectionist_postgres::Folding,
         reads: Reads,
@@ -89,11 +81,22 @@ impl Partition {
             tracing::warn!(projection = %self.name(), error = %e, "Could not analyze the tables the rebuild fills.");
         }
     }
+}
 
-    /// Whether the fold of a rebuild's bulk load holds what is not yet written: rows, or no
-    /// rows but the checkpoint past batches that changed none (duplicates, stale events),
-    /// which is stored all the same.
-    pub(super) fn fold_held(&self) -> bool {
-        self.folding.as_ref().is_some_and(|f| f.try_lock().map_or(true, |f| f.through().is_some()))
+impl Task {
+    /// Whether what the fold holds is written at this idle moment, and whether reads of its
+    /// tables follow: once the partition has read up to the high watermark it stops at
+    /// (`exit_when_caught_up`; the end of its reading), or has been quiet for
+    /// [`MARKERS_AFTER`](super::progress::MARKERS_AFTER) since its last batch (a stream that
+    /// keeps growing). A queue drained while the next fetch is on its way is neither: rows
+    /// written then would be written again by the batches that follow.
+    pub(super) async fn fold_due_at_idle(&mut self) -> Option<Reads> {
+        if self.partition.settings.exit_when_caught_up {
+            let high = self.partition.high_watermark(&mut self.target).await;
+            if high.is_some_and(|high| self.partition.position().is_some_and(|p| p >= high)) {
+                return Some(Reads::End);
+            }
+        }
+        self.markers.quiet().then_some(Reads::Follow)
     }
 }

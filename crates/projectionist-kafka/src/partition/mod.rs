@@ -6,8 +6,10 @@
 //! its own task.
 //!
 //! - `mod.rs` (here): the task's loop, its state, one method per thing it waits for;
-//! - [`apply`]: one batch, decoded and projected once, written with its checkpoint;
-//! - [`progress`]: the checkpoint as others see it, Kafka commits, markers, caught-up;
+//! - [`apply`]: one batch, decoded and projected once, put into the partition's sink;
+//! - [`sink`]: where a batch goes: written with its checkpoint at once, or folded in memory
+//!   and written once due (a rebuild's bulk load, [`fold`]);
+//! - [`progress`]: the checkpoint stored, as others see it, Kafka commits, markers, caught-up;
 //! - [`halt`]: where and why a partition stopped, reported in one place;
 //! - [`decode`]: messages and their envelopes.
 
@@ -17,6 +19,7 @@ mod fold;
 mod halt;
 mod progress;
 pub(crate) mod shared;
+mod sink;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,6 +46,7 @@ use fold::Reads;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
 use progress::MarkerRetry;
 pub(crate) use shared::Progress;
+pub(crate) use sink::Sink;
 
 /// How long a revoked partition waits for its batch in flight before abandoning it (its
 /// transaction rolls back; the next owner reads it again from the checkpoint), so that a
@@ -76,7 +80,8 @@ pub(crate) enum Begin {
 }
 
 /// What the task needs besides its queue: what it works with (handles shared with the
-/// runner and the other partitions), and how it works ([`Settings`]).
+/// runner and the other partitions), how it works ([`Settings`]) and where its batches go
+/// ([`Sink`]).
 pub(crate) struct Partition {
     pub tp: Tp,
     pub projection: SharedProjection,
@@ -87,8 +92,8 @@ pub(crate) struct Partition {
     pub tally: Arc<Tally>,
     pub dead_letter_topic: Option<Arc<crate::dead_letters::DeadLetterTopic>>,
     pub checked: Arc<Checked>,
-    /// A rebuild's bulk load: batches folded in memory, written once due (see `Folding`).
-    pub folding: Option<tokio::sync::Mutex<projectionist_postgres::Folding>>,
+    /// Where its batches go: written at once, or folded (a rebuild's bulk load).
+    pub sink: Sink,
     pub progress: Arc<Progress>,
     /// Its batches' bounds.
     pub limits: Limits,
@@ -246,10 +251,10 @@ impl Partition {
                 _ = tick.tick() => {}
             }
         }
-        // Stopping: what a rebuild folded is written with its checkpoint, so that the next
-        // run goes on after it (were it lost, the next run would read it again).
-        if task.order == Order::Shutdown && !task.batcher.is_halted() && task.partition.fold_held() {
-            task.write_fold(Reads::End).await;
+        // Stopping: what the sink holds (a rebuild's fold) is written with its checkpoint, so
+        // that the next run goes on after it (were it lost, the next run would read it again).
+        if task.order == Order::Shutdown && !task.batcher.is_halted() && task.partition.sink.holds() {
+            task.write_held(Reads::End).await;
         }
         // Revoked: what is buffered is left to the next owner.
         task.partition.tally.unapplied(task.batcher.len());
@@ -311,24 +316,20 @@ impl Task {
     /// caught-up check; always: the age of the oldest message not applied, for the lag.
     async fn idle_work(&mut self, drained: bool) {
         let idle = self.in_flight.is_none() && self.batcher.is_empty() && drained;
-        // Nothing more to read for now: what a rebuild folded is written before anything
-        // counts the partition's checkpoint (the markers, the caught-up check).
-        if idle && !self.batcher.is_halted() && self.partition.fold_held() {
-            if let Some(reads) = self.fold_due_at_idle().await {
-                if !self.write_fold(reads).await {
-                    return;
-                }
-            }
+        // Nothing more to read for now: what the sink holds (a rebuild's fold) is written
+        // before anything counts the partition's checkpoint (the markers, the caught-up check).
+        if idle && !self.batcher.is_halted() && !self.write_held_if_due().await {
+            return;
         }
-        // Never past what a rebuild folded and has not written (the fold was not due above):
+        // Never past what the sink holds and has not written (it was not due above):
         // were the process to stop then, those events would be lost to the shadow.
-        if idle && self.order == Order::Run && !self.batcher.is_halted() && !self.partition.fold_held() {
+        if idle && self.order == Order::Run && !self.batcher.is_halted() && !self.partition.sink.holds() {
             if let Err(stored) = self.partition.checkpoint_past_markers(&mut self.markers).await {
                 self.read_on_from(stored);
             }
         }
         let running = idle && self.order == Order::Run && !self.batcher.is_halted();
-        if running && self.partition.folding.is_none() && self.swept.elapsed() >= progress::SWEEP_EVERY {
+        if running && self.partition.sink.sweeps_parking() && self.swept.elapsed() >= progress::SWEEP_EVERY {
             self.swept = Instant::now();
             self.partition.resume_stale().await;
         }
@@ -341,39 +342,6 @@ impl Task {
             None => self.batcher.first().and_then(|m| m.at.timestamp),
         };
         self.partition.progress.oldest_unapplied_ms.store(oldest.unwrap_or(-1), Ordering::SeqCst);
-    }
-
-    /// Whether what a rebuild folded is written at this idle moment, and whether reads of
-    /// its tables follow: once the partition has read up to the high watermark it stops at
-    /// (`exit_when_caught_up`; the end of its reading), or has been quiet for
-    /// [`MARKERS_AFTER`](progress::MARKERS_AFTER) since its last batch (a stream that keeps
-    /// growing). A queue drained while the next fetch is on its way is neither: rows written
-    /// then would be written again by the batches that follow.
-    async fn fold_due_at_idle(&mut self) -> Option<Reads> {
-        if self.partition.settings.exit_when_caught_up {
-            let high = self.partition.high_watermark(&mut self.target).await;
-            if high.is_some_and(|high| self.partition.position().is_some_and(|p| p >= high)) {
-                return Some(Reads::End);
-            }
-        }
-        self.markers.quiet().then_some(Reads::Follow)
-    }
-
-    /// Writes what a rebuild folded; `false` when it could not be written now (waited out on
-    /// the next turn when PostgreSQL is away; otherwise the partition halts).
-    async fn write_fold(&mut self, reads: Reads) -> bool {
-        let Err(e) = self.partition.write_fold(reads).await else { return true };
-        let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
-        if crate::retry::Retry::of(&e) != crate::retry::Retry::Never {
-            let message = "Could not write the rebuild's folded rows; trying again.";
-            tracing::warn!(projection = %self.name(), %topic, partition, error = %e, "{message}");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            return false;
-        }
-        let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
-        let reason = format!("the rows folded by the rebuild's bulk load were refused: {e}");
-        self.halt(Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error });
-        false
     }
 
     /// Takes the result of the batch that was in flight.

@@ -1,6 +1,6 @@
-//! A partition's progress: its checkpoint as the runner and the lag metrics see it, the
-//! Kafka copy of each commit, the checkpoint moved past transaction markers at idle
-//! moments, and whether it caught up.
+//! A partition's progress: its checkpoint as the runner and the lag metrics see it, stored
+//! only where it still stands and told to the waits, the Kafka copy of each commit, the
+//! checkpoint moved past transaction markers at idle moments, and whether it caught up.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,6 +23,50 @@ impl Partition {
         match positions.find_partition(&self.tp.topic, self.tp.partition).map(|e| e.offset()) {
             Some(Offset::Offset(o)) => Some(o),
             _ => None,
+        }
+    }
+
+    /// Stores the checkpoint `next_offset` in `tx`, where it still stands where this process
+    /// last read or stored it: else `Error::CheckpointMoved` (a rebuild's swap or rollback,
+    /// `run --reset`, another process moved it), and the partition reads on from there
+    /// instead of writing past it. Once `tx` commits, [`Partition::stored`] says so. Returns
+    /// the checkpoint replaced (`None`: none was stored).
+    pub(super) async fn store_checkpoint(
+        &self,
+        tx: &mut projectionist_postgres::PgConnection,
+        next_offset: i64,
+    ) -> projectionist_postgres::Result<Option<i64>> {
+        let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
+        let expected = self.expected_checkpoint();
+        projectionist_postgres::checkpoint::store(tx, name, topic, partition, expected, next_offset).await?;
+        Ok(expected)
+    }
+
+    /// The checkpoint this process last read or stored (`None`: none is stored).
+    pub(super) fn expected_checkpoint(&self) -> Option<i64> {
+        Some(self.progress.stored.load(Ordering::SeqCst)).filter(|s| *s >= 0)
+    }
+
+    /// The checkpoint `next_offset` stored by this process is committed.
+    pub(super) fn stored(&self, next_offset: i64) {
+        self.progress.stored.store(next_offset, Ordering::SeqCst);
+    }
+
+    /// Tells the waits for the read model that the checkpoint `next_offset` committed (see
+    /// [`projectionist_postgres::checkpoint::notify`]). A failure is only logged: what it
+    /// tells is committed, and the waits read the checkpoints again within a second.
+    /// `passed`: what the checkpoint passed, where known, so that the waits need not ask.
+    pub(super) async fn notify_checkpoint(
+        &self,
+        conn: &mut projectionist_postgres::PgConnection,
+        next_offset: i64,
+        passed: Option<Passed<'_>>,
+    ) {
+        let (name, topic, partition) = (self.projection.name(), &self.tp.topic, self.tp.partition);
+        let notified = projectionist_postgres::checkpoint::notify(conn, name, topic, partition, next_offset, passed);
+        if let Err(e) = notified.await {
+            let message = "Could not notify the waits of a checkpoint; they read it again within a second.";
+            tracing::debug!(projection = %name, %topic, partition, error = %e, "{message}");
         }
     }
 

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use super::{Runner, Task};
 use crate::batcher::Limits;
 use crate::outage::Outage;
-use crate::partition::{Begin, Halt, HaltKind, Order, Partition, Progress, Settings};
+use crate::partition::{Begin, Halt, HaltKind, Order, Partition, Progress, Settings, Sink};
 use crate::retry::Retry;
 use crate::tp::Tp;
 
@@ -229,13 +229,7 @@ impl Runner {
             consumer: self.consumer.clone(),
             stats: self.stats.clone(),
             tally: self.stats.tally(tp),
-            // Read from its start with no checkpoint, as a rebuild's shadow first is: its
-            // tables hold nothing of the partition (checkpoints commit with the rows).
-            folding: self.exclusive.fold.then(|| {
-                let fresh = self.exclusive.sole_writer && read.is_none();
-                let folding = if fresh { Folding::from_nothing() } else { Folding::default() };
-                folding.into()
-            }),
+            sink: self.sink(read),
             dead_letter_topic: self.dead_letter_topic.clone(),
             checked: self.checked.clone(),
             limits,
@@ -253,6 +247,18 @@ impl Runner {
             },
             progress,
         }
+    }
+
+    /// Where the batches of a partition whose checkpoint is `read` go: a rebuild's fold
+    /// ([`Exclusive::fold`](crate::Exclusive::fold)), else written at once.
+    fn sink(&self, read: Option<i64>) -> Sink {
+        if !self.exclusive.fold {
+            return Sink::Live;
+        }
+        // Read from its start with no checkpoint, as a rebuild's shadow first is: its
+        // tables hold nothing of the partition (checkpoints commit with the rows).
+        let fresh = self.exclusive.sole_writer && read.is_none();
+        Sink::fold(if fresh { Folding::from_nothing() } else { Folding::default() })
     }
 
     /// Stops the revoked partitions' tasks (each finishes its batch in flight, so the next
