@@ -491,7 +491,7 @@ async fn poison_events_are_dead_lettered_and_their_aggregates_parked_while_the_r
     let (_, stats) = &report.projections[0];
     let c = stats.outcomes();
     let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-    let (read, drained, dead) = (load(&stats.read), load(&stats.drained), load(&stats.dead_letters));
+    let (read, drained, dead) = (stats.read(), load(&stats.drained), load(&stats.dead_letters));
     assert_eq!(read, messages.len() as u64);
     assert_eq!(read, c.applied + c.duplicate + c.stale + c.ignored + c.parked + dead - drained, "{c:?}, dead {dead}");
     assert_eq!((c.parked, dead, c.applied, c.ignored), (2, 12, 63, 1));

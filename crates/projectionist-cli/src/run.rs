@@ -74,7 +74,7 @@ impl App {
 fn summary(stats: &projectionist_kafka::Stats, elapsed: f64) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     let c = stats.outcomes();
-    let read = stats.read.load(Relaxed);
+    let read = stats.read();
     let offsets = stats.advanced.load(Relaxed);
     let halted = stats.partitions_halted();
     let types = stats.ignored_types.lock().expect("ignored types lock");

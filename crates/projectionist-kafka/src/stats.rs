@@ -12,8 +12,6 @@ use crate::tp::Tp;
 /// Live counters of one projection, readable while it runs.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Messages read from Kafka (including ones later dropped by a rebalance).
-    pub read: AtomicU64,
     /// Offsets the partitions' checkpoints moved past in this run: events and the
     /// transaction markers between them alike, so it reaches the distance to the high
     /// watermarks exactly (progress against them).
@@ -184,6 +182,13 @@ impl Stats {
     /// Partitions halted in this process (they stay halted until it restarts).
     pub fn partitions_halted(&self) -> usize {
         self.halted.lock().expect("halted lock").len()
+    }
+
+    /// Messages read from Kafka (including ones later dropped by a rebalance): the sum of
+    /// the partitions' `read`.
+    pub fn read(&self) -> u64 {
+        let partitions = self.partitions.lock().expect("partitions lock");
+        partitions.values().map(|t| t.read.load(Ordering::Relaxed)).sum()
     }
 
     /// The tally of partition `tp`, made at its first assignment.

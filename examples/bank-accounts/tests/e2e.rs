@@ -78,6 +78,19 @@ impl Env {
         args
     }
 
+    /// Creates the topic with one partition and produces `payloads` to it as they are (not
+    /// through `publish`, which refuses what is not an event), keyed by `key`.
+    async fn produce_raw<const N: usize>(&self, key: &str, payloads: [Vec<u8>; N]) {
+        let out = self.cli(&["create-topics", "--partitions", "1"]).output().await.unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let producer: ThreadedProducer<DefaultProducerContext> =
+            ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+        for payload in payloads {
+            producer.send(BaseRecord::to(&self.topic).key(key).payload(&payload)).map_err(|(e, _)| e).unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+    }
+
     /// Publishes through the CLI's transactional producer.
     async fn publish(&self, events: &[RawEnvelope]) {
         let file = self.dir.join("events.ndjson");
@@ -438,17 +451,10 @@ async fn a_member_joining_takes_partitions_without_stopping_the_others(pool: PgP
 #[sqlx::test(migrations = false)]
 async fn under_on_poison_halt_a_malformed_event_halts_its_partition_naming_it(pool: PgPool) {
     let env = Env::new(&pool, "poison").await;
-    let out = env.cli(&["create-topics", "--partitions", "1"]).output().await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let opened = generate::envelope("acc-p", 1, &AccountEvent::AccountOpened { owner: "p".into() });
     let after = generate::envelope("acc-p", 2, &AccountEvent::MoneyDeposited { amount: 5 });
-    let producer: ThreadedProducer<DefaultProducerContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
     let poison = br#"{"id": "not-a-uuid", "aggregate_type": "account"}"#.to_vec();
-    for payload in [opened.to_json(), poison, after.to_json()] {
-        producer.send(BaseRecord::to(&env.topic).key("acc-p").payload(&payload)).map_err(|(e, _)| e).unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+    env.produce_raw("acc-p", [opened.to_json(), poison, after.to_json()]).await;
 
     let (status, stdout, stderr) = env.run_until_caught_up(&["--on-poison", "halt"]).await;
     assert_eq!(status.code(), Some(2), "a halted partition fails the run:\n{stderr}");
@@ -477,17 +483,10 @@ async fn under_on_poison_halt_a_malformed_event_halts_its_partition_naming_it(po
 #[sqlx::test(migrations = false)]
 async fn a_malformed_message_is_counted_once_as_a_dead_letter(pool: PgPool) {
     let env = Env::new(&pool, "malformed").await;
-    let out = env.cli(&["create-topics", "--partitions", "1"]).output().await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let opened = generate::envelope("acc-m", 1, &AccountEvent::AccountOpened { owner: "m".into() });
     let after = generate::envelope("acc-m", 2, &AccountEvent::MoneyDeposited { amount: 5 });
-    let producer: ThreadedProducer<DefaultProducerContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
     let malformed = b"{not json".to_vec();
-    for payload in [opened.to_json(), malformed, after.to_json(), opened.to_json()] {
-        producer.send(BaseRecord::to(&env.topic).key("acc-m").payload(&payload)).map_err(|(e, _)| e).unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+    env.produce_raw("acc-m", [opened.to_json(), malformed, after.to_json(), opened.to_json()]).await;
     let (status, stdout, stderr) = env.run_until_caught_up(&[]).await;
     assert!(status.success(), "{stderr}");
     // Read 4: versions 1 and 2 applied, the malformed message dead-lettered alone (it names

@@ -272,7 +272,6 @@ impl Task {
         match received {
             Some(Ok(message)) => {
                 let (msg, bytes) = Msg::from_kafka(&message, self.partition.settings.max_event_bytes);
-                self.partition.stats.read.fetch_add(1, Ordering::Relaxed);
                 self.partition.tally.read.fetch_add(1, Ordering::Relaxed);
                 self.batcher.push_read_now(msg, bytes, Instant::now);
                 true
