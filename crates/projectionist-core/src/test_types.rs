@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::plan::{ColumnValues, TypeRules};
+use crate::plan::{ColumnValues, IntRange, TypeRules};
 
 /// The column types of the core's tests (see the module).
 pub(crate) struct TestTypes;
@@ -15,14 +15,14 @@ pub(crate) struct TestTypes;
 const DECLARED: [(&str, Rules); 7] = [
     ("bigint", Rules::of(BIGINT)),
     ("bigint NOT NULL DEFAULT 0", Rules { not_null: true, default: true, ..Rules::of(BIGINT) }),
-    ("smallint", Rules::of(Values::Int(i16::MIN as i128, i16::MAX as i128))),
+    ("smallint", Rules::of(Values::Int(IntRange { min: i16::MIN as i128, max: i16::MAX as i128 }))),
     ("text", Rules::of(Values::Text)),
     ("text NOT NULL", Rules { not_null: true, ..Rules::of(Values::Text) }),
     ("double precision", Rules::of(Values::Float)),
     ("numeric(4,2) NOT NULL DEFAULT 0", Rules { not_null: true, default: true, ..Rules::of(Values::Numeric(2)) }),
 ];
 
-const BIGINT: Values = Values::Int(i64::MIN as i128, i64::MAX as i128);
+const BIGINT: Values = Values::Int(IntRange { min: i64::MIN as i128, max: i64::MAX as i128 });
 
 impl TypeRules for TestTypes {
     fn column(&self, declared: &str) -> Box<dyn ColumnValues> {
@@ -49,7 +49,7 @@ impl Rules {
 #[derive(Debug, Clone, Copy)]
 enum Values {
     /// Integers from the least to the greatest: adds are summed, each step's range checked.
-    Int(i128, i128),
+    Int(IntRange),
     /// Strings without a NUL, numbers and booleans (`text`).
     Text,
     /// Any number; adds are summed in order, as the steps would be (`double precision`).
@@ -63,7 +63,7 @@ impl ColumnValues for Rules {
     fn surely_fits(&self, value: &Value) -> bool {
         match (self.values, value) {
             (_, Value::Null) => !self.not_null,
-            (Values::Int(min, max), Value::Number(n)) => n.as_i64().is_some_and(|n| (min..=max).contains(&(n as i128))),
+            (Values::Int(range), Value::Number(n)) => n.as_i64().is_some_and(|n| range.contains(n.into())),
             (Values::Text, Value::String(s)) => !s.contains('\0'),
             (Values::Text, Value::Number(_) | Value::Bool(_)) => true,
             (Values::Float, Value::Number(_)) => true,
@@ -74,9 +74,9 @@ impl ColumnValues for Rules {
         }
     }
 
-    fn int_range(&self) -> Option<(i128, i128)> {
+    fn int_range(&self) -> Option<IntRange> {
         match self.values {
-            Values::Int(min, max) => Some((min, max)),
+            Values::Int(range) => Some(range),
             _ => None,
         }
     }

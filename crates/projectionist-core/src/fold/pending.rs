@@ -29,21 +29,14 @@ impl Column {
         if self.deltas.is_empty() {
             return;
         }
-        if let (Some((min, max)), Some(base)) =
-            (declared.column(self.column).int_range(), self.base.as_ref().and_then(Value::as_i64))
-        {
-            let mut total = i128::from(base);
-            for d in &self.deltas {
-                match d.as_i64() {
-                    Some(d) if (min..=max).contains(&(total + i128::from(d))) => total += i128::from(d),
-                    _ => return compact(declared, self),
-                }
+        let range = declared.column(self.column).int_range();
+        match range.zip(self.base.as_ref()).and_then(|(range, base)| range.total(base, &self.deltas)) {
+            Some(total) => {
+                self.base = Some(Value::from(total));
+                self.deltas.clear();
             }
-            self.base = Some(Value::from(total as i64));
-            self.deltas.clear();
-            return;
+            None => compact(declared, self),
         }
-        compact(declared, self);
     }
 
     /// Takes `c` in place of what is held, as [`Column::of`] would, keeping a string's room
@@ -268,17 +261,11 @@ fn compact(declared: &Declared, column: &mut Column) {
     if column.deltas.len() <= 3 {
         return;
     }
-    let Some((min, max)) = declared.column(column.column).int_range() else { return };
-    let (mut lo, mut hi, mut sum) = (i128::MAX, i128::MIN, 0_i128);
-    for d in &column.deltas {
-        let Some(n) = d.as_i64().map(i128::from).filter(|n| (min..=max).contains(n)) else { return };
-        sum += n;
-        lo = lo.min(sum);
-        hi = hi.max(sum);
-    }
-    let steps = [lo, hi - lo, sum - hi];
-    if steps.iter().all(|n| (min..=max).contains(n)) {
-        column.deltas = steps.iter().map(|n| Value::from(*n as i64)).collect();
+    let Some(range) = declared.column(column.column).int_range() else { return };
+    let Some(s) = range.sums(&column.deltas) else { return };
+    let steps = [s.lo, s.hi - s.lo, s.sum - s.hi];
+    if steps.iter().all(|&n| range.contains(n)) {
+        column.deltas = steps.iter().map(|&n| Value::from(n as i64)).collect();
     }
 }
 

@@ -119,20 +119,11 @@ pub(super) fn compose<'a>(
 /// Whether `column`'s adds, summed from `base` one at a time, stay in its integer column's
 /// range (no adds: yes, whatever the column).
 pub(crate) fn sums_fit(declared: &Declared, column: &ColumnWrite<'_>, base: &Value) -> bool {
-    if column.deltas.is_empty() {
-        return true;
-    }
-    let (Some((min, max)), Some(base)) = (declared.column(column.column).int_range(), base.as_i64()) else {
-        return false;
-    };
-    let mut sum = i128::from(base);
-    column.deltas.iter().all(|d| match d.as_i64() {
-        Some(d) => {
-            sum += i128::from(d);
-            (min..=max).contains(&i128::from(d)) && (min..=max).contains(&sum)
-        }
-        None => false,
-    })
+    column.deltas.is_empty()
+        || declared
+            .column(column.column)
+            .int_range()
+            .is_some_and(|r| r.total(base, column.deltas.iter().copied()).is_some())
 }
 
 /// Folds what follows a row's insert into the insert where the result cannot depend on

@@ -24,9 +24,9 @@ pub trait ColumnValues {
     /// False wherever it might be refused. Asked for each value written over.
     fn surely_fits(&self, value: &Value) -> bool;
 
-    /// An integer column's range, least and greatest value: every add to it is exact, and
-    /// each step is checked against the range.
-    fn int_range(&self) -> Option<(i128, i128)>;
+    /// An integer column's range: every add to it is exact, and each step is checked against
+    /// the range.
+    fn int_range(&self) -> Option<IntRange>;
 
     /// Whether adds to the column may be summed before the database sees them: where the sum
     /// is what adding the steps one by one stores (integers, each step's range checked; not
@@ -38,6 +38,56 @@ pub trait ColumnValues {
     fn required(&self) -> bool;
 }
 
+/// An integer column's range, from the least to the greatest value it stores: the one place
+/// where a chain of adds to an integer column is summed before the database sees it (by the
+/// planner, the fold and the database's statements), exactly when the chain's every step
+/// would be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntRange {
+    /// The least value.
+    pub min: i128,
+    /// The greatest value.
+    pub max: i128,
+}
+
+/// The running sums of a chain of adds: the lowest and the highest (0, before the first
+/// add, included) and the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunningSums {
+    /// The lowest running sum.
+    pub lo: i128,
+    /// The highest running sum.
+    pub hi: i128,
+    /// The sum of every add.
+    pub sum: i128,
+}
+
+impl IntRange {
+    /// Whether the column stores `n`.
+    pub fn contains(self, n: i128) -> bool {
+        (self.min..=self.max).contains(&n)
+    }
+
+    /// The running sums of `deltas`, when each is an integer the range takes.
+    pub fn sums<'v>(self, deltas: impl IntoIterator<Item = &'v Value>) -> Option<RunningSums> {
+        let mut s = RunningSums { lo: 0, hi: 0, sum: 0 };
+        for d in deltas {
+            let d = d.as_i64().map(i128::from).filter(|&d| self.contains(d))?;
+            s.sum += d;
+            (s.lo, s.hi) = (s.lo.min(s.sum), s.hi.max(s.sum));
+        }
+        Some(s)
+    }
+
+    /// `base` with each of `deltas` added in turn, when `base`, every delta and every step
+    /// on the way are integers the range takes: what the database would store.
+    pub fn total<'v>(self, base: &Value, deltas: impl IntoIterator<Item = &'v Value>) -> Option<i64> {
+        let base = i128::from(base.as_i64()?);
+        let s = self.sums(deltas)?;
+        [base, base + s.lo, base + s.hi].into_iter().all(|n| self.contains(n)).then(|| (base + s.sum) as i64)
+    }
+}
+
 /// A column not declared: nothing surely fits it.
 struct Undeclared;
 
@@ -46,7 +96,7 @@ impl ColumnValues for Undeclared {
         false
     }
 
-    fn int_range(&self) -> Option<(i128, i128)> {
+    fn int_range(&self) -> Option<IntRange> {
         None
     }
 

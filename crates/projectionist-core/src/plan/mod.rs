@@ -34,7 +34,7 @@ use crate::Outcome;
 
 pub(crate) use coalesce::sums_fit;
 pub(crate) use columns::Declared;
-pub use columns::{ColumnValues, TypeRules};
+pub use columns::{ColumnValues, IntRange, RunningSums, TypeRules};
 use rows::plan_rows;
 
 /// The identity of an event being planned.

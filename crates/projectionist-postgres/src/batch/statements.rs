@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::types::IntType;
+use projectionist_core::plan::{IntRange, RunningSums};
 
 /// Writes `rows`, one statement per table and shape, each statement's row count checked.
 pub(super) async fn write_row_writes<'r, 'a: 'r>(
@@ -36,32 +37,6 @@ impl ColumnKind {
     fn folds(self) -> bool {
         matches!(self, Self::FoldStored | Self::FoldValue)
     }
-}
-
-/// `base + d1 + d2 + …` when every value is an integer and every step stays in `ty`'s
-/// range; `None` sends the column to the fold (which raises what a step raises).
-fn total(ty: IntType, base: &Value, deltas: &[&Value]) -> Option<i64> {
-    let (min, max) = ty.range();
-    let (lo, hi, sum) = sums(ty, deltas)?;
-    let base = i128::from(base.as_i64()?);
-    let fits = |v: i128| (min..=max).contains(&v);
-    (fits(base) && fits(base + lo) && fits(base + hi)).then(|| (base + sum) as i64)
-}
-
-/// The lowest and highest running sums of `deltas` (0 included) and their sum, when every
-/// delta is an integer `ty` takes; `None` sends the column to the fold.
-fn sums(ty: IntType, deltas: &[&Value]) -> Option<(i128, i128, i128)> {
-    let (min, max) = ty.range();
-    let (mut lo, mut hi, mut sum) = (0_i128, 0_i128, 0_i128);
-    for d in deltas {
-        let d = d.as_i64().map(i128::from).or_else(|| d.as_u64().map(i128::from))?;
-        if d < min || d > max {
-            return None;
-        }
-        sum += d;
-        (lo, hi) = (lo.min(sum), hi.max(sum));
-    }
-    Some((lo, hi, sum))
 }
 
 /// What one statement does: its kind of row write, touching these columns in these ways.
@@ -193,7 +168,7 @@ impl<'s> Parts<'s> {
             ColumnKind::FoldValue => self.fold(raw, column, &format!("s.{column}")),
             ColumnKind::FoldStored => self.fold(raw, column, &format!("t.{column}")),
             ColumnKind::SumStored(ty) => {
-                let (min, max) = ty.range();
+                let IntRange { min, max } = ty.range();
                 let at = |part: &str| format!("t.{column}::numeric + s.\"{raw}${part}\"");
                 // Past the type's range, the cast raises the overflow a step per event raises.
                 format!(
@@ -339,7 +314,8 @@ pub(super) fn encode(row: &RowWrite, out: &mut Vec<u8>, shape: &mut Shape) {
             }
             // An integer column, every step known: added here, exactly, as the column would.
             (Some(base), _) => {
-                match table.column_type(name).and_then(IntType::of).and_then(|ty| total(ty, base, &column.deltas)) {
+                let int = table.column_type(name).and_then(IntType::of);
+                match int.and_then(|ty| ty.range().total(base, column.deltas.iter().copied())) {
                     Some(total) => {
                         doc.field(name, "", &total);
                         ColumnKind::Set
@@ -357,8 +333,8 @@ pub(super) fn encode(row: &RowWrite, out: &mut Vec<u8>, shape: &mut Shape) {
             }
             (None, _) => {
                 let int = table.column_type(name).and_then(IntType::of);
-                match int.and_then(|ty| Some((ty, sums(ty, &column.deltas)?))) {
-                    Some((ty, (lo, hi, sum))) => {
+                match int.and_then(|ty| Some((ty, ty.range().sums(column.deltas.iter().copied())?))) {
+                    Some((ty, RunningSums { lo, hi, sum })) => {
                         for (part, n) in [("$lo", lo), ("$hi", hi), ("$sum", sum)] {
                             // As a string: JSON numbers past i64 would lose digits.
                             doc.key(name, part);
@@ -432,22 +408,25 @@ pub(super) fn expect_rows(table: &str, planned: usize, changed: u64) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::{sums, total, IntType};
+    use crate::types::IntType::{Big, Small};
+    use projectionist_core::plan::RunningSums;
     use serde_json::json;
 
     #[test]
     fn integer_columns_sum_exactly_with_their_running_extremes() {
-        use IntType::{Big, Small};
-        let ds = [&json!(5), &json!(-12), &json!(u64::MAX), &json!(-3)];
-        assert_eq!(sums(Big, &ds), None, "a delta the type cannot take goes to the fold");
-        let ds = [&json!(5), &json!(-12), &json!(i64::MAX), &json!(-3)];
+        let ds = [json!(5), json!(-12), json!(u64::MAX), json!(-3)];
+        assert_eq!(Big.range().sums(&ds), None, "a delta the type cannot take goes to the fold");
+        let ds = [json!(5), json!(-12), json!(i64::MAX), json!(-3)];
         let max = i128::from(i64::MAX);
-        assert_eq!(sums(Big, &ds), Some((-7, max - 7, max - 10)));
-        assert_eq!(sums(Small, &[&json!(1.5)]), None, "not an integer: the fold");
-        assert_eq!(sums(Small, &[&json!("7")]), None, "a string: the fold");
-        assert_eq!(total(Small, &json!(32000), &[&json!(700), &json!(-700)]), Some(32000));
-        assert_eq!(total(Small, &json!(32000), &[&json!(800), &json!(-800)]), None, "a step overflows");
-        assert_eq!(total(Small, &json!(-32768), &[&json!(-1), &json!(1)]), None, "a step overflows");
-        assert_eq!(total(Big, &json!("5"), &[&json!(1)]), None, "a string base: the fold");
+        assert_eq!(Big.range().sums(&ds), Some(RunningSums { lo: -7, hi: max - 7, sum: max - 10 }));
+        assert_eq!(Small.range().sums(&[json!(1.5)]), None, "not an integer: the fold");
+        assert_eq!(Small.range().sums(&[json!("7")]), None, "a string: the fold");
+        assert_eq!(Small.range().sums(&[json!(40_000), json!(-40_000)]), None, "a delta past the type: the fold");
+        let total = |base, ds: &[serde_json::Value]| Small.range().total(&base, ds);
+        assert_eq!(total(json!(32000), &[json!(700), json!(-700)]), Some(32000));
+        assert_eq!(total(json!(32000), &[json!(800), json!(-800)]), None, "a step overflows");
+        assert_eq!(total(json!(-32768), &[json!(-1), json!(1)]), None, "a step overflows");
+        assert_eq!(total(json!(40_000), &[json!(-10_000)]), None, "a base past the type");
+        assert_eq!(Big.range().total(&json!("5"), &[json!(1)]), None, "a string base: the fold");
     }
 }

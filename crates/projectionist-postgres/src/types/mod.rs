@@ -8,7 +8,7 @@ mod input;
 #[cfg(test)]
 mod tests;
 
-use projectionist_core::plan::{ColumnValues, TypeRules};
+use projectionist_core::plan::{ColumnValues, IntRange, TypeRules};
 use projectionist_core::Table;
 use serde_json::Value;
 
@@ -102,12 +102,13 @@ impl IntType {
     }
 
     /// The values the type takes, from the least to the greatest.
-    pub(crate) fn range(self) -> (i128, i128) {
-        match self {
+    pub(crate) fn range(self) -> IntRange {
+        let (min, max) = match self {
             Self::Small => (i16::MIN.into(), i16::MAX.into()),
             Self::Int => (i32::MIN.into(), i32::MAX.into()),
             Self::Big => (i64::MIN.into(), i64::MAX.into()),
-        }
+        };
+        IntRange { min, max }
     }
 }
 
@@ -207,10 +208,7 @@ impl ColumnValues for ColumnType {
             (Some(Known::Text), Value::String(s)) => no_nul(s),
             (Some(Known::Text), Value::Number(_) | Value::Bool(_)) => true,
             (Some(Known::Json), v) => !v.to_string().contains("\\u0000"),
-            (Some(Known::Int(ty)), Value::Number(n)) => {
-                let (min, max) = ty.range();
-                n.as_i64().is_some_and(|n| (min..=max).contains(&i128::from(n)))
-            }
+            (Some(Known::Int(ty)), Value::Number(n)) => n.as_i64().is_some_and(|n| ty.range().contains(n.into())),
             (Some(Known::Bool), Value::Bool(_)) => true,
             (Some(Known::Float), Value::Number(_)) => true,
             (Some(Known::Numeric { int_digits }), Value::Number(n)) => {
@@ -223,7 +221,7 @@ impl ColumnValues for ColumnType {
     }
 
     /// `bigint`, `integer`, `smallint`.
-    fn int_range(&self) -> Option<(i128, i128)> {
+    fn int_range(&self) -> Option<IntRange> {
         match self.known? {
             Known::Int(ty) => Some(ty.range()),
             _ => None,

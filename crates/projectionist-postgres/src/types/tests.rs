@@ -1,7 +1,7 @@
 //! PostgreSQL's column types: what surely fits, an integer type, the rules the core's tests
 //! spell out, what `COPY` takes.
 
-use projectionist_core::plan::ColumnValues;
+use projectionist_core::plan::{ColumnValues, IntRange};
 use projectionist_core::Table;
 use serde_json::{json, Value};
 
@@ -66,11 +66,12 @@ fn an_integer_type_is_read_from_the_first_word_of_its_declaration() {
 #[test]
 fn integer_columns_take_their_type_s_range_and_sum_exactly() {
     let column = |declared: &str| ColumnType::of(declared);
-    let big = Some((i128::from(i64::MIN), i128::from(i64::MAX)));
+    let range = |min: i128, max: i128| Some(IntRange { min, max });
+    let big = range(i64::MIN.into(), i64::MAX.into());
     assert_eq!(column("bigint").int_range(), big);
     assert_eq!(column("INT8 NOT NULL").int_range(), big);
-    assert_eq!(column("integer").int_range(), Some((i32::MIN.into(), i32::MAX.into())));
-    assert_eq!(column("int2 DEFAULT 0").int_range(), Some((i16::MIN.into(), i16::MAX.into())));
+    assert_eq!(column("integer").int_range(), range(i32::MIN.into(), i32::MAX.into()));
+    assert_eq!(column("int2 DEFAULT 0").int_range(), range(i16::MIN.into(), i16::MAX.into()));
     assert_eq!(column("bigint PRIMARY KEY").int_range(), None, "the type is the words before NOT, DEFAULT, …");
     assert_eq!(column("numeric").int_range(), None);
     assert!(column("bigint").chains_exactly() && column("double precision").chains_exactly());
@@ -83,8 +84,8 @@ fn integer_columns_take_their_type_s_range_and_sum_exactly() {
 /// PostgreSQL's say the same of those declarations.
 #[test]
 fn the_rules_the_core_tests_spell_out_are_postgres_own() {
-    let big = Some((i128::from(i64::MIN), i128::from(i64::MAX)));
-    let small = Some((i128::from(i16::MIN), i128::from(i16::MAX)));
+    let big = Some(IntRange { min: i64::MIN.into(), max: i64::MAX.into() });
+    let small = Some(IntRange { min: i16::MIN.into(), max: i16::MAX.into() });
     // Declaration, integer range, adds summed, required (NOT NULL without a default), null fits.
     let spelled_out = [
         ("bigint", big, true, false, true),
