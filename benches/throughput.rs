@@ -1023,4 +1023,8 @@ fn print_peer(compared: &peer::Compared) {
         compared.with_resends
     );
     println!("  projectionist / Kafka Connect JDBC sink, in order      {:>6.2}", compared.in_order);
+    println!(
+        "  projectionist rebuild / the sink, with re-sends        {:>6.2}   (in order {:.2}; each from offset zero)",
+        compared.rebuild.0, compared.rebuild.1
+    );
 }

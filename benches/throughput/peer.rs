@@ -5,6 +5,9 @@
 //! after each event): projectionist as envelopes into `account_states` (upserts gated by the
 //! version), the sink as JSON records with their schema into `accounts`. Then the same with
 //! the stream's out-of-order re-sends removed. Each read model is compared with the oracle.
+//! Projectionist's `rebuild` of the same table from offset zero is timed too: the sink
+//! builds its table from offset zero into an empty table, and building a read model from a
+//! topic's beginning is what `rebuild` is for (the pipeline, `run`, is what keeps it fresh).
 //!
 //! `BENCH_PEER=0` skips it, `BENCH_PEER_ONLY=1` runs it alone; it takes the bench's stream
 //! (`BENCH_DELIVERIES`). `scripts/bench.sh` fetches the jars (`scripts/services.sh
@@ -76,18 +79,21 @@ pub(super) async fn arm(events: &[RawEnvelope]) -> Option<Compared> {
     for (label, deliveries) in [("with re-sends", events.to_vec()), ("in order", in_order(events))] {
         let states = bank_accounts::generate::state_transfer(&deliveries);
         let oracle = last_states(&states);
-        let ours = projectionist(&states, &oracle).await;
+        let (ours, rebuilt) = projectionist(&states, &oracle).await;
         let sink = sink(&states, &oracle, &libs, &plugins).await;
         println!(
-            "  {label:<14} {} deliveries: projectionist {:>8.0}/s, {} wrong rows of {}; sink {:>8.0}/s, {} wrong rows",
+            "  {label:<14} {} deliveries: projectionist {:>8.0}/s, {} wrong rows of {}; its rebuild {:>8.0}/s, {} wrong \
+             rows; sink {:>8.0}/s, {} wrong rows",
             states.len(),
             ours.rate,
             ours.wrong,
             oracle.len(),
+            rebuilt.rate,
+            rebuilt.wrong,
             sink.rate,
             sink.wrong
         );
-        for (who, side) in [("projectionist", &ours), ("sink (its JVM)", &sink)] {
+        for (who, side) in [("projectionist", &ours), ("its rebuild", &rebuilt), ("sink (its JVM)", &sink)] {
             let per_delivery = |cpu: f64| cpu / states.len() as f64 * 1e6;
             let after_start = side
                 .cpu_after_start
@@ -101,13 +107,14 @@ pub(super) async fn arm(events: &[RawEnvelope]) -> Option<Compared> {
                 per_delivery(side.machine_cpu_seconds)
             );
         }
-        results.push((ours, sink));
+        results.push((ours, rebuilt, sink));
     }
-    let [(ours, sink), (ours_in_order, sink_in_order)] = <[_; 2]>::try_from(results).ok()?;
+    let [(ours, rebuilt, sink), (ours_in_order, rebuilt_in_order, sink_in_order)] = <[_; 2]>::try_from(results).ok()?;
     Some(Compared {
         with_resends: ours.rate / sink.rate,
         in_order: ours_in_order.rate / sink_in_order.rate,
-        wrong: (ours.wrong, sink.wrong),
+        rebuild: (rebuilt.rate / sink.rate, rebuilt_in_order.rate / sink_in_order.rate),
+        wrong: (ours.wrong.max(rebuilt.wrong), sink.wrong),
     })
 }
 
@@ -115,7 +122,10 @@ pub(super) async fn arm(events: &[RawEnvelope]) -> Option<Compared> {
 pub(super) struct Compared {
     pub with_resends: f64,
     pub in_order: f64,
-    /// Wrong rows of projectionist and of the sink, on the stream with re-sends.
+    /// Projectionist's `rebuild` / sink, with re-sends and in order.
+    pub rebuild: (f64, f64),
+    /// Wrong rows of projectionist (the more of its run's and its rebuild's) and of the
+    /// sink, on the stream with re-sends.
     pub wrong: (usize, usize),
 }
 
@@ -158,22 +168,29 @@ async fn wrong_rows(pool: &PgPool, table: &str, oracle: &BTreeMap<String, Row>) 
     oracle.iter().filter(|(id, want)| found.get(*id) != Some(want)).count()
 }
 
-async fn projectionist(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>) -> Side {
+/// Projectionist's side: its pipeline (`run`) from offset zero to the head, then its
+/// `rebuild` of the same table from offset zero, swapped in beside the live one.
+async fn projectionist(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>) -> (Side, Side) {
     let (topic, _, _) = publish_all("bench.peer.states", states.iter().cloned()).await;
     let (pool, url) = empty_database("projectionist_bench_peer").await;
     migrate(&pool, &[&AccountStates]).await.unwrap();
-    let busy = machine_cpu_seconds();
-    let run: Run = ACCOUNT_STATES.projector("run", &url, &topic, states.len(), &["--reset", "--exit-when-caught-up"]);
-    let machine_cpu_seconds = machine_cpu_seconds() - busy;
-    Side {
-        rate: run.rate,
-        start_to_done: run.start_to_exit,
-        rss_mib: run.rss_mib,
-        cpu_seconds: run.cpu_seconds,
-        cpu_after_start: None,
-        machine_cpu_seconds,
-        wrong: wrong_rows(&pool, "account_states", oracle).await,
+    let mut sides = Vec::new();
+    for (command, args) in [("run", &["--reset", "--exit-when-caught-up"][..]), ("rebuild", &[])] {
+        let busy = machine_cpu_seconds();
+        let run: Run = ACCOUNT_STATES.projector(command, &url, &topic, states.len(), args);
+        let machine_cpu_seconds = machine_cpu_seconds() - busy;
+        sides.push(Side {
+            rate: run.rate,
+            start_to_done: run.start_to_exit,
+            rss_mib: run.rss_mib,
+            cpu_seconds: run.cpu_seconds,
+            cpu_after_start: None,
+            machine_cpu_seconds,
+            wrong: wrong_rows(&pool, "account_states", oracle).await,
+        });
     }
+    let rebuilt = sides.pop().expect("the rebuild's side");
+    (sides.pop().expect("the run's side"), rebuilt)
 }
 
 /// The sink's side: its records published, Kafka Connect started on them, and its table
