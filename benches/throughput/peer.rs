@@ -35,8 +35,33 @@ const ACCOUNT_STATES: Bin = Bin {
 /// Debezium's `batch.size` and the consumer's `max.poll.records` (both 500 by default): a
 /// batch is never larger than one poll, so both are raised together, as Debezium's
 /// documentation of `batch.size` and its post on batching advise. 2000 ran about twice as
-/// fast as the defaults here.
-const SINK_BATCH: usize = 2000;
+/// fast as the defaults here. `BENCH_PEER_SINK_BATCH` sets another.
+fn sink_batch() -> usize {
+    super::env_usize("BENCH_PEER_SINK_BATCH", 2000)
+}
+
+/// Parameters added to the sink's JDBC URL (`BENCH_PEER_JDBC_PARAMS`, e.g.
+/// `reWriteBatchedInserts=true`); none by default.
+fn jdbc_params() -> String {
+    std::env::var("BENCH_PEER_JDBC_PARAMS").map_or(String::new(), |p| format!("?{p}"))
+}
+
+/// Connector properties added to the sink's (`BENCH_PEER_SINK_PROPS`, comma-separated
+/// `key=value`s, e.g. `use.reduction.buffer=true`); none by default.
+fn sink_props() -> String {
+    std::env::var("BENCH_PEER_SINK_PROPS").map_or(String::new(), |p| p.split(',').map(|kv| format!("{kv}\n")).collect())
+}
+
+/// Projectionist's bound of a batch for this arm, `run` and `rebuild` alike
+/// (`BENCH_PEER_BATCH`; 0: its defaults). Each side is tuned for a catch-up from offset zero:
+/// the sink's batch raised from its default, projectionist's from 5,000 events, with its
+/// bytes' bound raised to match.
+fn projectionist_batch() -> Vec<String> {
+    match super::env_usize("BENCH_PEER_BATCH", 50_000) {
+        0 => Vec::new(),
+        n => vec!["--batch-max-events".into(), n.to_string(), "--batch-max-bytes".into(), (32 << 20).to_string()],
+    }
+}
 
 /// One account's row: owner, balance, status, version.
 type Row = (String, i64, String, i64);
@@ -72,7 +97,14 @@ pub(super) async fn arm(events: &[RawEnvelope]) -> Option<Compared> {
     let versions = std::env::var("KAFKA_CONNECT_VERSIONS").unwrap_or_default();
     println!(
         "peer: projectionist against Kafka Connect with Debezium's JDBC sink ({versions}; upsert keyed by account_id, \
-         batch.size and max.poll.records {SINK_BATCH}), {} partitions, one task each",
+         batch.size and max.poll.records {}{}{}; projectionist {}), {} partitions, one task each",
+        sink_batch(),
+        jdbc_params().replace('?', ", JDBC URL ?"),
+        sink_props().lines().map(|kv| format!(", {kv}")).collect::<String>(),
+        match projectionist_batch().get(1) {
+            Some(n) => format!("batches of up to {n} events"),
+            None => "its default batches".to_owned(),
+        },
         super::PARTITIONS
     );
     let mut results = Vec::new();
@@ -175,7 +207,10 @@ async fn projectionist(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>) -
     let (pool, url) = empty_database("projectionist_bench_peer").await;
     migrate(&pool, &[&AccountStates]).await.unwrap();
     let mut sides = Vec::new();
-    for (command, args) in [("run", &["--reset", "--exit-when-caught-up"][..]), ("rebuild", &[])] {
+    let batch = projectionist_batch();
+    let batch: Vec<&str> = batch.iter().map(String::as_str).collect();
+    let run_args = [&["--reset", "--exit-when-caught-up"][..], &batch].concat();
+    for (command, args) in [("run", &run_args), ("rebuild", &batch)] {
         let busy = machine_cpu_seconds();
         let run: Run = ACCOUNT_STATES.projector(command, &url, &topic, states.len(), args);
         let machine_cpu_seconds = machine_cpu_seconds() - busy;
@@ -302,8 +337,10 @@ impl Connect {
                  connection.username={user}\nconnection.password={password}\n\
                  insert.mode=upsert\nprimary.key.mode=record_key\nprimary.key.fields=account_id\n\
                  collection.name.format=accounts\nschema.evolution=none\ndelete.enabled=false\n\
-                 batch.size={SINK_BATCH}\nconsumer.override.max.poll.records={SINK_BATCH}\n",
-                super::PARTITIONS
+                 batch.size={batch}\nconsumer.override.max.poll.records={batch}\n{props}",
+                super::PARTITIONS,
+                batch = sink_batch(),
+                props = sink_props()
             ),
         );
         write(
@@ -407,7 +444,7 @@ fn free_port() -> u16 {
 fn jdbc(url: &str) -> (String, String, String) {
     let parsed: sqlx::postgres::PgConnectOptions = url.parse().expect("a PostgreSQL URL");
     let database = parsed.get_database().expect("a database in the URL");
-    let jdbc = format!("jdbc:postgresql://{}:{}/{database}", parsed.get_host(), parsed.get_port());
+    let jdbc = format!("jdbc:postgresql://{}:{}/{database}{}", parsed.get_host(), parsed.get_port(), jdbc_params());
     let password = url
         .split_once("://")
         .and_then(|(_, rest)| rest.split_once('@'))
