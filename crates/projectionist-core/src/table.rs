@@ -116,21 +116,34 @@ impl Table {
         }
     }
 
-    /// Whether `other` is this declaration (`==`, without comparing the columns one by one
-    /// when both are copies of one `const` and so share them).
+    /// Whether `other` is this declaration (`==`, asked for every write a batch plans:
+    /// copies of one `const` share their text, so each field's address is compared before
+    /// its bytes).
     pub fn same(&self, other: &Table) -> bool {
+        fn text(a: &str, b: &str) -> bool {
+            std::ptr::eq(a, b) || a == b
+        }
         let Self { name, key, version, gate, columns, ddl, owners, deletable, child, key_types } = *other;
-        let columns = std::ptr::eq(self.columns, columns) || self.columns == columns;
-        columns
-            && self.name == name
-            && self.key == key
-            && self.version == version
+        let owners = match (self.owners, owners) {
+            (Owners::One(a), Owners::One(b)) => text(a, b),
+            (Owners::Many(a), Owners::Many(b)) => std::ptr::eq(a, b) || a == b,
+            (a, b) => a == b,
+        };
+        let ddl = match (self.ddl, ddl) {
+            (Some(a), Some(b)) => text(a, b),
+            (a, b) => a == b,
+        };
+        (std::ptr::eq(self.columns, columns) || self.columns == columns)
+            && text(self.name, name)
+            && text(self.key, key)
+            && text(self.version, version)
             && self.gate == gate
-            && self.ddl == ddl
-            && self.owners == owners
+            && ddl
+            && owners
             && self.deletable == deletable
-            && self.child == child
-            && self.key_types == key_types
+            && text(self.child, child)
+            && text(self.key_types[0], key_types[0])
+            && text(self.key_types[1], key_types[1])
     }
 
     /// A [state-transfer](Gate::Upsert) table keyed by the aggregate id in column `key`.
@@ -386,6 +399,34 @@ pub fn quote(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `same` is `==`: copies of one declaration are the same, and a difference in any
+    /// field (text with other addresses included) makes another.
+    #[test]
+    fn same_is_equality_of_every_field() {
+        const T: Table = Table::transition("orders", "order_id").aggregate_type("order").columns(&[("n", "bigint")]);
+        let name = String::from("orders").leak();
+        let with_other_text = Table::transition(name, "order_id").aggregate_type("order").columns(&[("n", "bigint")]);
+        assert!(T.same(&T) && T.same(&with_other_text) && with_other_text == T);
+        let others = [
+            Table::transition("orders2", "order_id").aggregate_type("order").columns(&[("n", "bigint")]),
+            Table::transition("orders", "id").aggregate_type("order").columns(&[("n", "bigint")]),
+            Table::upsert("orders", "order_id").aggregate_type("order").columns(&[("n", "bigint")]),
+            Table::transition("orders", "order_id").aggregate_type("cart").columns(&[("n", "bigint")]),
+            Table::transition("orders", "order_id").aggregate_types(&["order", "cart"]).columns(&[("n", "bigint")]),
+            Table::transition("orders", "order_id").aggregate_type("order").columns(&[("n", "integer")]),
+            T.version_column("v"),
+            T.deletable(),
+            Table::child("orders", "order_id", "sku").aggregate_type("order").columns(&[("n", "bigint")]),
+            Table::custom("orders", "CREATE TABLE orders (id text)"),
+        ];
+        for other in others {
+            assert!(!T.same(&other) && !other.same(&T), "{other:?}");
+            assert_eq!(other.same(&other), other == other);
+        }
+        let a = Table::custom("c", "CREATE TABLE c (id text)");
+        assert!(!a.same(&Table::custom("c", "CREATE TABLE c (id bigint)")) && a.same(&a));
+    }
 
     #[test]
     fn ddl_for_each_gate() {
