@@ -42,25 +42,22 @@ fn sink_batch() -> usize {
 
 /// Parameters added to the sink's JDBC URL (`BENCH_PEER_JDBC_PARAMS`, e.g.
 /// `reWriteBatchedInserts=true`); none by default.
-fn jdbc_params() -> String {
-    std::env::var("BENCH_PEER_JDBC_PARAMS").map_or(String::new(), |p| format!("?{p}"))
+fn jdbc_params() -> Option<String> {
+    std::env::var("BENCH_PEER_JDBC_PARAMS").ok()
 }
 
 /// Connector properties added to the sink's (`BENCH_PEER_SINK_PROPS`, comma-separated
 /// `key=value`s, e.g. `use.reduction.buffer=true`); none by default.
-fn sink_props() -> String {
-    std::env::var("BENCH_PEER_SINK_PROPS").map_or(String::new(), |p| p.split(',').map(|kv| format!("{kv}\n")).collect())
+fn sink_props() -> Vec<String> {
+    std::env::var("BENCH_PEER_SINK_PROPS").map_or(Vec::new(), |p| p.split(',').map(str::to_owned).collect())
 }
 
 /// Projectionist's bound of a batch for this arm, `run` and `rebuild` alike
 /// (`BENCH_PEER_BATCH`; 0: its defaults). Each side is tuned for a catch-up from offset zero:
 /// the sink's batch raised from its default, projectionist's from 5,000 events, with its
 /// bytes' bound raised to match.
-fn projectionist_batch() -> Vec<String> {
-    match super::env_usize("BENCH_PEER_BATCH", 50_000) {
-        0 => Vec::new(),
-        n => vec!["--batch-max-events".into(), n.to_string(), "--batch-max-bytes".into(), (32 << 20).to_string()],
-    }
+fn projectionist_batch() -> Option<usize> {
+    Some(super::env_usize("BENCH_PEER_BATCH", 50_000)).filter(|&n| n > 0)
 }
 
 /// One account's row: owner, balance, status, version.
@@ -99,12 +96,9 @@ pub(super) async fn arm(events: &[RawEnvelope]) -> Option<Compared> {
         "peer: projectionist against Kafka Connect with Debezium's JDBC sink ({versions}; upsert keyed by account_id, \
          batch.size and max.poll.records {}{}{}; projectionist {}), {} partitions, one task each",
         sink_batch(),
-        jdbc_params().replace('?', ", JDBC URL ?"),
-        sink_props().lines().map(|kv| format!(", {kv}")).collect::<String>(),
-        match projectionist_batch().get(1) {
-            Some(n) => format!("batches of up to {n} events"),
-            None => "its default batches".to_owned(),
-        },
+        jdbc_params().map_or(String::new(), |p| format!(", JDBC URL ?{p}")),
+        sink_props().iter().map(|kv| format!(", {kv}")).collect::<String>(),
+        projectionist_batch().map_or("its default batches".to_owned(), |n| format!("batches of up to {n} events")),
         super::PARTITIONS
     );
     let mut results = Vec::new();
@@ -207,7 +201,9 @@ async fn projectionist(states: &[RawEnvelope], oracle: &BTreeMap<String, Row>) -
     let (pool, url) = empty_database("projectionist_bench_peer").await;
     migrate(&pool, &[&AccountStates]).await.unwrap();
     let mut sides = Vec::new();
-    let batch = projectionist_batch();
+    let batch: Vec<String> = projectionist_batch().map_or(Vec::new(), |n| {
+        vec!["--batch-max-events".into(), n.to_string(), "--batch-max-bytes".into(), (32 << 20).to_string()]
+    });
     let batch: Vec<&str> = batch.iter().map(String::as_str).collect();
     let run_args = [&["--reset", "--exit-when-caught-up"][..], &batch].concat();
     for (command, args) in [("run", &run_args), ("rebuild", &batch)] {
@@ -337,10 +333,10 @@ impl Connect {
                  connection.username={user}\nconnection.password={password}\n\
                  insert.mode=upsert\nprimary.key.mode=record_key\nprimary.key.fields=account_id\n\
                  collection.name.format=accounts\nschema.evolution=none\ndelete.enabled=false\n\
-                 batch.size={batch}\nconsumer.override.max.poll.records={batch}\n{props}",
+                 batch.size={batch}\nconsumer.override.max.poll.records={batch}\n{props}\n",
                 super::PARTITIONS,
                 batch = sink_batch(),
-                props = sink_props()
+                props = sink_props().join("\n")
             ),
         );
         write(
@@ -444,7 +440,8 @@ fn free_port() -> u16 {
 fn jdbc(url: &str) -> (String, String, String) {
     let parsed: sqlx::postgres::PgConnectOptions = url.parse().expect("a PostgreSQL URL");
     let database = parsed.get_database().expect("a database in the URL");
-    let jdbc = format!("jdbc:postgresql://{}:{}/{database}{}", parsed.get_host(), parsed.get_port(), jdbc_params());
+    let params = jdbc_params().map_or(String::new(), |p| format!("?{p}"));
+    let jdbc = format!("jdbc:postgresql://{}:{}/{database}{params}", parsed.get_host(), parsed.get_port());
     let password = url
         .split_once("://")
         .and_then(|(_, rest)| rest.split_once('@'))
