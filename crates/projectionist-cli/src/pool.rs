@@ -87,8 +87,30 @@ async fn reachable(options: &PgConnectOptions) -> Result<(), String> {
 }
 
 fn pg_connect_reason(e: &sqlx::Error) -> String {
+    const TLS: &str = "TLS failed (check sslmode, sslrootcert, sslcert, sslkey)";
     match e {
-        sqlx::Error::Tls(inner) => format!("TLS failed (check sslmode, sslrootcert, sslcert, sslkey): {inner}"),
+        sqlx::Error::Tls(inner) => format!("{TLS}: {inner}"),
+        // rustls's handshake failures (an untrusted or misnamed certificate) reach sqlx as I/O.
+        sqlx::Error::Io(io) => match io.get_ref() {
+            Some(inner) if inner.is::<rustls::Error>() => format!("{TLS}: {inner}"),
+            _ => e.to_string(),
+        },
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_certificate_reads_as_a_tls_failure_and_other_io_errors_as_they_are() {
+        let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let tls = pg_connect_reason(&sqlx::Error::Io(std::io::Error::other(refused)));
+        assert!(tls.starts_with("TLS failed (check sslmode, sslrootcert, sslcert, sslkey): "), "{tls}");
+        assert!(tls.contains("UnknownIssuer"), "{tls}");
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let io = pg_connect_reason(&sqlx::Error::Io(reset));
+        assert!(!io.contains("TLS") && io.contains("reset by peer"), "{io}");
     }
 }
