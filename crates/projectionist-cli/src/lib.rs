@@ -83,7 +83,7 @@ impl App {
         let cli = match with_config_file(cli, &matches) {
             Ok(cli) => cli,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", one_line(&e));
                 return ExitCode::FAILURE;
             }
         };
@@ -91,7 +91,7 @@ impl App {
         match self.execute(cli).await {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", one_line(&e));
                 ExitCode::FAILURE
             }
         }
@@ -177,6 +177,23 @@ impl App {
     }
 }
 
+/// `e` and its causes on one line, as `{e:#}` prints them, without a cause whose text the
+/// line already holds (an error that says its source in its own message would otherwise
+/// read twice).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
 fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
@@ -193,6 +210,19 @@ fn init_tracing(format: LogFormat) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_reads_once_with_the_causes_it_does_not_already_say() {
+        let rebuild =
+            projectionist_postgres::RebuildError { projection: "p".into(), problem: "kept in schema old".into() };
+        let e = anyhow::Error::new(projectionist_kafka::Error::from(projectionist_postgres::Error::from(rebuild)));
+        assert_eq!(super::one_line(&e), "rebuild of projection p: kept in schema old");
+        // A message that already says its cause: the cause is not said again.
+        let e = anyhow::Error::new(std::io::Error::other("refused")).context("cannot connect: refused");
+        assert_eq!(super::one_line(&e), "cannot connect: refused");
+        let e = anyhow::Error::new(std::io::Error::other("refused")).context("cannot connect").context("migrate");
+        assert_eq!(super::one_line(&e), "migrate: cannot connect: refused");
+    }
+
     fn help(args: &[&str]) -> String {
         let err = super::command().try_get_matches_from(args).expect_err("--help ends parsing");
         assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);

@@ -33,7 +33,7 @@ pub enum Error {
         stored: Option<i64>,
     },
     /// A wait for the read model to reach an event ended without it ([`WaitError`]).
-    #[error("{0}")]
+    #[error(transparent)]
     Wait(#[from] WaitError),
     /// The engine's migrations cannot run on this database ([`MigrateError`]).
     #[error("migration refused: {0}")]
@@ -55,7 +55,7 @@ pub enum Error {
         problem: String,
     },
     /// A rebuild of a projection cannot go on as asked ([`RebuildError`]).
-    #[error("{0}")]
+    #[error(transparent)]
     Rebuild(#[from] RebuildError),
     /// A table or column name from configuration breaks the identifier rules.
     #[error("invalid identifier {ident:?}: {reason}")]
@@ -91,7 +91,7 @@ pub enum Error {
         drift: Vec<crate::Drift>,
     },
     /// An event of the batch cannot be applied: which, and why ([`EventError`]).
-    #[error("{0}")]
+    #[error(transparent)]
     Event(#[from] EventError),
     /// An error kept for an event of a batch and told again, where its source cannot be
     /// copied (a database error): its text.
