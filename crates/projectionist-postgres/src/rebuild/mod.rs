@@ -36,6 +36,15 @@ const ENGINE_TABLES: [&str; 5] = [
     "projectionist_checkpoints",
 ];
 
+/// The aggregate versions of the projection bound as `$1` in `schema`'s engine table, as a
+/// parenthesised subquery (the swap and the verification compare the live and rebuilt ones).
+fn versions_in(schema: &Ident) -> String {
+    format!(
+        "(SELECT aggregate_type, aggregate_id, version FROM {schema}.projectionist_aggregate_versions \
+         WHERE projection = $1)"
+    )
+}
+
 /// The schema a rebuild of `projection` builds its tables in.
 pub fn shadow_schema(projection: &str) -> String {
     format!("projectionist_rebuild_{projection}")

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::swap::live_tables;
-use super::{problem, schema_exists, shadow_schema, unqualified};
+use super::{problem, schema_exists, shadow_schema, unqualified, versions_in};
 use crate::error::Result;
 use crate::projection::PgProjection;
 use crate::Ident;
@@ -87,15 +87,9 @@ pub async fn verify(pool: &PgPool, projection: &dyn PgProjection, topics: &[Stri
         let found = compare(&mut tx, table.name(), &live_rows, &rebuilt_rows, &keys, None).await?;
         differences.extend(found);
     }
-    let versions = |schema: &Ident| {
-        format!(
-            "(SELECT aggregate_type, aggregate_id, version FROM {schema}.projectionist_aggregate_versions \
-             WHERE projection = $1)"
-        )
-    };
     let keys = ["aggregate_type", "aggregate_id"];
     let table = "projectionist_aggregate_versions";
-    differences.extend(compare(&mut tx, table, &versions(&engine), &versions(&shadow), &keys, Some(name)).await?);
+    differences.extend(compare(&mut tx, table, &versions_in(&engine), &versions_in(&shadow), &keys, Some(name)).await?);
     tx.rollback().await?;
     Ok(Verification::Compared(differences))
 }
