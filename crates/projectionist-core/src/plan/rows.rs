@@ -53,18 +53,29 @@ impl Owned {
     }
 }
 
-/// The pass's state. Keyed by what the events hold (no key copied per event); ordered at the
-/// end if asked.
+/// A row of the pass: (table, key, child key: "" but in child tables).
+type RowKey<'a> = (usize, &'a str, &'a str);
+
+/// The pass's state. Keyed by what the events hold (no key copied per event), each row and
+/// aggregate looked up once per event (its place kept for the event's later steps); ordered
+/// at the end if asked.
 struct Pass<'a, 't> {
     tables: &'t [Table],
     stored: &'t Stored,
     declared: Vec<Declared>,
-    /// Per (table, key, child key: "" but in child tables).
-    rows: Map<(usize, &'a str, &'a str), RowState<'a>>,
+    /// Per table, its stored versions (`stored.rows` by table name, looked up once).
+    stored_rows: Vec<Option<&'t Versions>>,
+    /// The stored aggregate versions, looked up by what the events hold.
+    stored_marks: Map<(&'t str, &'t str), i64>,
+    /// Where each row's state is in `states`.
+    rows: Map<RowKey<'a>, usize>,
+    /// The rows' states, in the order the pass first met them.
+    states: Vec<(RowKey<'a>, RowState<'a>)>,
     /// The aggregates whose children a table's clear removed: (table, aggregate id).
     cleared: Vec<(usize, &'a str)>,
-    /// The children written, per (table, aggregate id): what a clear drops.
-    children: Map<(usize, &'a str), Vec<&'a str>>,
+    /// The children written, per (table, aggregate id): their places in `states`, what a
+    /// clear drops.
+    children: Map<(usize, &'a str), Vec<usize>>,
     /// Per aggregate (type, id): the version stored, and the version it moves to.
     marks: Map<(&'a str, &'a str), Moves>,
     outcomes: Vec<Outcome>,
@@ -77,16 +88,22 @@ struct Pass<'a, 't> {
     /// tables its writes target, and its gates' verdicts (in the order of [`Owned::gated`]).
     targets: Vec<usize>,
     verdicts: Vec<(&'static str, Verdict)>,
+    /// Per event: the places in `states` of its rows in [`Owned::gated`]'s tables.
+    gated_rows: Vec<usize>,
 }
 
 impl<'a, 't> Pass<'a, 't> {
     fn new(tables: &'t [Table], types: &dyn TypeRules, stored: &'t Stored, events: usize) -> Self {
         let parked_before = stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
+        let stored_marks = stored.aggregates.iter().map(|((t, i), v)| ((t.as_str(), i.as_str()), *v)).collect();
         Pass {
             tables,
             stored,
             declared: tables.iter().map(|t| Declared::of(t, types)).collect(),
+            stored_rows: tables.iter().map(|t| stored.rows.get(t.name())).collect(),
+            stored_marks,
             rows: Map::default(),
+            states: Vec::new(),
             cleared: Vec::new(),
             children: Map::default(),
             marks: Map::default(),
@@ -96,7 +113,28 @@ impl<'a, 't> Pass<'a, 't> {
             unparked: None,
             targets: Vec::new(),
             verdicts: Vec::new(),
+            gated_rows: Vec::new(),
         }
+    }
+
+    /// The place in `states` of gated row `key` of table `t`: as stored where the pass has not
+    /// met it yet.
+    fn row(&mut self, t: usize, key: &'a str) -> usize {
+        let (states, stored) = (&mut self.states, self.stored_rows[t]);
+        *self.rows.entry((t, key, "")).or_insert_with(|| {
+            let stored = stored.and_then(|m| m.get(key)).copied();
+            states.push(((t, key, ""), RowState { stored, current: stored, ..RowState::default() }));
+            states.len() - 1
+        })
+    }
+
+    /// The aggregate version of `key` (type, id) in the pass: where it was stored, where it is.
+    fn mark(&mut self, key: (&'a str, &'a str)) -> &mut Moves {
+        let stored_marks = &self.stored_marks;
+        self.marks.entry(key).or_insert_with(|| {
+            let stored = stored_marks.get(&key).copied();
+            (stored, stored)
+        })
     }
 
     /// Checks the event's keys and writes: returns its writes, their tables in `targets`.
@@ -194,11 +232,13 @@ impl<'a, 't> Pass<'a, 't> {
     /// Whether the version parking `p` waits for is applied: where the aggregate's gates
     /// stand now (its rows, its aggregate version).
     fn applied_since(&mut self, p: Parked, event: &EventRef<'a>, owned: &Owned) -> bool {
-        let (tables, stored) = (self.tables, self.stored);
-        let rows_now = owned.gated.iter().map(|&t| row(&mut self.rows, stored, tables, t, event.aggregate_id).current);
-        let mut gate = rows_now.max().flatten();
+        let mut gate = None;
+        for &t in &owned.gated {
+            let at = self.row(t, event.aggregate_id);
+            gate = gate.max(self.states[at].1.current);
+        }
         if owned.aggregate_gated {
-            gate = gate.max(mark(&mut self.marks, stored, (event.aggregate_type, event.aggregate_id)).1);
+            gate = gate.max(self.mark((event.aggregate_type, event.aggregate_id)).1);
         }
         gate.is_some_and(|at| at >= p.waiting_for)
     }
@@ -213,10 +253,13 @@ impl<'a, 't> Pass<'a, 't> {
     /// gate's verdict in `verdicts`, and the one they agree on.
     fn classify(&mut self, index: usize, event: &EventRef<'a>, owned: &Owned) -> Result<Verdict, PlanError> {
         self.verdicts.clear();
+        self.gated_rows.clear();
         let mut rows_at = None;
         for &t in &owned.gated {
             let table = &self.tables[t];
-            let state = row(&mut self.rows, self.stored, self.tables, t, event.aggregate_id);
+            let at = self.row(t, event.aggregate_id);
+            self.gated_rows.push(at);
+            let state = &self.states[at].1;
             rows_at = rows_at.max(state.current);
             let verdict = match table.gate() {
                 // No row of a deletable table (never written, or deleted): the aggregate's
@@ -228,7 +271,7 @@ impl<'a, 't> Pass<'a, 't> {
             self.verdicts.push((table.name(), verdict));
         }
         if owned.aggregate_gated {
-            let mark = mark(&mut self.marks, self.stored, (event.aggregate_type, event.aggregate_id));
+            let mark = self.mark((event.aggregate_type, event.aggregate_id));
             // Not kept yet (a table declared deletable or fan-in since): where its rows stand.
             let at = mark.1.or(rows_at);
             let verdict = if owned.skips { upsert(at, event.version, true) } else { transition(at, event.version) };
@@ -239,11 +282,11 @@ impl<'a, 't> Pass<'a, 't> {
 
     /// Applied: move every gate, coalesce the writes.
     fn apply(&mut self, event: &EventRef<'a>, writes: &'a [Write], owned: &Owned) {
-        for (&t, (_, v)) in owned.gated.iter().zip(&self.verdicts) {
+        for (&at, (_, v)) in self.gated_rows.iter().zip(&self.verdicts) {
             if *v == Verdict::NoGate {
                 continue;
             }
-            let state = self.rows.get_mut(&(t, event.aggregate_id, "")).expect("state made above");
+            let state = &mut self.states[at].1;
             if state.current.is_none() {
                 state.created = Some(Some(event.version));
             }
@@ -256,17 +299,38 @@ impl<'a, 't> Pass<'a, 't> {
         for (i, write) in writes.iter().enumerate() {
             let t = self.targets[i];
             match write.target.keys() {
-                (key, Some(child)) => self.take(t, key, child, write, event.version),
+                (key, Some(child)) => {
+                    // A gated table's row is the event's own (checked): met in classify.
+                    let at = match owned.gated.iter().position(|&g| g == t) {
+                        Some(g) if child.is_empty() => self.gated_rows[g],
+                        _ => self.place(t, key, child),
+                    };
+                    self.take(t, at, write, event.version);
+                }
                 (_, None) => self.clear(t, event.aggregate_id),
             }
         }
     }
 
+    /// The place in `states` of row (`key`, `child`) of table `t` written by an event (a
+    /// fan-in or child row, not read from the stored versions): a new state where the pass
+    /// has not met it.
+    fn place(&mut self, t: usize, key: &'a str, child: &'a str) -> usize {
+        let (states, children, table) = (&mut self.states, &mut self.children, &self.tables[t]);
+        *self.rows.entry((t, key, child)).or_insert_with(|| {
+            states.push(((t, key, child), RowState::default()));
+            if table.gate() == Gate::Child {
+                children.entry((t, key)).or_default().push(states.len() - 1);
+            }
+            states.len() - 1
+        })
+    }
+
     /// A clear: the aggregate's children written before it in the batch are dropped (the
     /// clear deletes them); what follows makes them again.
     fn clear(&mut self, t: usize, parent: &'a str) {
-        for child in self.children.get(&(t, parent)).into_iter().flatten() {
-            let state = self.rows.get_mut(&(t, parent, *child)).expect("indexed when made");
+        for &at in self.children.get(&(t, parent)).into_iter().flatten() {
+            let state = &mut self.states[at].1;
             state.delete(&self.declared[t], true);
             state.deleted = false;
             state.writers += 1;
@@ -276,17 +340,11 @@ impl<'a, 't> Pass<'a, 't> {
         }
     }
 
-    /// Takes `write`, of an event applied at `version`, into the state of row (`key`,
-    /// `child`) of table `t`.
-    fn take(&mut self, t: usize, key: &'a str, child: &'a str, write: &'a Write, version: i64) {
+    /// Takes `write`, of an event applied at `version`, into the state of the row of table
+    /// `t` at place `at` in `states`.
+    fn take(&mut self, t: usize, at: usize, write: &'a Write, version: i64) {
         let (table, declared) = (&self.tables[t], &self.declared[t]);
-        let children = &mut self.children;
-        let state = self.rows.entry((t, key, child)).or_insert_with(|| {
-            if table.gate() == Gate::Child {
-                children.entry((t, key)).or_default().push(child);
-            }
-            RowState::default()
-        });
+        let state = &mut self.states[at].1;
         state.writers += 1;
         if write.delete {
             state.delete(declared, !table.is_gated());
@@ -312,16 +370,16 @@ impl<'a, 't> Pass<'a, 't> {
     /// The plan: each event's outcome, the row writes that realise the rows' states and the
     /// aggregate version moves.
     fn finish(self, ordered_rows: bool) -> Plan<'a> {
-        let Pass { tables, declared, rows, cleared, marks, outcomes, parks, unparked, .. } = self;
+        let Pass { tables, declared, states, cleared, marks, outcomes, parks, unparked, .. } = self;
         let mut plan = Plan { outcomes, unparked, ..Plan::default() };
         plan.parks = parks.into_iter().map(|((t, i), state)| ((t.to_owned(), i.to_owned()), state)).collect();
         plan.parks.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
-        let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(rows.len());
+        let mut ordered: Vec<(usize, RowWrite<'a>)> = Vec::with_capacity(states.len());
         for &(t, key) in &cleared {
             let (table, child, kind) = (tables[t], None, RowKind::Clear);
             ordered.push((t, RowWrite { table, key, child, kind, expected: None, version: None, columns: Vec::new() }));
         }
-        for ((t, key, child), state) in rows {
+        for ((t, key, child), state) in states {
             let table = tables[t];
             if state.writers > 1 && !plan.rewritten.contains(&table) {
                 plan.rewritten.push(table);
@@ -417,30 +475,4 @@ fn order(ordered: &mut [(usize, RowWrite<'_>)], ordered_rows: bool) {
             _ => 2,
         });
     }
-}
-
-/// The state of row `key` of table `t` in the plan: as stored where the plan has not moved it.
-pub(super) fn row<'s, 'a>(
-    rows: &'s mut Map<(usize, &'a str, &'a str), RowState<'a>>,
-    stored: &Stored,
-    tables: &[Table],
-    t: usize,
-    key: &'a str,
-) -> &'s mut RowState<'a> {
-    rows.entry((t, key, "")).or_insert_with(|| {
-        let stored = stored.rows.get(tables[t].name()).and_then(|m| m.get(key)).copied();
-        RowState { stored, current: stored, ..RowState::default() }
-    })
-}
-
-/// The aggregate version of `key` (type, id) in the plan: where it was stored, where it is.
-pub(super) fn mark<'s, 'a>(
-    marks: &'s mut Map<(&'a str, &'a str), Moves>,
-    stored: &Stored,
-    key: (&'a str, &'a str),
-) -> &'s mut Moves {
-    marks.entry(key).or_insert_with(|| {
-        let stored = stored.aggregates.get(&(key.0.to_owned(), key.1.to_owned())).copied();
-        (stored, stored)
-    })
 }
