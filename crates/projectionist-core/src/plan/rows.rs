@@ -63,7 +63,7 @@ struct Pass<'a, 't> {
     tables: &'t [Table],
     stored: &'t Stored,
     declared: Vec<Declared>,
-    /// Per table, its stored versions (`stored.rows` by table name, looked up once).
+    /// Per gated table, its stored versions (`stored.rows` by table name, looked up once).
     stored_rows: Vec<Option<&'t Versions>>,
     /// The stored aggregate versions, looked up by what the events hold.
     stored_marks: Map<(&'t str, &'t str), i64>,
@@ -100,7 +100,7 @@ impl<'a, 't> Pass<'a, 't> {
             tables,
             stored,
             declared: tables.iter().map(|t| Declared::of(t, types)).collect(),
-            stored_rows: tables.iter().map(|t| stored.rows.get(t.name())).collect(),
+            stored_rows: tables.iter().map(|t| stored.rows.get(t.name()).filter(|_| t.is_gated())).collect(),
             stored_marks,
             rows: Map::default(),
             states: Vec::new(),
@@ -115,17 +115,6 @@ impl<'a, 't> Pass<'a, 't> {
             verdicts: Vec::new(),
             gated_rows: Vec::new(),
         }
-    }
-
-    /// The place in `states` of gated row `key` of table `t`: as stored where the pass has not
-    /// met it yet.
-    fn row(&mut self, t: usize, key: &'a str) -> usize {
-        let (states, stored) = (&mut self.states, self.stored_rows[t]);
-        *self.rows.entry((t, key, "")).or_insert_with(|| {
-            let stored = stored.and_then(|m| m.get(key)).copied();
-            states.push(((t, key, ""), RowState { stored, current: stored, ..RowState::default() }));
-            states.len() - 1
-        })
     }
 
     /// The aggregate version of `key` (type, id) in the pass: where it was stored, where it is.
@@ -234,7 +223,7 @@ impl<'a, 't> Pass<'a, 't> {
     fn applied_since(&mut self, p: Parked, event: &EventRef<'a>, owned: &Owned) -> bool {
         let mut gate = None;
         for &t in &owned.gated {
-            let at = self.row(t, event.aggregate_id);
+            let at = self.place(t, event.aggregate_id, "");
             gate = gate.max(self.states[at].1.current);
         }
         if owned.aggregate_gated {
@@ -257,7 +246,7 @@ impl<'a, 't> Pass<'a, 't> {
         let mut rows_at = None;
         for &t in &owned.gated {
             let table = &self.tables[t];
-            let at = self.row(t, event.aggregate_id);
+            let at = self.place(t, event.aggregate_id, "");
             self.gated_rows.push(at);
             let state = &self.states[at].1;
             rows_at = rows_at.max(state.current);
@@ -312,13 +301,14 @@ impl<'a, 't> Pass<'a, 't> {
         }
     }
 
-    /// The place in `states` of row (`key`, `child`) of table `t` written by an event (a
-    /// fan-in or child row, not read from the stored versions): a new state where the pass
-    /// has not met it.
+    /// The place in `states` of row (`key`, `child`) of table `t`: where the pass has not met
+    /// it yet, a new state, at its stored version (a gated row's; none for others).
     fn place(&mut self, t: usize, key: &'a str, child: &'a str) -> usize {
         let (states, children, table) = (&mut self.states, &mut self.children, &self.tables[t]);
+        let stored_rows = self.stored_rows[t];
         *self.rows.entry((t, key, child)).or_insert_with(|| {
-            states.push(((t, key, child), RowState::default()));
+            let stored = stored_rows.and_then(|m| m.get(key)).copied();
+            states.push(((t, key, child), RowState { stored, current: stored, ..RowState::default() }));
             if table.gate() == Gate::Child {
                 children.entry((t, key)).or_default().push(states.len() - 1);
             }

@@ -13,8 +13,9 @@ pub(super) async fn read_stored(
 ) -> Result<Stored> {
     let mut stored = Stored::default();
     // Locked, so that a concurrent writer of the same rows waits (or is waited for) rather
-    // than making the batch fall back; a sole writer has none to wait for.
-    let lock = if sole_writer { "" } else { " FOR UPDATE" };
+    // than making the batch fall back, in key order, so that two writers lock overlapping rows
+    // in the same order; a sole writer has none to wait for.
+    let locked = |key: &str| if sole_writer { String::new() } else { format!(" ORDER BY {key} FOR UPDATE") };
     for table in tables.iter().filter(|t| t.is_gated()) {
         let mut ids: Vec<&str> =
             events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
@@ -45,10 +46,8 @@ pub(super) async fn read_stored(
             continue;
         }
         let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
-        // Sorted, so two writers lock overlapping rows in the same order (a sole writer takes
-        // no lock).
-        let order = if sole_writer { String::new() } else { format!(" ORDER BY {key}") };
-        let sql = in_one_row(&format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){order}{lock}"));
+        let lock = locked(key.quoted());
+        let sql = in_one_row(&format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){lock}"));
         let (keys, versions): (Vec<String>, Vec<i64>) = sqlx::query_as(&sql).bind(&ids).fetch_one(&mut *conn).await?;
         folded.extend(keys.into_iter().zip(versions));
         stored.rows.insert(table.name(), folded);
@@ -73,11 +72,11 @@ pub(super) async fn read_stored(
         aggregates.dedup();
         // Per aggregate type (a projection has one or a few): its ids as one array the
         // primary key's index is searched with, at about half the cost of joining (type,
-        // id) pairs to it. Ordered only to take the row locks in one order.
-        let order = if sole_writer { "" } else { " ORDER BY aggregate_id" };
+        // id) pairs to it.
+        let lock = locked("aggregate_id");
         let sql = in_one_row(&format!(
             "SELECT aggregate_id, version FROM projectionist_aggregate_versions \
-             WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = ANY($3){order}{lock}"
+             WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = ANY($3){lock}"
         ));
         for of_type in aggregates.chunk_by(|a, b| a.0 == b.0) {
             let aggregate_type = of_type[0].0;
