@@ -14,6 +14,8 @@
 //! (`throughput/orders.rs`; `BENCH_ORDERS=0` skips it, `BENCH_ORDERS_ONLY=1` runs it alone,
 //! `BENCH_ORDERS_DELIVERIES`, default 200000; `BENCH_ORDERS_ROUNDS`, default 3): child rows
 //! and deletes, the order-status projector against PostgreSQL alone doing the same gated writes.
+//! `BENCH_KEEP_TOPICS=1` keeps the topics a run made (deleted at its end otherwise), to run a
+//! projector over one again by hand.
 //!
 //! Figures depend on the machine; the ratios, measured in one run, are the point.
 
@@ -96,7 +98,7 @@ async fn make_topic(topic: &str) {
 
 async fn drop_topics() {
     let made = std::mem::take(&mut *MADE.lock().unwrap());
-    if made.is_empty() {
+    if made.is_empty() || env_usize("BENCH_KEEP_TOPICS", 0) != 0 {
         return;
     }
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
