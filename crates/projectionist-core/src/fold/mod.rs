@@ -14,7 +14,9 @@
 //! checks no more than the declared types (no CHECK constraint): a row's states between are
 //! not checked. Per row the fold holds, in the order they are written: a check of dropped
 //! adds, a delete (or the clear of its aggregate's children), an insert or merge, an update;
-//! per aggregate, the version it moves to.
+//! per aggregate, the version it moves to. A child row of an aggregate the tables held
+//! nothing of (a rebuild's, see [`Fold::from_nothing`]) has no row stored to check or delete:
+//! it is written as a new row, by `COPY` where its values allow.
 
 mod pending;
 
@@ -66,6 +68,9 @@ struct Held {
 struct Family {
     /// Every child as stored deleted first (a clear).
     cleared: bool,
+    /// Children of an aggregate the tables held nothing of when the fold first met it: none
+    /// is stored (see [`Fold::fresh_family`]).
+    fresh: bool,
     rows: Vec<(String, Pending)>,
 }
 
@@ -164,6 +169,19 @@ impl Fold {
             Some(state) => Some(state),
             None => self.known.rows.get(table)?.get(key).copied(),
         }
+    }
+
+    /// Whether the tables hold no child of aggregate `key` in child `table`: the fold knows
+    /// every version they hold (see [`Fold::from_nothing`]), and every aggregate type that
+    /// owns the table had no version of `key` there (held with none expected, or neither
+    /// held nor known). An aggregate's children are written only with its version.
+    fn fresh_family(&self, table: &Table, key: &str) -> bool {
+        let stored = |aggregate_type: &str| match self.aggregates.get(aggregate_type).and_then(|ids| ids.get(key)) {
+            Some(mark) => mark.expected,
+            None => self.known.aggregates.get(aggregate_type).and_then(|ids| ids.get(key)).copied(),
+        };
+        let owners = table.aggregate_types_declared();
+        self.complete && !owners.is_empty() && owners.iter().all(|t| stored(t).is_none())
     }
 
     /// The aggregate version the fold moves an aggregate to (`None`: the table tells).
@@ -310,6 +328,9 @@ impl Fold {
                 self.tables.len() - 1
             }
         };
+        let fresh = row.table.gate() == crate::Gate::Child
+            && !self.tables[i].families.contains_key(row.key)
+            && self.fresh_family(&row.table, row.key);
         let held = &mut self.tables[i];
         let merges = !row.table.is_gated();
         let pending = match row.child.filter(|_| row.kind != RowKind::Clear) {
@@ -322,7 +343,7 @@ impl Fold {
             }
             child => {
                 if !held.families.contains_key(row.key) {
-                    held.families.insert(row.key.to_owned(), Family::default());
+                    held.families.insert(row.key.to_owned(), Family { fresh, ..Family::default() });
                 }
                 let family = held.families.get_mut(row.key).expect("just made");
                 if row.kind == RowKind::Clear {
@@ -338,8 +359,8 @@ impl Fold {
                     Some(at) => &mut family.rows[at].1,
                     None => {
                         self.len += 1;
-                        let restarted = family.cleared;
-                        family.rows.push((child.to_owned(), Pending { restarted, ..Pending::default() }));
+                        let (restarted, fresh) = (family.cleared, family.fresh);
+                        family.rows.push((child.to_owned(), Pending { restarted, fresh, ..Pending::default() }));
                         &mut family.rows.last_mut().expect("just pushed").1
                     }
                 }
@@ -366,7 +387,8 @@ impl Fold {
             let Some(t) = tables.iter().position(|t| t.name() == h.name) else { continue };
             held.extend(h.rows.iter().map(|(key, p)| (t, key.as_str(), None, p)));
             for (key, family) in &h.families {
-                if family.cleared {
+                // A fresh family's clear would find nothing stored.
+                if family.cleared && !family.fresh {
                     cleared.push((t, key.as_str()));
                 }
                 held.extend(family.rows.iter().map(|(child, p)| (t, key.as_str(), Some(child.as_str()), p)));

@@ -39,6 +39,19 @@ impl Column {
         }
     }
 
+    /// Starts adds from zero, as a merge into no row does, where the column is an integer
+    /// type and every step fits it: the row's value then stands on its own (a new row's).
+    fn start_from_zero(&mut self, declared: &Declared) {
+        if self.base.is_some() || self.deltas.is_empty() {
+            return;
+        }
+        let range = declared.column(self.column).int_range();
+        if let Some(total) = range.and_then(|range| range.total(&Value::from(0), &self.deltas)) {
+            self.base = Some(Value::from(total));
+            self.deltas.clear();
+        }
+    }
+
     /// Takes `c` in place of what is held, as [`Column::of`] would, keeping a string's room
     /// (a column set by every event, such as an `updated_at`, then costs no allocation).
     fn replace(&mut self, declared: &Declared, c: &ColumnWrite<'_>) {
@@ -119,6 +132,12 @@ pub(super) struct Pending {
     pub(super) dropping: Vec<Column>,
     /// Deleted (or cleared) while held: what follows builds on no stored row.
     pub(super) restarted: bool,
+    /// A child row of an aggregate the tables held nothing of (see
+    /// [`Fold::from_nothing`](super::Fold::from_nothing)): no row is stored, so its checks
+    /// and deletes there, which would find nothing, are not written, and its adds start from
+    /// zero, as a merge into no row's do. Written as a new row once every value stands on its
+    /// own ([`RowKind::Insert`]).
+    pub(super) fresh: bool,
 }
 
 impl Pending {
@@ -132,7 +151,6 @@ impl Pending {
         }
     }
 
-    /// Whether anything of the row is held (a check, a delete or a write).
     /// The part a gated update of the row folds into: its insert, when the update takes
     /// nothing from the row before it; else its update.
     pub(super) fn merges_into(&self, row: &RowWrite<'_>) -> Option<&Part> {
@@ -156,7 +174,11 @@ impl Pending {
             (_, _, Some(update)) => update.take(declared, row),
             // A fan-in or child row's first write: merged into whatever row is there.
             (_, insert @ None, update) if row.kind == RowKind::Merge && update.is_none() => {
-                *insert = Some(Part::of(declared, row));
+                let mut part = Part::of(declared, row);
+                if self.fresh {
+                    part.columns.iter_mut().for_each(|c| c.start_from_zero(declared));
+                }
+                *insert = Some(part);
             }
             (_, _, update) => *update = Some(Part::of(declared, row)),
         }
@@ -241,10 +263,13 @@ impl Pending {
         let columns = |p: &'a [Column]| p.iter().map(Column::write).collect();
         let row = |kind, expected, version, columns| RowWrite { table, key, child, kind, expected, version, columns };
         match (step, &self.delete, &self.insert, &self.update) {
-            (0, ..) if !self.check.is_empty() => out.push(row(RowKind::Check, None, None, columns(&self.check))),
-            (1, Some(expected), ..) => out.push(row(RowKind::Delete, *expected, None, Vec::new())),
+            (0, ..) if !self.check.is_empty() && !self.fresh => {
+                out.push(row(RowKind::Check, None, None, columns(&self.check)))
+            }
+            (1, Some(expected), ..) if !self.fresh => out.push(row(RowKind::Delete, *expected, None, Vec::new())),
             (2, _, Some(p), _) => {
-                let kind = if table.is_gated() { RowKind::Insert } else { RowKind::Merge };
+                let stands_alone = self.fresh && p.columns.iter().all(|c| c.deltas.is_empty());
+                let kind = if table.is_gated() || stands_alone { RowKind::Insert } else { RowKind::Merge };
                 out.push(row(kind, p.expected, p.version, columns(&p.columns)));
             }
             (3, _, _, Some(p)) => out.push(row(RowKind::Update, p.expected, p.version, columns(&p.columns))),

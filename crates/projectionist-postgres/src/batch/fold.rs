@@ -69,11 +69,11 @@ pub(crate) async fn write_fold(
 }
 
 /// Whether `row` is a new row whose every value `COPY` stores as the JSON path would: an
-/// insert into a gated table (it carries a version), each column set to a value
-/// [`CopyColumns::takes`].
+/// insert (into a gated table, with its version; or a child row of an aggregate the tables
+/// hold nothing of), each column set to a value [`CopyColumns::takes`].
 pub(super) fn copyable(columns: &CopyColumns, row: &RowWrite<'_>) -> bool {
     row.kind == RowKind::Insert
-        && row.version.is_some()
+        && row.version.is_some() == row.table.is_gated()
         && row.columns.iter().all(|c| c.deltas.is_empty() && c.base.is_some_and(|v| columns.takes(c.column, v)))
 }
 
@@ -94,6 +94,10 @@ pub(super) async fn copy_rows(conn: &mut PgConnection, rows: &[&RowWrite<'_>]) -
         };
         let (_, text, count) = &mut shapes[i];
         copy_field(text, row.key);
+        if let Some(child) = row.child {
+            text.push(b'\t');
+            copy_field(text, child);
+        }
         for c in &row.columns {
             text.push(b'\t');
             match c.base {
@@ -102,17 +106,25 @@ pub(super) async fn copy_rows(conn: &mut PgConnection, rows: &[&RowWrite<'_>]) -
                 Some(v) => write!(text, "{v}").expect("writing to a Vec"),
             }
         }
-        writeln!(text, "\t{}", row.version.unwrap_or_default()).expect("writing to a Vec");
+        match row.version {
+            Some(version) => writeln!(text, "\t{version}").expect("writing to a Vec"),
+            None => text.push(b'\n'),
+        }
         *count += 1;
     }
     let Some(table) = rows.first().map(|r| r.table) else { return Ok(()) };
-    let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
+    let mut keys = vec![Ident::new(table.key())?.to_string()];
+    if !table.child_key().is_empty() {
+        keys.push(Ident::new(table.child_key())?.to_string());
+    }
+    let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
+    let name = Ident::new(table.name())?;
     for (columns, text, count) in shapes {
-        let mut names = vec![key.to_string()];
+        let mut names = keys.clone();
         for c in columns {
             names.push(Ident::new(c)?.to_string());
         }
-        names.push(version.to_string());
+        names.extend(version.as_ref().map(ToString::to_string));
         let mut copy = conn.copy_in_raw(&format!("COPY {name} ({}) FROM STDIN", names.join(", "))).await?;
         copy.send(text).await?;
         let copied = copy.finish().await?;
