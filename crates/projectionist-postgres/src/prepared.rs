@@ -227,9 +227,10 @@ impl Prepared {
     }
 
     /// Says that no one else writes the projection's tables while this batch is written (as
-    /// a rebuild's shadow, behind its rebuild lock): the rows the batch builds on are read
-    /// without row locks. Every write still checks the version it builds on, so a writer
-    /// there after all is met as a conflict, never lost; only the waiting for one is gone.
+    /// a rebuild's shadow, behind its rebuild lock): a rebuild's fold keeps the versions it
+    /// wrote instead of reading them back, and even the per-event path reads the rows without
+    /// row locks. Every write still checks the version it builds on, so a writer there after
+    /// all is met as a conflict, never lost; only the waiting for one is gone.
     pub fn set_sole_writer(&mut self) {
         self.sole_writer = true;
     }

@@ -56,9 +56,11 @@ pub(crate) struct RunContext<'a> {
     /// What PostgreSQL checks of the projection's tables beyond their declarations (see
     /// [`Checks`]).
     pub checked: &'a Checks,
-    /// No one else writes the tables (see [`crate::Prepared::set_sole_writer`]): rows are
-    /// read without row locks.
+    /// No one else writes the tables (see [`crate::Prepared::set_sole_writer`]): even the
+    /// per-event path reads rows without row locks.
     pub sole_writer: bool,
+    /// The run is applied event by event (the per-event path): its reads lock the rows.
+    pub per_event: bool,
     /// The fan-in rows the batch writes, locked right before the first of them is written.
     pub shared: &'a SharedRows,
 }
@@ -151,7 +153,8 @@ async fn plan_run<'a>(
     events: &'a [(EventRef<'a>, Effect<'a>)],
     parking: RunContext<'_>,
 ) -> Result<Plan<'a>> {
-    let mut stored = read_stored(conn, projection, tables, events, parking.sole_writer, None).await?;
+    let mut stored =
+        read_stored(conn, projection, tables, events, parking.per_event && !parking.sole_writer, None).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
     let planned = |events| planned(events, plan(tables, &PgTypes, &stored, events));
@@ -236,6 +239,7 @@ impl<'a> Runs<'a> {
             gaps_halt: self.gaps_halt,
             checked: &self.checked,
             sole_writer: self.sole_writer,
+            per_event: self.ran.per_event,
             shared: self.shared,
         }
     }

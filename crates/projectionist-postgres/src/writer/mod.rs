@@ -188,7 +188,8 @@ impl Writer<'_> {
             // A custom event goes alone, gated like any event; `apply` runs if it applies.
             let run_mode = if end > start { self.mode } else { Mode::PerEvent };
             let (gaps_halt, checked, sole_writer) = (self.gaps_halt, self.checked, self.prepared.sole_writer);
-            let context = RunContext { parked: self.parked.as_ref(), gaps_halt, checked, sole_writer, shared };
+            let context =
+                RunContext { parked: self.parked.as_ref(), gaps_halt, checked, sole_writer, per_event: false, shared };
             let ran = batch::apply(conn, name, tables, &run, run_mode, context).await.map_err(|e| e.shifted(start))?;
             per_event |= ran.per_event && end > start;
             for (aggregate, state) in ran.parks {
