@@ -39,7 +39,16 @@ pub(crate) async fn write_fold(
     fold: &Fold,
     then: SharedRows,
 ) -> Result<()> {
-    write_aggregates(conn, projection, &fold.aggregates()).await?;
+    let marks = fold.aggregates();
+    if fold.knows_all() {
+        // The versions of aggregates the tables hold nothing of are new rows: copied in.
+        let (new, moved): (Vec<AggregateWrite>, Vec<AggregateWrite>) =
+            marks.into_iter().partition(|m| m.expected.is_none());
+        copy_aggregates(conn, projection, &new).await?;
+        write_aggregates(conn, projection, &moved).await?;
+    } else {
+        write_aggregates(conn, projection, &marks).await?;
+    }
     let copy: Vec<CopyColumns> = tables.iter().map(CopyColumns::of).collect();
     let shared = SharedRows::of_rows(fold.fan_in_rows(tables)).with(then);
     let mut locked = false;
@@ -131,6 +140,26 @@ pub(super) async fn copy_rows(conn: &mut PgConnection, rows: &[&RowWrite<'_>]) -
         expect_rows(table.name(), count, copied)?;
     }
     Ok(())
+}
+
+/// Writes the versions of aggregates no table holds a version of by `COPY`, its row count
+/// checked: a version there after all (another writer's) is refused as a duplicate key.
+async fn copy_aggregates(conn: &mut PgConnection, projection: &str, marks: &[AggregateWrite]) -> Result<()> {
+    if marks.is_empty() {
+        return Ok(());
+    }
+    let mut text = Vec::new();
+    for m in marks {
+        for field in [projection, &m.aggregate_type, &m.aggregate_id] {
+            copy_field(&mut text, field);
+            text.push(b'\t');
+        }
+        writeln!(text, "{}", m.version).expect("writing to a Vec");
+    }
+    let columns = "projection, aggregate_type, aggregate_id, version";
+    let mut copy = conn.copy_in_raw(&format!("COPY projectionist_aggregate_versions ({columns}) FROM STDIN")).await?;
+    copy.send(text).await?;
+    expect_rows("projectionist_aggregate_versions", marks.len(), copy.finish().await?)
 }
 
 /// `s` as a field of `COPY`'s text format: its backslashes and the characters that end a
