@@ -27,8 +27,9 @@ pub(crate) async fn fold(
 }
 
 /// Writes what `fold` holds, set-based, each statement's row count checked: the aggregates'
-/// versions, then its rows 10,000 at a time (see [`Fold::rows`]), so that their statements'
-/// text stays small beside the fold. The rows it creates go in by `COPY` where their values
+/// versions (those of aggregates it met first, where it knows all, by `COPY`), then its rows
+/// 10,000 at a time (see [`Fold::rows`]), so that their statements' text stays small beside
+/// the fold. The rows it creates go in by `COPY` where their values
 /// allow (see [`copy_rows`]), table by table, after the table's checks and deletes and
 /// before its other writes. Its fan-in rows are locked with those of `then` (the batch
 /// written next in the transaction) right before the first is written.
@@ -39,16 +40,11 @@ pub(crate) async fn write_fold(
     fold: &Fold,
     then: SharedRows,
 ) -> Result<()> {
-    let marks = fold.aggregates();
-    if fold.knows_all() {
-        // The versions of aggregates the tables hold nothing of are new rows: copied in.
-        let (new, moved): (Vec<AggregateWrite>, Vec<AggregateWrite>) =
-            marks.into_iter().partition(|m| m.expected.is_none());
-        copy_aggregates(conn, projection, &new).await?;
-        write_aggregates(conn, projection, &moved).await?;
-    } else {
-        write_aggregates(conn, projection, &marks).await?;
-    }
+    // The versions of aggregates the tables hold nothing of are new rows: copied in.
+    let (new, moved): (Vec<AggregateWrite>, Vec<AggregateWrite>) =
+        fold.aggregates().into_iter().partition(|m| fold.knows_all() && m.expected.is_none());
+    copy_aggregates(conn, projection, &new).await?;
+    write_aggregates(conn, projection, &moved).await?;
     let copy: Vec<CopyColumns> = tables.iter().map(CopyColumns::of).collect();
     let shared = SharedRows::of_rows(fold.fan_in_rows(tables)).with(then);
     let mut locked = false;
@@ -134,12 +130,17 @@ pub(super) async fn copy_rows(conn: &mut PgConnection, rows: &[&RowWrite<'_>]) -
             names.push(Ident::new(c)?.to_string());
         }
         names.extend(version.as_ref().map(ToString::to_string));
-        let mut copy = conn.copy_in_raw(&format!("COPY {name} ({}) FROM STDIN", names.join(", "))).await?;
-        copy.send(text).await?;
-        let copied = copy.finish().await?;
-        expect_rows(table.name(), count, copied)?;
+        copy_in(conn, &format!("COPY {name} ({}) FROM STDIN", names.join(", ")), text, (table.name(), count)).await?;
     }
     Ok(())
+}
+
+/// Runs `copy` (a `COPY … FROM STDIN`) with `text`, checking that it wrote `count` rows of
+/// `table`.
+async fn copy_in(conn: &mut PgConnection, copy: &str, text: Vec<u8>, (table, count): (&str, usize)) -> Result<()> {
+    let mut copy = conn.copy_in_raw(copy).await?;
+    copy.send(text).await?;
+    expect_rows(table, count, copy.finish().await?)
 }
 
 /// Writes the versions of aggregates no table holds a version of by `COPY`, its row count
@@ -156,10 +157,8 @@ async fn copy_aggregates(conn: &mut PgConnection, projection: &str, marks: &[Agg
         }
         writeln!(text, "{}", m.version).expect("writing to a Vec");
     }
-    let columns = "projection, aggregate_type, aggregate_id, version";
-    let mut copy = conn.copy_in_raw(&format!("COPY projectionist_aggregate_versions ({columns}) FROM STDIN")).await?;
-    copy.send(text).await?;
-    expect_rows("projectionist_aggregate_versions", marks.len(), copy.finish().await?)
+    let copy = "COPY projectionist_aggregate_versions (projection, aggregate_type, aggregate_id, version) FROM STDIN";
+    copy_in(conn, copy, text, ("projectionist_aggregate_versions", marks.len())).await
 }
 
 /// `s` as a field of `COPY`'s text format: its backslashes and the characters that end a
