@@ -4,7 +4,9 @@
 //! events. Each is applied set-based in one batch and event by event, and both must agree
 //! with the value SQL gives applying the events one at a time.
 
-use projectionist::postgres::{apply_batch_in, migrate, Error, Mode, PgConnection, Policy};
+use projectionist::postgres::{
+    apply_batch_in, apply_batch_knowing, migrate, Error, KnownVersions, Mode, PgConnection, Policy,
+};
 use projectionist::{async_trait, ApplyError, Envelope, OnGap, Outcome, Projection, RawEnvelope, Table, Writes};
 use projectionist_testing::envelope;
 use serde::{Deserialize, Serialize};
@@ -438,4 +440,85 @@ async fn a_gap_ends_the_batch_and_what_precedes_it_stays_written(pool: PgPool) {
     // The tools' apply_batch goes on past a gap, so every event has an outcome.
     let (outcomes, _) = both(&pool, &events).await;
     assert_eq!(outcomes, [Outcome::Applied, gap, Outcome::Applied]);
+}
+
+// Between batches, a partition remembers the versions it committed (`KnownVersions`) and
+// reads only the others: what it remembers must never stand for a table that changed.
+
+/// One gated table alone: its row's version is the aggregate's only one.
+const BALANCES: Table = Table::transition("k_balances", "id")
+    .aggregate_type("account")
+    .columns(&[("owner", "text"), ("balance", "bigint NOT NULL DEFAULT 0")]);
+
+struct Balances;
+
+impl Projection<PgConnection> for Balances {
+    type Event = Ev;
+
+    fn name(&self) -> &str {
+        "k_balances"
+    }
+
+    fn tables(&self) -> &[Table] {
+        &[BALANCES]
+    }
+
+    fn project(&self, e: &Envelope<Ev>) -> Writes {
+        match &e.event {
+            Ev::Opened { owner } => BALANCES.write(e).set("owner", owner).into(),
+            Ev::Deposited { amount } => BALANCES.write(e).add("balance", amount).into(),
+            _ => Writes::none(),
+        }
+    }
+}
+
+/// Applies `events` in a transaction of its own, remembering in `known`.
+async fn knowing(pool: &PgPool, known: &KnownVersions, events: &[RawEnvelope]) -> Vec<Outcome> {
+    apply_batch_knowing(pool, &Balances, events, (Mode::Batch, Policy::HALT), known).await.unwrap()
+}
+
+async fn balance(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as("SELECT version, balance FROM k_balances WHERE id = 'a'").fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn remembered_versions_are_not_trusted_for_a_table_swapped_or_truncated(pool: PgPool) {
+    migrate(&pool, &[&Balances]).await.unwrap();
+    let opened = account("a", 1, Ev::Opened { owner: "ann".into() });
+    let deposits = [account("a", 2, Ev::Deposited { amount: 5 }), account("a", 3, Ev::Deposited { amount: 7 })];
+    let behind = [
+        // A rollback: the table renamed away, an older one renamed in (a new relation).
+        "CREATE TABLE k_older (LIKE k_balances INCLUDING ALL); \
+         INSERT INTO k_older SELECT * FROM k_balances; UPDATE k_older SET version = 1, balance = 0; \
+         ALTER TABLE k_balances RENAME TO k_newer; ALTER TABLE k_older RENAME TO k_balances; DROP TABLE k_newer",
+        // The same relation, a new file.
+        "CREATE TEMP TABLE saved AS SELECT * FROM k_balances; TRUNCATE k_balances; \
+         INSERT INTO k_balances SELECT * FROM saved; UPDATE k_balances SET version = 1, balance = 0; \
+         DROP TABLE saved",
+    ];
+    for sql in behind {
+        projectionist::postgres::reset(&pool, &Balances).await.unwrap();
+        let known = KnownVersions::new();
+        assert_eq!(knowing(&pool, &known, std::slice::from_ref(&opened)).await, [Outcome::Applied]);
+        assert_eq!(knowing(&pool, &known, &deposits).await, [Outcome::Applied; 2]);
+        // The row is put back to version 1 behind the partition's back.
+        sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+        // Its deposits again: remembered at version 3, they would be duplicates.
+        assert_eq!(knowing(&pool, &known, &deposits).await, [Outcome::Applied; 2], "{sql}");
+        assert_eq!(balance(&pool).await, (3, 12), "{sql}");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_row_another_writer_moved_on_is_met_by_the_count_and_applied_once(pool: PgPool) {
+    migrate(&pool, &[&Balances]).await.unwrap();
+    let known = KnownVersions::new();
+    let opened = account("a", 1, Ev::Opened { owner: "ann".into() });
+    assert_eq!(knowing(&pool, &known, &[opened]).await, [Outcome::Applied]);
+    // Another writer applies version 2: remembered at 1, the row is at 2.
+    let second = account("a", 2, Ev::Deposited { amount: 5 });
+    apply_batch_in(&pool, &Balances, std::slice::from_ref(&second), Mode::Batch, Policy::HALT).await.unwrap();
+    let third = account("a", 3, Ev::Deposited { amount: 7 });
+    assert_eq!(knowing(&pool, &known, &[second, third]).await, [Outcome::Duplicate, Outcome::Applied]);
+    assert_eq!(balance(&pool).await, (3, 12));
 }

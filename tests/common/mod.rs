@@ -6,7 +6,9 @@
 #![allow(dead_code)]
 
 use projectionist::postgres::park::{Source, SourceMessage};
-use projectionist::postgres::{apply_batch_in, checked_tables, reset, Folding, Mode, PgProjection, Policy};
+use projectionist::postgres::{
+    apply_batch_knowing, checked_tables, reset, Folding, KnownVersions, Mode, PgProjection, Policy,
+};
 use projectionist::{Outcome, RawEnvelope};
 use projectionist_testing::dump_tables;
 use rand::rngs::StdRng;
@@ -14,7 +16,8 @@ use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
 
 /// Applies `stream` on an emptied read model (nothing parked) in random batches, in `mode`,
-/// with `policy`; returns each event's outcome and the tables.
+/// with `policy`, each batch reading only the versions the earlier ones did not leave (as a
+/// partition of the engine remembers them); returns each event's outcome and the tables.
 pub async fn run(
     pool: &PgPool,
     projection: &dyn PgProjection,
@@ -26,10 +29,11 @@ pub async fn run(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut outcomes = Vec::new();
     let mut rest = stream;
+    let known = KnownVersions::new();
     while !rest.is_empty() {
         let (batch, tail) = rest.split_at(rng.gen_range(1..=80).min(rest.len()));
         outcomes.extend(
-            apply_batch_in(pool, projection, batch, mode, policy)
+            apply_batch_knowing(pool, projection, batch, (mode, policy), &known)
                 .await
                 .unwrap_or_else(|e| panic!("{} {mode:?}: {e}", projection.name())),
         );

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 
 use crate::park::{Source, SourceMessage};
 use crate::writer::{self, Mode};
-use crate::{Error, PgProjection, Result};
+use crate::{Error, KnownVersions, PgProjection, Result};
 
 /// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka
 /// engine adds its own in the same transaction): set-based, or per event where the batch
@@ -42,6 +42,35 @@ pub async fn apply_batch_in(
     mode: Mode,
     policy: Policy,
 ) -> Result<Vec<Outcome>> {
+    in_transaction(pool, projection, batch, (mode, policy), None).await
+}
+
+/// As [`apply_batch_in`], remembering in `known` the versions each batch commits, as the
+/// engine's partitions do, so that the next batch reads only those it does not know (see
+/// [`KnownVersions`]): for tests of that path.
+pub async fn apply_batch_knowing(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    batch: &[RawEnvelope],
+    (mode, policy): (Mode, Policy),
+    known: &KnownVersions,
+) -> Result<Vec<Outcome>> {
+    known.begin();
+    let applied = in_transaction(pool, projection, batch, (mode, policy), Some(known)).await;
+    match &applied {
+        Ok(_) => known.committed(),
+        Err(_) => known.forget(),
+    }
+    applied
+}
+
+async fn in_transaction(
+    pool: &PgPool,
+    projection: &dyn PgProjection,
+    batch: &[RawEnvelope],
+    (mode, policy): (Mode, Policy),
+    known: Option<&KnownVersions>,
+) -> Result<Vec<Outcome>> {
     let halts = |e: &Error| e.halts(policy.on_poison);
     let mut tx = pool.begin().await?;
     let mut outcomes = Vec::with_capacity(batch.len());
@@ -61,7 +90,7 @@ pub async fn apply_batch_in(
         });
         loop {
             let mut attempt = sqlx::Connection::begin(&mut *tx).await?;
-            match writer::write(&mut attempt, projection, &prepared, mode, policy.on_gap).await {
+            match writer::write_knowing(&mut attempt, projection, &prepared, mode, policy.on_gap, known).await {
                 Ok(written) => {
                     attempt.commit().await?;
                     outcomes.extend(written.outcomes);
@@ -69,6 +98,10 @@ pub async fn apply_batch_in(
                 }
                 Err(e) => {
                     attempt.rollback().await?;
+                    // What the attempt wrote is gone again.
+                    if let Some(known) = known {
+                        known.off();
+                    }
                     match e.event_index() {
                         // An event the batch cannot apply: dead-lettered, the rest written again.
                         Some(index) if !halts(&e) => prepared.poison(index, e).map_err(|e| e.shifted(start))?,

@@ -10,6 +10,7 @@ mod error;
 mod fault;
 pub mod folding;
 mod ident;
+mod known;
 mod migrate;
 pub mod park;
 mod prepared;
@@ -21,7 +22,7 @@ mod types;
 pub mod wait;
 pub mod writer;
 
-pub use apply::{apply_batch, apply_batch_in, Policy};
+pub use apply::{apply_batch, apply_batch_in, apply_batch_knowing, Policy};
 pub use checks::Checks;
 pub use drift::{check_tables, Drift};
 pub use error::{
@@ -30,6 +31,7 @@ pub use error::{
 };
 pub use folding::{analyze, Folding};
 pub use ident::Ident;
+pub use known::KnownVersions;
 pub use migrate::{migrate, migrate_with, MigrateOptions, HISTORY_TABLE};
 pub use prepared::Prepared;
 pub use projection::{checked_tables, create_schema, reset, validate, PgProjection, SharedProjection};

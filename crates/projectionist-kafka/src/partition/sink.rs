@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use projectionist_postgres::writer::{self, Batch, Committed};
-use projectionist_postgres::{Folding, Prepared};
+use projectionist_postgres::{Folding, KnownVersions, Prepared};
 use tokio::sync::Mutex;
 
 use super::decode::At;
@@ -18,8 +18,9 @@ use super::{Halt, HaltKind, Partition, Task};
 /// Where a partition's prepared batches go.
 pub(crate) enum Sink {
     /// Each batch written with its parking bounds and checkpoint in one transaction,
-    /// committed, and told to the waits (`writer::commit_batch`).
-    Live,
+    /// committed, and told to the waits (`writer::commit_batch`); the versions its batches
+    /// committed remembered, so that the next batch reads only those it does not know.
+    Live(KnownVersions),
     /// A rebuild's bulk load (see [`Folding`]): batches folded in memory and written with the
     /// checkpoint past the last once due (at idle moments and at the end, see
     /// `Task::write_held`); a batch that cannot be folded is written as the live sink writes
@@ -40,7 +41,7 @@ impl Sink {
     /// holds nothing.
     pub(super) fn holds(&self) -> bool {
         match self {
-            Self::Live => false,
+            Self::Live(_) => false,
             Self::Fold(folding) => folding.try_lock().map_or(true, |f| f.through().is_some()),
         }
     }
@@ -49,7 +50,7 @@ impl Sink {
     /// `Partition::resume_stale`): not beside a fold, which keeps the versions and parkings
     /// it read in memory (writes of its own would move them under it).
     pub(super) fn sweeps_parking(&self) -> bool {
-        matches!(self, Self::Live)
+        matches!(self, Self::Live(_))
     }
 }
 
@@ -98,6 +99,10 @@ impl Partition {
             on_gap: self.settings.on_gap,
             bounds: self.settings.bounds,
             folding,
+            known: match &self.sink {
+                Sink::Live(known) => Some(known),
+                Sink::Fold(_) => None,
+            },
         };
         let committed = writer::commit_batch(&self.pool, self.projection.as_ref(), prepared, batch).await?;
         self.stored(committed.next_offset);
@@ -108,7 +113,7 @@ impl Partition {
     /// holds nothing. `reads`: whether this partition goes on reading its tables after it.
     pub(super) async fn write_held(&self, reads: Reads) -> projectionist_postgres::Result<()> {
         match &self.sink {
-            Sink::Live => Ok(()),
+            Sink::Live(_) => Ok(()),
             Sink::Fold(folding) => self.flush(&mut *folding.lock().await, reads).await,
         }
     }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use projectionist_postgres::{checkpoint, Folding};
+use projectionist_postgres::{checkpoint, Folding, KnownVersions};
 use rdkafka::consumer::Consumer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio::sync::watch;
@@ -253,7 +253,7 @@ impl Runner {
     /// ([`Exclusive::fold`](crate::Exclusive::fold)), else written at once.
     fn sink(&self, read: Option<i64>) -> Sink {
         if !self.exclusive.fold {
-            return Sink::Live;
+            return Sink::Live(KnownVersions::new());
         }
         // Read from its start with no checkpoint, as a rebuild's shadow first is: its
         // tables hold nothing of the partition (checkpoints commit with the rows).

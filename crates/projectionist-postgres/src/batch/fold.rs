@@ -20,7 +20,7 @@ pub(crate) async fn fold(
     if !parked.is_empty() && events.iter().any(|(e, _)| of_parked(e)) {
         return Ok(None);
     }
-    let stored = read_stored(conn, projection, tables, events, false, Some(fold)).await?;
+    let stored = read_stored(conn, projection, tables, events, false, Some(fold), None).await?;
     // Folded, the rows are written in the fold's order, not the plan's.
     let plan = planned(events, plan_unordered(tables, &PgTypes, &stored, events))?;
     Ok(fold.absorb(tables, &PgTypes, &plan).then_some(plan.outcomes))

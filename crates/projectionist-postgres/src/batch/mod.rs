@@ -28,6 +28,7 @@ use statements::{expect_rows, write_row_writes};
 use stored::{read_stored, write_aggregates};
 
 use crate::checks::Checks;
+use crate::known::{KnownVersions, Lookup};
 use crate::shared_rows::SharedRows;
 use crate::types::{CopyColumns, PgTypes};
 use crate::{Error, EventErrorKind, Ident, Mode, Result};
@@ -63,6 +64,9 @@ pub(crate) struct RunContext<'a> {
     pub per_event: bool,
     /// The fan-in rows the batch writes, locked right before the first of them is written.
     pub shared: &'a SharedRows,
+    /// The versions the partition's batches wrote, where it remembers them: read only
+    /// where not known, and what the set-based path writes taken in.
+    pub known: Option<&'a KnownVersions>,
 }
 
 /// What applying a run did.
@@ -142,7 +146,7 @@ async fn apply_set_based(
     if !cuts.is_empty() {
         return apply_rounds(conn, projection, tables, events, parking, &cuts).await;
     }
-    write_plan(conn, projection, plan, parking.shared).await
+    write_plan(conn, projection, plan, parking).await
 }
 
 /// The plan of a run of events, against the rows as they are now.
@@ -153,8 +157,8 @@ async fn plan_run<'a>(
     events: &'a [(EventRef<'a>, Effect<'a>)],
     parking: RunContext<'_>,
 ) -> Result<Plan<'a>> {
-    let mut stored =
-        read_stored(conn, projection, tables, events, parking.per_event && !parking.sole_writer, None).await?;
+    let lock = parking.per_event && !parking.sole_writer;
+    let mut stored = read_stored(conn, projection, tables, events, lock, None, parking.known).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
     let planned = |events| planned(events, plan(tables, &PgTypes, &stored, events));
@@ -170,14 +174,17 @@ async fn plan_run<'a>(
 
 /// Writes `plan`: the aggregates' versions and rows first, then, the shared rows locked,
 /// the fan-in rows (see [`SharedRows`]).
-async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>, shared: &SharedRows) -> Result<Ran> {
+async fn write_plan(conn: &mut PgConnection, projection: &str, plan: Plan<'_>, parking: RunContext<'_>) -> Result<Ran> {
     write_aggregates(conn, projection, &plan.aggregates).await?;
     let (fan_in, own): (Vec<&RowWrite<'_>>, Vec<&RowWrite<'_>>) =
         plan.rows.iter().partition(|r| r.table.gate() == Gate::FanIn);
     write_row_writes(conn, own).await?;
     if !fan_in.is_empty() {
-        shared.lock(conn).await?;
+        parking.shared.lock(conn).await?;
         write_row_writes(conn, fan_in).await?;
+    }
+    if let Some(known) = parking.known {
+        known.wrote(&plan.rows);
     }
     Ok(Ran { outcomes: plan.outcomes, per_event: false, parks: plan.parks, unparked: plan.unparked })
 }
@@ -203,7 +210,7 @@ async fn apply_rounds(
     for round in bounds.windows(2) {
         let (start, end) = (round[0], round[1]);
         let plan = plan_run(conn, projection, tables, &events[start..end], runs.parking()).await;
-        let one = write_plan(conn, projection, plan.map_err(|e| e.shifted(start))?, parking.shared).await?;
+        let one = write_plan(conn, projection, plan.map_err(|e| e.shifted(start))?, runs.parking()).await?;
         // A round that ends in a gap, or with an aggregate resumed, ends the batch.
         if runs.take(one) {
             break;
@@ -222,14 +229,15 @@ struct Runs<'a> {
     checked: Checks,
     sole_writer: bool,
     shared: &'a SharedRows,
+    known: Option<&'a KnownVersions>,
 }
 
 impl<'a> Runs<'a> {
     fn new(parking: RunContext<'a>, per_event: bool) -> Self {
         let ran = Ran { per_event, ..Ran::default() };
         let (parked, gaps_halt, checked) = (parking.parked.cloned(), parking.gaps_halt, parking.checked.clone());
-        let (sole_writer, shared) = (parking.sole_writer, parking.shared);
-        Self { ran, parked, parks: HashMap::new(), gaps_halt, checked, sole_writer, shared }
+        let (sole_writer, shared, known) = (parking.sole_writer, parking.shared, parking.known);
+        Self { ran, parked, parks: HashMap::new(), gaps_halt, checked, sole_writer, shared, known }
     }
 
     /// The parking state as the next run finds it.
@@ -241,6 +249,7 @@ impl<'a> Runs<'a> {
             sole_writer: self.sole_writer,
             per_event: self.ran.per_event,
             shared: self.shared,
+            known: self.known,
         }
     }
 
@@ -304,6 +313,10 @@ async fn apply_per_event(
     events: &[(EventRef<'_>, Effect<'_>)],
     parking: RunContext<'_>,
 ) -> Result<Ran> {
+    // Event by event, what is known is neither looked up nor taken in (reads lock the rows).
+    if let Some(known) = parking.known {
+        known.off();
+    }
     let mut runs = Runs::new(parking, true);
     for (index, event) in events.iter().enumerate() {
         let mut tries = 0;

@@ -10,6 +10,7 @@ pub(super) async fn read_stored(
     events: &[(EventRef<'_>, Effect<'_>)],
     lock: bool,
     fold: Option<&Fold>,
+    known: Option<&KnownVersions>,
 ) -> Result<Stored> {
     let mut stored = Stored::default();
     // `lock`: the per-event path's reads lock the rows, so that a concurrent writer of the
@@ -49,10 +50,16 @@ pub(super) async fn read_stored(
             continue;
         }
         let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
-        let lock = locked(key.quoted());
-        let sql = in_one_row(&format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){lock}"));
-        let (keys, versions): (Vec<String>, Vec<i64>) = sqlx::query_as(&sql).bind(&ids).fetch_one(&mut *conn).await?;
-        folded.extend(keys.into_iter().zip(versions));
+        let select = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){}", locked(key.quoted()));
+        // The per-event path's reads lock every row: they never take what is known.
+        match known.filter(|_| !lock) {
+            None => {
+                let (keys, versions): (Vec<String>, Vec<i64>) =
+                    sqlx::query_as(&in_one_row(&select)).bind(&ids).fetch_one(&mut *conn).await?;
+                folded.extend(keys.into_iter().zip(versions));
+            }
+            Some(known) => folded.extend(read_unknown(conn, table.name(), &name, &select, ids, known).await?),
+        }
         stored.rows.insert(table.name(), folded);
     }
     let mut aggregates: Vec<(&str, &str)> = events
@@ -91,6 +98,36 @@ pub(super) async fn read_stored(
         }
     }
     Ok(stored)
+}
+
+/// The versions of `ids` in `table` (`name`, read by `select`): those `known` holds, and
+/// the others read, with the table's file in the same statement; where the file is not the
+/// one the known versions were of, those are read too.
+async fn read_unknown(
+    conn: &mut PgConnection,
+    table: &'static str,
+    name: &Ident,
+    select: &str,
+    ids: Vec<&str>,
+    known: &KnownVersions,
+) -> Result<Vec<(String, i64)>> {
+    let Lookup { known: hits, unknown } = known.lookup(table, ids);
+    let sql = format!(
+        "SELECT pg_relation_filenode(to_regclass($2))::bigint, coalesce(array_agg(k), '{{}}'), \
+         coalesce(array_agg(v), '{{}}') FROM ({select}) AS s(k, v)"
+    );
+    let (file, keys, versions): (Option<i64>, Vec<String>, Vec<i64>) =
+        sqlx::query_as(&sql).bind(&unknown).bind(name.quoted()).fetch_one(&mut *conn).await?;
+    let mut read: Vec<(String, i64)> = keys.into_iter().zip(versions).collect();
+    if known.same_file(table, file) {
+        read.extend(hits.into_iter().map(|(k, v)| (k.to_owned(), v)));
+    } else if !hits.is_empty() {
+        let ids: Vec<&str> = hits.into_iter().map(|(k, _)| k).collect();
+        let (keys, versions): (Vec<String>, Vec<i64>) =
+            sqlx::query_as(&in_one_row(select)).bind(&ids).fetch_one(&mut *conn).await?;
+        read.extend(keys.into_iter().zip(versions));
+    }
+    Ok(read)
 }
 
 /// `select` (of a key and a version, its rows locked as it says) answered as one row of two

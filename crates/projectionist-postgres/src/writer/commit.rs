@@ -4,10 +4,10 @@
 use projectionist_core::{OnGap, Outcome};
 use sqlx::{PgConnection, PgPool};
 
-use super::{write, Mode, Written};
+use super::{write_knowing, Mode, Written};
 use crate::checkpoint::{self, Passed};
 use crate::park::{self, Bounds};
-use crate::{folding, Error, EventErrorKind, Folding, PgProjection, Prepared, Result};
+use crate::{folding, Error, EventErrorKind, Folding, KnownVersions, PgProjection, Prepared, Result};
 
 /// Where a batch was read and how it commits.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +30,10 @@ pub struct Batch<'a> {
     pub bounds: Bounds,
     /// What a rebuild's fold holds: written first, as the batch builds on it.
     pub folding: Option<&'a Folding>,
+    /// The versions the partition's batches committed, where it remembers them (a live
+    /// partition): what this batch writes is taken in once it commits, and all of it
+    /// forgotten when it does not.
+    pub known: Option<&'a KnownVersions>,
 }
 
 /// A batch's committed transaction.
@@ -58,10 +62,21 @@ pub async fn commit_batch(
     let name = projection.name();
     let mut conn = pool.acquire().await?;
     let mut begun = false;
+    if let Some(known) = batch.known {
+        known.begin();
+    }
     let done = write_in_transaction(&mut conn, projection, prepared, &batch, &mut begun).await;
     if done.is_err() && !begun {
         // Possibly left in a failed transaction the pool would not notice.
         conn.close_on_drop();
+    }
+    if let Some(known) = batch.known {
+        match &done {
+            Ok(_) => known.committed(),
+            // Whatever the reason (a checkpoint moved by a swap, a commit whose outcome is
+            // not known), nothing remembered is trusted.
+            Err(_) => known.forget(),
+        }
     }
     let committed = done?;
     let (topic, partition, next_offset) = (batch.topic, batch.partition, committed.next_offset);
@@ -88,7 +103,7 @@ async fn write_in_transaction(
     if let Some(folding) = batch.folding {
         folding::write_folded(&mut tx, projection, folding, Some(prepared)).await?;
     }
-    let written = write(&mut tx, projection, prepared, Mode::Batch, batch.on_gap).await?;
+    let written = write_knowing(&mut tx, projection, prepared, Mode::Batch, batch.on_gap, batch.known).await?;
     check_bounds(&mut tx, name, prepared, &written.outcomes, batch.bounds).await?;
     let gap = match written.outcomes.last() {
         Some(gap @ Outcome::Gap { .. }) => {

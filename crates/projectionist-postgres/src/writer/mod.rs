@@ -15,6 +15,7 @@ use projectionist_core::{OnGap, Outcome, OutcomeCounts};
 use sqlx::PgConnection;
 
 use crate::batch::{self, ParkedMap, RunContext};
+use crate::known::KnownVersions;
 use crate::park;
 use crate::prepared::{PreparedEvent, Step};
 use crate::shared_rows::SharedRows;
@@ -79,6 +80,20 @@ pub async fn write(
     mode: Mode,
     on_gap: OnGap,
 ) -> Result<Written> {
+    write_knowing(conn, projection, prepared, mode, on_gap, None).await
+}
+
+/// As [`write()`], where `known` remembers the versions the caller's earlier transactions
+/// committed to the tables (see [`KnownVersions`]): only those it does not know are read,
+/// and what this one writes is taken in once the transaction commits.
+pub(crate) async fn write_knowing(
+    conn: &mut PgConnection,
+    projection: &dyn PgProjection,
+    prepared: &Prepared,
+    mode: Mode,
+    on_gap: OnGap,
+    known: Option<&KnownVersions>,
+) -> Result<Written> {
     if let Some(f) = &prepared.failure {
         return Err(f.error.clone_of_batch());
     }
@@ -113,6 +128,7 @@ pub async fn write(
         checked,
         parked,
         changes: Changes::new(),
+        known,
     };
     // A poison event whose dead letter an operator discarded (met again: a replay after a
     // reset) is skipped again, as the discard skipped it, not parked behind it for good.
@@ -160,6 +176,8 @@ struct Writer<'a> {
     parked: Option<ParkedMap>,
     /// Every aggregate parked or resumed so far.
     changes: Changes,
+    /// The versions the caller's batches wrote, where it remembers them.
+    known: Option<&'a KnownVersions>,
 }
 
 impl Writer<'_> {
@@ -188,8 +206,8 @@ impl Writer<'_> {
             // A custom event goes alone, gated like any event; `apply` runs if it applies.
             let run_mode = if end > start { self.mode } else { Mode::PerEvent };
             let (gaps_halt, checked, sole_writer) = (self.gaps_halt, self.checked, self.prepared.sole_writer);
-            let context =
-                RunContext { parked: self.parked.as_ref(), gaps_halt, checked, sole_writer, per_event: false, shared };
+            let (parked, known) = (self.parked.as_ref(), self.known);
+            let context = RunContext { parked, gaps_halt, checked, sole_writer, per_event: false, shared, known };
             let ran = batch::apply(conn, name, tables, &run, run_mode, context).await.map_err(|e| e.shifted(start))?;
             per_event |= ran.per_event && end > start;
             for (aggregate, state) in ran.parks {
