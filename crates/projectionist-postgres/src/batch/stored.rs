@@ -53,11 +53,7 @@ pub(super) async fn read_stored(
         let select = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){}", locked(key.quoted()));
         // The per-event path's reads lock every row: they never take what is known.
         match known.filter(|_| !lock) {
-            None => {
-                let (keys, versions): (Vec<String>, Vec<i64>) =
-                    sqlx::query_as(&in_one_row(&select)).bind(&ids).fetch_one(&mut *conn).await?;
-                folded.extend(keys.into_iter().zip(versions));
-            }
+            None => folded.extend(read_versions(conn, &select, &ids).await?),
             Some(known) => folded.extend(read_unknown(conn, table.name(), &name, &select, ids, known).await?),
         }
         stored.rows.insert(table.name(), folded);
@@ -112,10 +108,7 @@ async fn read_unknown(
     known: &KnownVersions,
 ) -> Result<Vec<(String, i64)>> {
     let Lookup { known: hits, unknown } = known.lookup(table, ids);
-    let sql = format!(
-        "SELECT pg_relation_filenode(to_regclass($2))::bigint, coalesce(array_agg(k), '{{}}'), \
-         coalesce(array_agg(v), '{{}}') FROM ({select}) AS s(k, v)"
-    );
+    let sql = in_one_row_after("pg_relation_filenode(to_regclass($2))::bigint, ", select);
     let (file, keys, versions): (Option<i64>, Vec<String>, Vec<i64>) =
         sqlx::query_as(&sql).bind(&unknown).bind(name.quoted()).fetch_one(&mut *conn).await?;
     let mut read: Vec<(String, i64)> = keys.into_iter().zip(versions).collect();
@@ -123,17 +116,27 @@ async fn read_unknown(
         read.extend(hits.into_iter().map(|(k, v)| (k.to_owned(), v)));
     } else if !hits.is_empty() {
         let ids: Vec<&str> = hits.into_iter().map(|(k, _)| k).collect();
-        let (keys, versions): (Vec<String>, Vec<i64>) =
-            sqlx::query_as(&in_one_row(select)).bind(&ids).fetch_one(&mut *conn).await?;
-        read.extend(keys.into_iter().zip(versions));
+        read.extend(read_versions(conn, select, &ids).await?);
     }
     Ok(read)
+}
+
+/// The versions `select` reads for `ids` (its `$1`).
+async fn read_versions(conn: &mut PgConnection, select: &str, ids: &[&str]) -> Result<Vec<(String, i64)>> {
+    let (keys, versions): (Vec<String>, Vec<i64>) =
+        sqlx::query_as(&in_one_row(select)).bind(ids).fetch_one(&mut *conn).await?;
+    Ok(keys.into_iter().zip(versions).collect())
 }
 
 /// `select` (of a key and a version, its rows locked as it says) answered as one row of two
 /// arrays: a batch's thousands of versions cost the client one row to decode, not thousands.
 fn in_one_row(select: &str) -> String {
-    format!("SELECT coalesce(array_agg(k), '{{}}'), coalesce(array_agg(v), '{{}}') FROM ({select}) AS s(k, v)")
+    in_one_row_after("", select)
+}
+
+/// As [`in_one_row`], the row's arrays after the columns `first` (each followed by a comma).
+fn in_one_row_after(first: &str, select: &str) -> String {
+    format!("SELECT {first}coalesce(array_agg(k), '{{}}'), coalesce(array_agg(v), '{{}}') FROM ({select}) AS s(k, v)")
 }
 
 pub(super) async fn write_aggregates(
