@@ -45,7 +45,7 @@ pub(crate) async fn write_fold(
         fold.aggregates().into_iter().partition(|m| fold.knows_all() && m.expected.is_none());
     copy_aggregates(conn, projection, &new).await?;
     write_aggregates(conn, projection, &moved).await?;
-    let copy: Vec<CopyColumns> = tables.iter().map(CopyColumns::of).collect();
+    let copy: Vec<TextColumns> = tables.iter().map(TextColumns::of).collect();
     let shared = SharedRows::of_rows(fold.fan_in_rows(tables)).with(then);
     let mut locked = false;
     for rows in fold.rows(tables, 10_000) {
@@ -75,8 +75,8 @@ pub(crate) async fn write_fold(
 
 /// Whether `row` is a new row whose every value `COPY` stores as the JSON path would: an
 /// insert (into a gated table, with its version; or a child row of an aggregate the tables
-/// hold nothing of), each column set to a value [`CopyColumns::takes`].
-pub(super) fn copyable(columns: &CopyColumns, row: &RowWrite<'_>) -> bool {
+/// hold nothing of), each column set to a value [`TextColumns::takes`].
+pub(super) fn copyable(columns: &TextColumns, row: &RowWrite<'_>) -> bool {
     row.kind == RowKind::Insert
         && row.version.is_some() == row.table.is_gated()
         && row.columns.iter().all(|c| c.deltas.is_empty() && c.base.is_some_and(|v| columns.takes(c.column, v)))

@@ -2,9 +2,11 @@
 //! in bulk (locking the rows), the plan (`projectionist_core::plan`) made in memory, then a
 //! few set-based statements per table, each one's row count checked against the plan.
 //!
-//! Rows travel as one JSON array per statement and are turned into typed rows by
-//! `jsonb_populate_record(NULL::table, …)`, so PostgreSQL converts every value to its
-//! column's declared type and the engine needs no type mapping of its own.
+//! Rows travel as one array per column, each value's text cast to the column's declared
+//! type, where every value of the row is one that type's text input stores as the JSON path
+//! would; otherwise as one JSON array per statement, turned into typed rows by
+//! `jsonb_populate_record(NULL::table, …)`, which converts every value to its column's type
+//! (see `rows.rs`).
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -15,11 +17,11 @@ use projectionist_core::plan::{
     RowWrite, Stored, Versions,
 };
 use projectionist_core::{Gate, Outcome, Table};
-use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 
 mod fold;
+mod rows;
 mod statements;
 mod stored;
 
@@ -30,7 +32,7 @@ use stored::{read_stored, write_aggregates};
 use crate::checks::Checks;
 use crate::known::{KnownVersions, Lookup};
 use crate::shared_rows::SharedRows;
-use crate::types::{CopyColumns, PgTypes};
+use crate::types::{PgTypes, TextColumns};
 use crate::{Error, EventErrorKind, Ident, Mode, Result};
 
 /// Whether the database refused a statement for a value in it — a data exception (class

@@ -1,9 +1,10 @@
 //! The set-based statements: a plan's row writes grouped by table and shape, each group one
 //! statement over a JSON array of rows, its row count checked.
 
+use super::rows::{self, Inputs, Rows, EXPECTED};
 use super::*;
 use crate::types::IntType;
-use projectionist_core::plan::{IntRange, RunningSums};
+use projectionist_core::plan::IntRange;
 
 /// Writes `rows`, one statement per table and shape, each statement's row count checked.
 pub(super) async fn write_row_writes<'r, 'a: 'r>(
@@ -42,23 +43,36 @@ impl ColumnKind {
 /// What one statement does: its kind of row write, touching these columns in these ways.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Shape {
-    kind: RowKind,
-    columns: Vec<(&'static str, ColumnKind)>,
+    pub(super) kind: RowKind,
+    pub(super) columns: Vec<(&'static str, ColumnKind)>,
 }
 
-/// Row writes grouped by table and shape, one statement each, in plan order: each row
-/// encoded once, straight into the JSON array text its statement reads.
+/// Row writes grouped by table, shape and the way their rows travel (see [`rows`](super::rows)),
+/// one statement each, in plan order: each row encoded once, straight into its statement's
+/// rows.
 pub(super) fn group<'r, 'a: 'r>(rows: impl IntoIterator<Item = &'r RowWrite<'a>>) -> Vec<(Table, Shape, Rows)> {
     let mut groups: Vec<(Table, Shape, Rows)> = Vec::new();
-    let (mut doc, mut shape) = (Vec::new(), Shape { kind: RowKind::Update, columns: Vec::new() });
+    // Per table and shape: how its fields go as arrays, and where its rows are that go as
+    // JSON and as arrays in `groups`.
+    let mut kinds: Vec<(&'static str, Shape, Inputs, [Option<usize>; 2])> = Vec::new();
+    let (mut fields, mut shape) = (Vec::new(), Shape { kind: RowKind::Update, columns: Vec::new() });
     for row in rows {
-        doc.clear();
-        encode(row, &mut doc, &mut shape);
-        match groups.iter_mut().find(|(t, s, _)| t.name() == row.table.name() && *s == shape) {
-            Some((_, _, rows)) => rows.push(&doc),
+        rows::fields(row, &mut fields, &mut shape);
+        let table = row.table.name();
+        let kind = match kinds.iter().position(|(t, s, ..)| *t == table && *s == shape) {
+            Some(k) => &mut kinds[k],
             None => {
-                let mut rows = Rows::default();
-                rows.push(&doc);
+                kinds.push((table, shape.clone(), Inputs::of(&row.table, &fields), [None; 2]));
+                kinds.last_mut().expect("just pushed")
+            }
+        };
+        let arrays = kind.2.take(&fields);
+        match kind.3[usize::from(arrays)] {
+            Some(i) => groups[i].2.push(&fields),
+            None => {
+                let mut rows = Rows::new(&kind.2, &fields, arrays);
+                rows.push(&fields);
+                kind.3[usize::from(arrays)] = Some(groups.len());
                 groups.push((row.table, shape.clone(), rows));
             }
         }
@@ -66,32 +80,10 @@ pub(super) fn group<'r, 'a: 'r>(rows: impl IntoIterator<Item = &'r RowWrite<'a>>
     groups
 }
 
-/// A statement's rows: a JSON array, as text, and how many.
-#[derive(Default)]
-pub(super) struct Rows {
-    json: Vec<u8>,
-    count: usize,
-}
-
-impl Rows {
-    fn push(&mut self, doc: &[u8]) {
-        self.json.push(if self.count == 0 { b'[' } else { b',' });
-        self.json.extend_from_slice(doc);
-        self.count += 1;
-    }
-
-    /// The array's text, sent as is and read as `jsonb` by PostgreSQL (which parses it
-    /// anyway: checking it here too cost about 2 % of the CPU of a bulk load).
-    fn into_text(mut self) -> String {
-        self.json.push(b']');
-        String::from_utf8(self.json).expect("serde_json writes UTF-8")
-    }
-}
-
 /// Writes `rows` of `table`, all of one `shape`, in one statement; one that must change every
 /// row it is given and changed fewer fails as a concurrent write ([`expect_rows`]).
 pub(super) async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Shape, rows: Rows) -> Result<()> {
-    let parts = Parts::of(&table, shape)?;
+    let parts = Parts::of(&table, shape, &rows)?;
     let (sql, check) = match shape.kind {
         RowKind::Insert | RowKind::Merge => parts.insert(shape.kind),
         RowKind::Delete => parts.delete(),
@@ -99,8 +91,22 @@ pub(super) async fn write_rows(conn: &mut PgConnection, table: Table, shape: &Sh
         RowKind::Clear => parts.clear(),
         RowKind::Update => parts.update(),
     };
-    let planned = rows.count;
-    let result = sqlx::query(&sql).bind(rows.into_text()).bind(planned as i64).execute(&mut *conn).await?;
+    let planned = rows.count();
+    let mut query = sqlx::query(&sql);
+    match rows {
+        Rows::Json { mut json, .. } => {
+            // Sent as text and read as `jsonb` by PostgreSQL (which parses it anyway:
+            // checking it here too cost about 2 % of the CPU of a bulk load).
+            json.push(b']');
+            query = query.bind(String::from_utf8(json).expect("serde_json writes UTF-8"));
+        }
+        Rows::Arrays(arrays) => {
+            for array in arrays.data {
+                query = query.bind(array);
+            }
+        }
+    }
+    let result = query.bind(planned as i64).execute(&mut *conn).await?;
     if check {
         expect_rows(table.name(), planned, result.rows_affected())?;
     }
@@ -125,7 +131,7 @@ struct Parts<'s> {
 }
 
 impl<'s> Parts<'s> {
-    fn of(table: &Table, shape: &'s Shape) -> Result<Self> {
+    fn of(table: &Table, shape: &'s Shape, rows: &Rows) -> Result<Self> {
         let name = Ident::new(table.name())?;
         let key = Ident::new(table.key())?;
         let version = table.is_gated().then(|| Ident::new(table.version())).transpose()?;
@@ -138,26 +144,10 @@ impl<'s> Parts<'s> {
         };
         let columns =
             shape.columns.iter().map(|(c, kind)| Ok((*c, Ident::new(c)?, *kind))).collect::<Result<Vec<_>>>()?;
-        let mut extra = vec!["(x.doc->>'$expected')::bigint AS \"$expected\"".to_owned()];
-        extra.extend(
-            columns.iter().filter(|(_, _, k)| k.folds()).map(|(raw, ..)| format!("x.doc->'{raw}$d' AS \"{raw}$d\"")),
-        );
-        for (raw, ..) in columns.iter().filter(|(_, _, k)| matches!(k, ColumnKind::SumStored(_))) {
-            for part in ["lo", "hi", "sum"] {
-                extra.push(format!("(x.doc->>'{raw}${part}')::numeric AS \"{raw}${part}\""));
-            }
-        }
-        // `LIMIT $2`, the number of rows, tells the planner how few rows a small batch holds:
-        // `jsonb_array_elements` alone counts for 100 rows whatever the array, and a batch at
-        // the head (tens of rows) was joined to a table of some thousands by a hash over a scan
-        // of the whole table (3.3 ms for 60 rows of 7,700, against 0.9 ms through the key's
-        // index). A large batch still counts for 100 rows: planned for its true size, a bulk
-        // load took the scans and ran 15-25 % slower in the bench's pipeline arm.
-        let source = format!(
-            "(SELECT r.*, {} FROM (SELECT doc FROM jsonb_array_elements($1::jsonb) AS e(doc) LIMIT $2) AS x, \
-            LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
-            extra.join(", ")
-        );
+        let source = match rows {
+            Rows::Json { .. } => json_source(&name, &columns),
+            Rows::Arrays(arrays) => arrays_source(&arrays.spec)?,
+        };
         Ok(Self { name, key, child, version, columns, keys, same_row, source })
     }
 
@@ -278,124 +268,62 @@ impl<'s> Parts<'s> {
     }
 }
 
-/// A row's statement shape, and into `out` the JSON object `jsonb_populate_record` reads
-/// for it: key, base values, version, the version the row must still have, per folded
-/// column its deltas as `{"c$d": [{"c": d}, …]}`, per summed column `c$lo`, `c$hi` and
-/// `c$sum`.
-pub(super) fn encode(row: &RowWrite, out: &mut Vec<u8>, shape: &mut Shape) {
-    let table = &row.table;
-    let mut doc = Doc::new(out);
-    doc.field(table.key(), "", &row.key);
-    if let Some(child) = row.child {
-        doc.field(table.child_key(), "", &child);
+/// The rows of a statement as typed records of the table (`s`) from a JSON array of objects
+/// (`$1`, `$2` rows), each with the version it must still have and, per folded column, its
+/// deltas, per summed column its running sums.
+fn json_source(name: &Ident, columns: &[(&str, Ident, ColumnKind)]) -> String {
+    let mut extra = vec![format!("(x.doc->>'{EXPECTED}')::bigint AS \"{EXPECTED}\"")];
+    extra.extend(
+        columns.iter().filter(|(_, _, k)| k.folds()).map(|(raw, ..)| format!("x.doc->'{raw}$d' AS \"{raw}$d\"")),
+    );
+    for (raw, ..) in columns.iter().filter(|(_, _, k)| matches!(k, ColumnKind::SumStored(_))) {
+        for part in ["lo", "hi", "sum"] {
+            extra.push(format!("(x.doc->>'{raw}${part}')::numeric AS \"{raw}${part}\""));
+        }
     }
-    shape.kind = row.kind;
-    let columns = &mut shape.columns;
-    columns.clear();
-    for column in &row.columns {
-        let name = column.column;
-        let deltas = |doc: &mut Doc<'_>| {
-            doc.key(name, "$d");
-            doc.out.push(b'[');
-            for (i, d) in column.deltas.iter().enumerate() {
-                if i > 0 {
-                    doc.out.push(b',');
-                }
-                let mut one = Doc::new(doc.out);
-                one.field(name, "", d);
-                one.end();
-            }
-            doc.out.push(b']');
-        };
-        let kind = match (&column.base, column.deltas.as_slice()) {
-            (Some(base), []) => {
-                doc.field(name, "", base);
-                ColumnKind::Set
-            }
-            // An integer column, every step known: added here, exactly, as the column would.
-            (Some(base), _) => {
-                let int = table.column_type(name).and_then(IntType::of);
-                match int.and_then(|ty| ty.range().total(base, column.deltas.iter().copied())) {
-                    Some(total) => {
-                        doc.field(name, "", &total);
-                        ColumnKind::Set
-                    }
-                    None => {
-                        doc.field(name, "", base);
-                        deltas(&mut doc);
-                        ColumnKind::FoldValue
-                    }
-                }
-            }
-            (None, [delta]) => {
-                doc.field(name, "", delta);
-                ColumnKind::Add
-            }
-            (None, _) => {
-                let int = table.column_type(name).and_then(IntType::of);
-                match int.and_then(|ty| Some((ty, ty.range().sums(column.deltas.iter().copied())?))) {
-                    Some((ty, RunningSums { lo, hi, sum })) => {
-                        for (part, n) in [("$lo", lo), ("$hi", hi), ("$sum", sum)] {
-                            // As a string: JSON numbers past i64 would lose digits.
-                            doc.key(name, part);
-                            write!(doc.out, "\"{n}\"").expect("writing to a Vec");
-                        }
-                        ColumnKind::SumStored(ty)
-                    }
-                    None => {
-                        deltas(&mut doc);
-                        ColumnKind::FoldStored
-                    }
-                }
-            }
-        };
-        columns.push((name, kind));
-    }
-    if let Some(version) = row.version {
-        doc.field(table.version(), "", &version);
-    }
-    if let Some(expected) = row.expected {
-        doc.field("$expected", "", &expected);
-    }
-    doc.end();
+    // `LIMIT $2`, the number of rows, tells the planner how few rows a small batch holds:
+    // `jsonb_array_elements` alone counts for 100 rows whatever the array, and a batch at
+    // the head (tens of rows) was joined to a table of some thousands by a hash over a scan
+    // of the whole table (3.3 ms for 60 rows of 7,700, against 0.9 ms through the key's
+    // index). A large batch still counts for 100 rows: planned for its true size, a bulk
+    // load took the scans and ran 15-25 % slower in the bench's pipeline arm.
+    format!(
+        "(SELECT r.*, {} FROM (SELECT doc FROM jsonb_array_elements($1::jsonb) AS e(doc) LIMIT $2) AS x, \
+        LATERAL jsonb_populate_record(NULL::{name}, x.doc) AS r) AS s",
+        extra.join(", ")
+    )
 }
 
-/// A JSON object written field by field.
-pub(super) struct Doc<'a> {
-    out: &'a mut Vec<u8>,
-    first: bool,
-}
-
-impl<'a> Doc<'a> {
-    fn new(out: &'a mut Vec<u8>) -> Self {
-        out.push(b'{');
-        Self { out, first: true }
-    }
-
-    /// Writes the key `name` followed by `suffix` (JSON-escaped), and the colon.
-    fn key(&mut self, name: &str, suffix: &str) {
-        if !self.first {
-            self.out.push(b',');
+/// The rows of a statement as records (`s`) zipped from one array per field (`$1` … `$n`,
+/// `$n+1` rows), each text cast to its column's type. Each array is read through a subquery,
+/// so that the planner counts it as a few rows whatever its length, as it counts the JSON
+/// array (see [`json_source`]).
+fn arrays_source(spec: &[(&'static str, &'static str, Option<&'static str>)]) -> Result<String> {
+    let (mut arrays, mut fields) = (Vec::new(), Vec::new());
+    for (i, &(name, suffix, cast)) in spec.iter().enumerate() {
+        let alias = match suffix {
+            "" if name != EXPECTED => Ident::new(name)?.to_string(),
+            _ => format!("\"{name}{suffix}\""),
+        };
+        let n = i + 1;
+        match cast {
+            Some(ty) => {
+                arrays.push(format!("(SELECT ${n}::text[])"));
+                fields.push(format!("u.f{n}::{ty} AS {alias}"));
+            }
+            None => {
+                arrays.push(format!("(SELECT ${n}::bigint[])"));
+                fields.push(format!("u.f{n} AS {alias}"));
+            }
         }
-        self.first = false;
-        serde_json::to_writer(&mut *self.out, name).expect("a string always serialises");
-        if !suffix.is_empty() {
-            // Inside the key's quotes: the suffixes are plain ASCII (`$d`, `$lo`, ...).
-            self.out.pop();
-            self.out.extend_from_slice(suffix.as_bytes());
-            self.out.push(b'"');
-        }
-        self.out.push(b':');
     }
-
-    fn field(&mut self, name: &str, suffix: &str, value: &(impl Serialize + ?Sized)) {
-        self.key(name, suffix);
-        serde_json::to_writer(&mut *self.out, value).expect("a JSON value always serialises");
-    }
-
-    fn end(self) {
-        self.out.push(b'}');
-    }
+    let names = (1..=spec.len()).map(|n| format!("f{n}")).collect::<Vec<_>>().join(", ");
+    Ok(format!(
+        "(SELECT {} FROM unnest({}) AS u({names}) LIMIT ${}) AS s",
+        fields.join(", "),
+        arrays.join(", "),
+        spec.len() + 1
+    ))
 }
 
 pub(super) fn expect_rows(table: &str, planned: usize, changed: u64) -> Result<()> {

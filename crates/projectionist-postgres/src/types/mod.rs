@@ -34,33 +34,111 @@ pub(crate) fn required_columns(table: &Table) -> Vec<&'static str> {
     declared.filter(|(_, declared)| ColumnType::of(declared).required()).map(|(name, _)| *name).collect()
 }
 
-/// A table's columns as `COPY … FROM STDIN` takes their values: for a bulk load of new rows,
-/// where `COPY` stores what the JSON path (`jsonb_populate_record`) stores.
-pub(crate) struct CopyColumns(Vec<(&'static str, ColumnType)>);
+/// A table's columns as their types' text input takes values: for `COPY … FROM STDIN`
+/// (a bulk load of new rows) and for the statements that send rows as arrays of text, cast
+/// to each column's type (see `batch::rows`), where those store what the JSON path
+/// (`jsonb_populate_record`) stores.
+pub(crate) struct TextColumns(Vec<(&'static str, TextInput)>);
 
-impl CopyColumns {
-    /// `table`'s columns, read from its declarations.
+impl TextColumns {
+    /// `table`'s columns, read from its declarations: its key (and a child table's key of
+    /// the child), its declared columns and, when gated, its version.
     pub(crate) fn of(table: &Table) -> Self {
-        Self(table.column_declarations().iter().map(|(name, declared)| (*name, ColumnType::of(declared))).collect())
+        let [first, second] = table.key_types();
+        let mut columns = vec![(table.key(), first)];
+        if !table.child_key().is_empty() {
+            columns.push((table.child_key(), second));
+        }
+        columns.extend(table.column_declarations().iter().copied());
+        if table.is_gated() {
+            columns.push((table.version(), "bigint"));
+        }
+        let input = |declared| TextInput { known: ColumnType::of(declared).known, cast: cast_type(declared) };
+        Self(columns.into_iter().map(|(name, declared)| (name, input(declared))).collect())
     }
 
-    /// Whether `value`, given to `column` as its text (a string's content, a number's or a
-    /// boolean's JSON text, `NULL` for null), is stored as the JSON path stores it: the type's
-    /// text input reads both. Not for `json` and `jsonb` columns (the JSON path stores the
-    /// value, its text normalised), nor for numbers and booleans into text columns (a number's
-    /// text there is PostgreSQL's rendering of it), nor for `-0.0` (the JSON path reads it as
-    /// a `numeric`, which has no negative zero), nor for types not known here.
+    /// How `column` takes values as text (`None`: not a column of the table).
+    pub(crate) fn input(&self, column: &str) -> Option<TextInput> {
+        self.0.iter().find(|(name, _)| *name == column).map(|(_, input)| *input)
+    }
+
+    /// Whether `column` takes `value` as [`TextInput::takes`] says (`NULL` in any column).
     pub(crate) fn takes(&self, column: &str, value: &Value) -> bool {
-        let known = self.0.iter().find(|(name, _)| *name == column).and_then(|(_, ty)| ty.known);
+        self.input(column).map_or(value.is_null(), |input| input.takes(value))
+    }
+}
+
+/// How a column takes values as text.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TextInput {
+    known: Option<Known>,
+    cast: Option<&'static str>,
+}
+
+impl TextInput {
+    /// Whether `value`, given as its text (a string's content, a number's or a boolean's JSON
+    /// text, `NULL` for null), is stored as the JSON path stores it: the type's text input
+    /// reads both. Not for `json` and `jsonb` columns (the JSON path stores the value, its text
+    /// normalised), nor for numbers and booleans into text columns (a number's text there is
+    /// PostgreSQL's rendering of it), nor for a number written with a fraction or an exponent
+    /// into an integer column (the JSON path reads `1e2` as 100), nor for `-0.0` (the JSON path
+    /// reads it as a `numeric`, which has no negative zero), nor for a string holding a NUL
+    /// (refused either way, in other words), nor for types not known here.
+    pub(crate) fn takes(&self, value: &Value) -> bool {
         match value {
             Value::Null => true,
-            Value::String(_) => matches!(known, Some(Known::Text | Known::Timestamptz | Known::Uuid)),
+            Value::String(s) => self.takes_str(s),
             Value::Number(n) if n.as_f64().is_some_and(|f| f == 0.0 && f.is_sign_negative()) => false,
-            Value::Number(_) => matches!(known, Some(Known::Int(_) | Known::Float | Known::Numeric { .. })),
-            Value::Bool(_) => known == Some(Known::Bool),
+            Value::Number(n) if matches!(self.known, Some(Known::Int(_))) => n.is_i64() || n.is_u64(),
+            Value::Number(_) => matches!(self.known, Some(Known::Float | Known::Numeric { .. })),
+            Value::Bool(_) => self.known == Some(Known::Bool),
             Value::Array(_) | Value::Object(_) => false,
         }
     }
+
+    /// Whether the string `s` is taken as [`TextInput::takes`] says.
+    pub(crate) fn takes_str(&self, s: &str) -> bool {
+        matches!(self.known, Some(Known::Text | Known::Timestamptz | Known::Uuid)) && !s.contains('\0')
+    }
+
+    /// The type the column's text is cast to (`bigint`, `text`, …): for a declaration of one
+    /// of the types whose cast from `text` is their text input, with no length or precision to
+    /// apply (a cast would cut a `varchar(n)` where the input refuses it).
+    pub(crate) fn cast(&self) -> Option<&'static str> {
+        self.cast
+    }
+}
+
+/// The type a declaration such as `bigint NOT NULL DEFAULT 0` starts with, as a cast names
+/// it, when it is one of those [`TextInput::cast`] takes.
+fn cast_type(declared: &str) -> Option<&'static str> {
+    const CASTS: [(&str, &str); 17] = [
+        ("text", "text"),
+        ("bigint", "bigint"),
+        ("int8", "bigint"),
+        ("integer", "integer"),
+        ("int", "integer"),
+        ("int4", "integer"),
+        ("smallint", "smallint"),
+        ("int2", "smallint"),
+        ("boolean", "boolean"),
+        ("bool", "boolean"),
+        ("double precision", "double precision"),
+        ("float8", "double precision"),
+        ("numeric", "numeric"),
+        ("decimal", "numeric"),
+        ("timestamptz", "timestamptz"),
+        ("timestamp with time zone", "timestamptz"),
+        ("uuid", "uuid"),
+    ];
+    const CONSTRAINTS: [&str; 10] =
+        ["not", "null", "default", "unique", "collate", "generated", "primary", "references", "check", "constraint"];
+    let words: Vec<&str> =
+        declared.split_whitespace().take_while(|w| !CONSTRAINTS.iter().any(|c| w.eq_ignore_ascii_case(c))).collect();
+    let named = |name: &str| {
+        name.split(' ').count() == words.len() && name.split(' ').zip(&words).all(|(n, w)| w.eq_ignore_ascii_case(n))
+    };
+    CASTS.iter().find(|(name, _)| named(name)).map(|(_, cast)| *cast)
 }
 
 /// An integer column type: its names, its range.

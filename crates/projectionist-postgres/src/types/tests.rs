@@ -5,7 +5,7 @@ use projectionist_core::plan::{ColumnValues, IntRange};
 use projectionist_core::Table;
 use serde_json::{json, Value};
 
-use super::{required_columns, ColumnType, CopyColumns, IntType};
+use super::{required_columns, ColumnType, IntType, TextColumns};
 
 #[test]
 fn only_values_that_surely_fit_their_column_may_be_written_over_unseen() {
@@ -137,7 +137,7 @@ fn copy_takes_only_values_whose_text_is_stored_as_the_json_path_stores_it() {
         ("doc", "jsonb"),
         ("other", "inet"),
     ]);
-    let copy = CopyColumns::of(&T);
+    let copy = TextColumns::of(&T);
     for (column, value) in [
         ("name", json!("tab\there")),
         ("name", Value::Null),
