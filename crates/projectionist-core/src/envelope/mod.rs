@@ -489,6 +489,22 @@ mod tests {
     }
 
     #[test]
+    fn bytes_that_are_not_utf8_are_refused_saying_where_and_escapes_still_read() {
+        let mut bytes = serde_json::to_vec(&good()).unwrap();
+        let at = bytes.windows(4).position(|w| w == b"acc-").expect("the aggregate id");
+        bytes[at] = 0xff;
+        let err = LazyEnvelope::from_slice(&bytes).unwrap_err().to_string();
+        assert!(err.starts_with("invalid JSON") && err.contains("line 1 column"), "{err}");
+        let mut v = good();
+        v["aggregate_id"] = "\u{e9}t\u{e9} \"quoted\"".into();
+        // The accents written as JSON escapes: read as text, they are still unescaped.
+        let text = serde_json::to_string(&v).unwrap().replace('\u{e9}', "\\u00e9");
+        assert!(text.contains(r#""\u00e9t\u00e9 \"quoted\"""#), "{text}");
+        let lazy = LazyEnvelope::from_slice(text.as_bytes()).unwrap();
+        assert_eq!(lazy.aggregate_id, "\u{e9}t\u{e9} \"quoted\"");
+    }
+
+    #[test]
     fn unknown_event_types_are_unhandled_not_errors() {
         let mut v = good();
         v["type"] = "SomethingElse".into();

@@ -16,7 +16,13 @@ use crate::error::DecodeError;
 pub(super) fn from_slice<'a, D: Deserialize<'a>>(bytes: &'a [u8]) -> Result<Checked<D>, DecodeError> {
     // serde would also read an array into the struct: only an object is an envelope.
     let object = bytes.trim_ascii_start().first() == Some(&b'{');
-    match serde_json::from_slice::<Wire<'_, D>>(bytes) {
+    // The whole message checked as UTF-8 at once, then read as text: serde_json then checks
+    // no string again (bytes that are not UTF-8 are read as bytes, for serde's error).
+    let wire = match std::str::from_utf8(bytes) {
+        Ok(text) => serde_json::from_str::<Wire<'_, D>>(text),
+        Err(_) => serde_json::from_slice::<Wire<'_, D>>(bytes),
+    };
+    match wire {
         Ok(wire) if object => wire.validate(),
         // Not an object, or not JSON: say which.
         Err(e) => match serde_json::from_slice::<Value>(bytes) {
