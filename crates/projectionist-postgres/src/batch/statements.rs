@@ -1,5 +1,6 @@
 //! The set-based statements: a plan's row writes grouped by table and shape, each group one
-//! statement over a JSON array of rows, its row count checked.
+//! statement over its rows (typed arrays, or a JSON array: see [`rows`](super::rows)), its
+//! row count checked.
 
 use super::rows::{self, Inputs, Rows, EXPECTED};
 use super::*;
