@@ -5,16 +5,17 @@
 //! type in the statement, or an integer — or as a JSON array of objects that
 //! `jsonb_populate_record` turns into the table's records.
 //!
-//! The arrays cost PostgreSQL about a third of what reading the JSON does (and the engine
-//! less to write), so a row goes that way when every value of it is one its column's text
-//! input stores as the JSON path stores it ([`TextColumns::takes`]) and its type is one a
-//! cast from `text` reads with that input ([`TextColumns::cast`]); any other row (a `jsonb`
+//! The arrays cost PostgreSQL about a third of what reading the JSON does (the engine about
+//! as much to write), so a row goes that way when every value of it is one its column's text
+//! input stores as the JSON path stores it ([`TextInput::takes`]) and its type is one a
+//! cast from `text` reads with that input ([`TextInput::cast`]); any other row (a `jsonb`
 //! value, a number into a text column, a folded column's deltas, a type not known here)
 //! goes as JSON, so what a row stores never depends on the way it went.
 
 use std::io::Write as _;
 
 use projectionist_core::plan::{RowWrite, RunningSums};
+use projectionist_core::Table;
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::encode::IsNull;
@@ -23,8 +24,6 @@ use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, Postgres};
 
 use super::statements::{ColumnKind, Shape};
-use projectionist_core::Table;
-
 use crate::types::{IntType, TextColumns, TextInput};
 
 /// One value of a row's statement.
