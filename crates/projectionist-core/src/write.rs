@@ -193,10 +193,37 @@ impl Write {
 /// Empty writes still move the aggregate's version gate (its rows and aggregate version), so the
 /// aggregate's next event applies. [`Writes::custom`] hands the event to the projection's
 /// `apply` instead (the per-event slow path for custom SQL).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Writes {
-    writes: Vec<Write>,
+    writes: Held,
     custom: bool,
+}
+
+/// The writes of one event: most write one row, held in place rather than in a vector of
+/// its own (one allocation fewer per event, and the planner reads it where the event is).
+#[derive(Debug, Clone, Default)]
+#[expect(clippy::large_enum_variant, reason = "the one write held in place is the point")]
+enum Held {
+    #[default]
+    None,
+    One(Write),
+    Many(Vec<Write>),
+}
+
+impl PartialEq for Writes {
+    fn eq(&self, other: &Self) -> bool {
+        self.custom == other.custom && self.writes() == other.writes()
+    }
+}
+
+impl From<Vec<Write>> for Held {
+    fn from(mut writes: Vec<Write>) -> Self {
+        match writes.len() {
+            0 => Held::None,
+            1 => Held::One(writes.pop().expect("one write")),
+            _ => Held::Many(writes),
+        }
+    }
 }
 
 impl Writes {
@@ -207,12 +234,19 @@ impl Writes {
 
     /// Apply this event with the projection's `apply` (custom SQL, one event at a time).
     pub fn custom() -> Self {
-        Self { writes: Vec::new(), custom: true }
+        Self { writes: Held::None, custom: true }
     }
 
     /// Adds a write.
     pub fn and(mut self, write: Write) -> Self {
-        self.writes.push(write);
+        self.writes = match std::mem::take(&mut self.writes) {
+            Held::None => Held::One(write),
+            Held::One(first) => Held::Many(vec![first, write]),
+            Held::Many(mut writes) => {
+                writes.push(write);
+                Held::Many(writes)
+            }
+        };
         self
     }
 
@@ -223,19 +257,23 @@ impl Writes {
 
     /// The writes, in order.
     pub fn writes(&self) -> &[Write] {
-        &self.writes
+        match &self.writes {
+            Held::None => &[],
+            Held::One(write) => std::slice::from_ref(write),
+            Held::Many(writes) => writes,
+        }
     }
 }
 
 impl From<Write> for Writes {
     fn from(write: Write) -> Self {
-        Self { writes: vec![write], custom: false }
+        Self { writes: Held::One(write), custom: false }
     }
 }
 
 impl FromIterator<Write> for Writes {
     fn from_iter<I: IntoIterator<Item = Write>>(iter: I) -> Self {
-        Self { writes: iter.into_iter().collect(), custom: false }
+        Self { writes: iter.into_iter().collect::<Vec<_>>().into(), custom: false }
     }
 }
 
