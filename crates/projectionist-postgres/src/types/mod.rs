@@ -88,7 +88,7 @@ impl TextInput {
         match value {
             Value::Null => true,
             Value::String(s) => self.takes_str(s),
-            Value::Number(n) if n.as_f64().is_some_and(|f| f == 0.0 && f.is_sign_negative()) => false,
+            Value::Number(n) if n.is_f64() && n.as_f64().is_some_and(|f| f == 0.0 && f.is_sign_negative()) => false,
             Value::Number(n) if matches!(self.known, Some(Known::Int(_))) => n.is_i64() || n.is_u64(),
             Value::Number(_) => matches!(self.known, Some(Known::Float | Known::Numeric { .. })),
             Value::Bool(_) => self.known == Some(Known::Bool),
@@ -112,15 +112,9 @@ impl TextInput {
 /// The type a declaration such as `bigint NOT NULL DEFAULT 0` starts with, as a cast names
 /// it, when it is one of those [`TextInput::cast`] takes.
 fn cast_type(declared: &str) -> Option<&'static str> {
-    const CASTS: [(&str, &str); 17] = [
+    // The integer types as `IntType` names them; the others here.
+    const CASTS: [(&str, &str); 10] = [
         ("text", "text"),
-        ("bigint", "bigint"),
-        ("int8", "bigint"),
-        ("integer", "integer"),
-        ("int", "integer"),
-        ("int4", "integer"),
-        ("smallint", "smallint"),
-        ("int2", "smallint"),
         ("boolean", "boolean"),
         ("bool", "boolean"),
         ("double precision", "double precision"),
@@ -138,6 +132,11 @@ fn cast_type(declared: &str) -> Option<&'static str> {
     let named = |name: &str| {
         name.split(' ').count() == words.len() && name.split(' ').zip(&words).all(|(n, w)| w.eq_ignore_ascii_case(n))
     };
+    if let [word] = words[..] {
+        if let Some(int) = IntType::named(word) {
+            return Some(int.name());
+        }
+    }
     CASTS.iter().find(|(name, _)| named(name)).map(|(_, cast)| *cast)
 }
 
