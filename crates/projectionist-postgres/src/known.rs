@@ -159,12 +159,17 @@ impl KnownVersions {
         if inner.off {
             return;
         }
-        for row in rows.iter().filter(|r| r.table.is_gated() && r.child.is_none()) {
-            let version = match row.kind {
-                RowKind::Insert | RowKind::Update => row.version,
-                _ => None,
-            };
-            inner.tables.entry(row.table.name()).or_default().set(row.key, version);
+        let gated = rows.iter().filter(|r| r.table.is_gated() && r.child.is_none());
+        // A plan's rows come table by table: each table's versions looked up once per run.
+        for run in gated.collect::<Vec<_>>().chunk_by(|a, b| a.table.same(&b.table)) {
+            let known = inner.tables.entry(run[0].table.name()).or_default();
+            for row in run {
+                let version = match row.kind {
+                    RowKind::Insert | RowKind::Update => row.version,
+                    _ => None,
+                };
+                known.set(row.key, version);
+            }
         }
     }
 }

@@ -102,8 +102,9 @@ impl<'a, 't> Pass<'a, 't> {
             declared: tables.iter().map(|t| Declared::of(t, types)).collect(),
             stored_rows: tables.iter().map(|t| stored.rows.get(t.name()).filter(|_| t.is_gated())).collect(),
             stored_marks,
-            rows: Map::default(),
-            states: Vec::new(),
+            // About a row per event: room for them at once, not grown (and rehashed) by doubling.
+            rows: Map::with_capacity_and_hasher(events, Default::default()),
+            states: Vec::with_capacity(events),
             cleared: Vec::new(),
             children: Map::default(),
             marks: Map::default(),
@@ -371,7 +372,7 @@ impl<'a, 't> Pass<'a, 't> {
         }
         for ((t, key, child), state) in states {
             let table = tables[t];
-            if state.writers > 1 && !plan.rewritten.contains(&table) {
+            if state.writers > 1 && !plan.rewritten.iter().any(|r| r.same(&table)) {
                 plan.rewritten.push(table);
             }
             let child = (!table.child_key().is_empty()).then_some(child);
@@ -382,8 +383,7 @@ impl<'a, 't> Pass<'a, 't> {
                 plan.superseded.push(table);
             }
         }
-        order(&mut ordered, ordered_rows);
-        plan.rows = ordered.into_iter().map(|(_, r)| r).collect();
+        plan.rows = order(ordered, ordered_rows);
         for ((aggregate_type, aggregate_id), (stored, current)) in marks {
             if let (Some(version), true) = (current, current != stored) {
                 let (aggregate_type, aggregate_id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
@@ -443,9 +443,10 @@ fn row_writes<'a>(
 
 /// Orders the plan's row writes: fully if `ordered_rows`, else only as far as a row's
 /// writes need.
-fn order(ordered: &mut [(usize, RowWrite<'_>)], ordered_rows: bool) {
+fn order(mut ordered: Vec<(usize, RowWrite<'_>)>, ordered_rows: bool) -> Vec<RowWrite<'_>> {
     // Per table, deletes, then inserts and merges, then the updates that may build on them;
-    // then by key, so that concurrent writers lock rows in one order.
+    // then by key, so that concurrent writers lock rows in one order. What is sorted is each
+    // write's place and sort key, not the writes themselves (a table's declaration each).
     if ordered_rows {
         let step = |kind: RowKind| match kind {
             RowKind::Check => 0,
@@ -453,10 +454,13 @@ fn order(ordered: &mut [(usize, RowWrite<'_>)], ordered_rows: bool) {
             RowKind::Insert | RowKind::Merge => 2,
             RowKind::Update => 3,
         };
-        ordered.sort_unstable_by(|(t, a), (u, b)| {
-            (t, step(a.kind), a.kind, &a.key, &a.child).cmp(&(u, step(b.kind), b.kind, &b.key, &b.child))
-        });
-    } else if ordered.iter().any(|(_, r)| matches!(r.kind, RowKind::Check | RowKind::Clear | RowKind::Delete)) {
+        let mut keys: Vec<_> =
+            ordered.iter().enumerate().map(|(i, (t, r))| (*t, step(r.kind), r.kind, r.key, r.child, i)).collect();
+        keys.sort_unstable();
+        let mut writes: Vec<Option<RowWrite<'_>>> = ordered.into_iter().map(|(_, r)| Some(r)).collect();
+        return keys.iter().map(|k| writes[k.5].take().expect("each write sorted once")).collect();
+    }
+    if ordered.iter().any(|(_, r)| matches!(r.kind, RowKind::Check | RowKind::Clear | RowKind::Delete)) {
         // A row's check, then its delete (or clear), before its merge, whatever the order
         // of the rest.
         ordered.sort_by_key(|(_, r)| match r.kind {
@@ -465,4 +469,5 @@ fn order(ordered: &mut [(usize, RowWrite<'_>)], ordered_rows: bool) {
             _ => 2,
         });
     }
+    ordered.into_iter().map(|(_, r)| r).collect()
 }

@@ -48,6 +48,17 @@ pub(super) struct Shape {
     pub(super) columns: Vec<(&'static str, ColumnKind)>,
 }
 
+impl Shape {
+    /// Whether `other` is this shape (`==`, asked for every row written: a column's name is
+    /// its declaration's text, so its address is compared before its bytes).
+    fn same(&self, other: &Shape) -> bool {
+        let name = |a: &str, b: &str| std::ptr::eq(a, b) || a == b;
+        self.kind == other.kind
+            && self.columns.len() == other.columns.len()
+            && self.columns.iter().zip(&other.columns).all(|((a, x), (b, y))| x == y && name(a, b))
+    }
+}
+
 /// Row writes grouped by table, shape and the way their rows travel (see [`rows`](super::rows)),
 /// one statement each, in plan order: each row encoded once, straight into its statement's
 /// rows.
@@ -60,7 +71,8 @@ pub(super) fn group<'r, 'a: 'r>(rows: impl IntoIterator<Item = &'r RowWrite<'a>>
     for row in rows {
         rows::fields(row, &mut fields, &mut shape);
         let table = row.table.name();
-        let kind = match kinds.iter().position(|(t, s, ..)| *t == table && *s == shape) {
+        let kind = match kinds.iter().position(|(t, s, ..)| (std::ptr::eq(*t, table) || *t == table) && s.same(&shape))
+        {
             Some(k) => &mut kinds[k],
             None => {
                 kinds.push((table, shape.clone(), Inputs::of(&row.table, &fields), [None; 2]));

@@ -43,8 +43,6 @@ pub(super) async fn read_stored(
                 }
             });
         }
-        ids.sort_unstable();
-        ids.dedup();
         if ids.is_empty() || fold.is_some_and(Fold::knows_all) {
             stored.rows.insert(table.name(), folded);
             continue;
@@ -53,8 +51,12 @@ pub(super) async fn read_stored(
         let select = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){}", locked(key.quoted()));
         // The per-event path's reads lock every row: they never take what is known.
         match known.filter(|_| !lock) {
-            None => folded.extend(read_versions(conn, &select, &ids).await?),
-            Some(known) => folded.extend(read_unknown(conn, table.name(), &name, &select, ids, known).await?),
+            None => {
+                ids.sort_unstable();
+                ids.dedup();
+                folded.extend(read_versions(conn, &select, &ids).await?);
+            }
+            Some(known) => read_unknown(conn, table.name(), &name, &select, ids, known, &mut folded).await?,
         }
         stored.rows.insert(table.name(), folded);
     }
@@ -96,9 +98,9 @@ pub(super) async fn read_stored(
     Ok(stored)
 }
 
-/// The versions of `ids` in `table` (`name`, read by `select`): those `known` holds, and
-/// the others read, with the table's file in the same statement; where the file is not the
-/// one the known versions were of, those are read too.
+/// The versions of `ids` in `table` (`name`, read by `select`) into `versions`: those
+/// `known` holds, and the others read (sorted, once each), with the table's file in the same
+/// statement; where the file is not the one the known versions were of, those are read too.
 async fn read_unknown(
     conn: &mut PgConnection,
     table: &'static str,
@@ -106,19 +108,28 @@ async fn read_unknown(
     select: &str,
     ids: Vec<&str>,
     known: &KnownVersions,
-) -> Result<Vec<(String, i64)>> {
-    let Lookup { known: hits, unknown } = known.lookup(table, ids);
+    versions: &mut Versions,
+) -> Result<()> {
+    let Lookup { known: hits, mut unknown } = known.lookup(table, ids);
+    unknown.sort_unstable();
+    unknown.dedup();
     let sql = in_one_row_after("pg_relation_filenode(to_regclass($2))::bigint, ", select);
-    let (file, keys, versions): (Option<i64>, Vec<String>, Vec<i64>) =
+    let (file, keys, read): (Option<i64>, Vec<String>, Vec<i64>) =
         sqlx::query_as(&sql).bind(&unknown).bind(name.quoted()).fetch_one(&mut *conn).await?;
-    let mut read: Vec<(String, i64)> = keys.into_iter().zip(versions).collect();
+    versions.extend(keys.into_iter().zip(read));
     if known.same_file(table, file) {
-        read.extend(hits.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        for (key, version) in hits {
+            if !versions.contains_key(key) {
+                versions.insert(key.to_owned(), version);
+            }
+        }
     } else if !hits.is_empty() {
-        let ids: Vec<&str> = hits.into_iter().map(|(k, _)| k).collect();
-        read.extend(read_versions(conn, select, &ids).await?);
+        let mut ids: Vec<&str> = hits.into_iter().map(|(k, _)| k).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        versions.extend(read_versions(conn, select, &ids).await?);
     }
-    Ok(read)
+    Ok(())
 }
 
 /// The versions `select` reads for `ids` (its `$1`).
