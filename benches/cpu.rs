@@ -105,7 +105,7 @@ fn main() {
                 let held = stored.rows.entry(table.name()).or_default();
                 for id in &ids {
                     if let Some(Some(v)) = fold.version(table.name(), id) {
-                        held.insert((*id).to_owned(), v);
+                        held.insert(*id, v);
                     }
                 }
             }

@@ -45,18 +45,20 @@ struct Inner {
 #[derive(Debug, Default)]
 struct Known {
     filenode: Option<i64>,
-    young: Map<Box<str>, i64>,
-    old: Map<Box<str>, i64>,
+    young: Map<Key, i64>,
+    old: Map<Key, i64>,
 }
 
 impl Known {
     fn get(&self, key: &str) -> Option<i64> {
+        let key = key.as_bytes();
         self.young.get(key).or_else(|| self.old.get(key)).copied()
     }
 
     /// Sets `key`'s version (`None`: unknown). A key already young is set in place; one
-    /// that is old moves (its allocation with it).
+    /// that is old moves.
     fn set(&mut self, key: &str, version: Option<i64>) {
+        let key = key.as_bytes();
         let Some(version) = version else {
             self.young.remove(key);
             self.old.remove(key);
@@ -66,13 +68,63 @@ impl Known {
             *young = version;
             return;
         }
-        let key = self.old.remove_entry(key).map_or_else(|| key.into(), |(key, _)| key);
+        let key = self.old.remove_entry(key).map_or_else(|| Key::new(key), |(key, _)| key);
         if self.young.len() >= GENERATION {
             self.old = std::mem::take(&mut self.young);
         }
         self.young.insert(key, version);
     }
 }
+
+/// A key as the known versions keep it: one of up to [`Key::INLINE`] bytes (most aggregate
+/// ids) in the map's own slot, so that a lookup reads the slot and not another allocation
+/// too; a longer one boxed. Hashed and compared as its bytes (looked up by `&[u8]`).
+#[derive(Debug, Clone)]
+enum Key {
+    Inline(u8, [u8; Key::INLINE]),
+    Boxed(Box<[u8]>),
+}
+
+impl Key {
+    const INLINE: usize = 22;
+
+    fn new(key: &[u8]) -> Self {
+        if key.len() <= Self::INLINE {
+            let mut bytes = [0; Self::INLINE];
+            bytes[..key.len()].copy_from_slice(key);
+            Key::Inline(key.len() as u8, bytes)
+        } else {
+            Key::Boxed(key.into())
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline(len, bytes) => &bytes[..usize::from(*len)],
+            Key::Boxed(bytes) => bytes,
+        }
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for Key {
+    fn borrow(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bytes().hash(state);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for Key {}
 
 /// What a lookup found: versions known (from the table at `filenode`), and the keys to read.
 pub(crate) struct Lookup<'k> {
@@ -188,9 +240,25 @@ mod tests {
         assert_eq!(known.get(&GENERATION.to_string()), Some(GENERATION as i64));
         assert_eq!(known.young.len(), 1);
         known.set("1", Some(7));
-        assert_eq!((known.get("1"), known.young.len(), known.old.contains_key("1")), (Some(7), 2, false), "moved");
+        let moved = (known.get("1"), known.young.len(), known.old.contains_key("1".as_bytes()));
+        assert_eq!(moved, (Some(7), 2, false), "moved");
         known.set("0", None);
         assert_eq!(known.get("0"), None, "a key set unknown is gone from both generations");
+    }
+
+    #[test]
+    fn keys_in_place_and_boxed_are_found_as_set() {
+        let mut known = Known::default();
+        let (edge, long) = ("e".repeat(Key::INLINE), "l".repeat(Key::INLINE + 1));
+        let keys = ["", "a", "é✓", edge.as_str(), long.as_str()];
+        for (v, key) in keys.iter().enumerate() {
+            known.set(key, Some(v as i64));
+        }
+        let found: Vec<_> = keys.iter().map(|k| known.get(k)).collect();
+        assert_eq!(found, vec![Some(0), Some(1), Some(2), Some(3), Some(4)]);
+        assert!(matches!(known.young.keys().find(|k| k.bytes() == long.as_bytes()), Some(Key::Boxed(_))));
+        let near = ["e".repeat(Key::INLINE - 1), "l".repeat(Key::INLINE), "a\0".to_owned()];
+        assert!(near.iter().all(|k| known.get(k).is_none()), "a prefix or a padded key is another key");
     }
 
     /// As a set-based run's write of `key` in `table` at `version` takes it in.

@@ -517,10 +517,10 @@ mod tests {
                 None => table.iter().find(|(t, _)| t == id).map(|(_, v)| *v),
             };
             if let Some(v) = version {
-                stored.rows.entry("orders").or_default().insert((*id).to_owned(), v);
+                stored.rows.entry("orders").or_default().insert(*id, v);
             }
             if let Some(v) = fold.aggregate("order", id) {
-                stored.aggregates.insert(("order".to_owned(), (*id).to_owned()), v);
+                stored.aggregates.insert(("order", *id), v);
             }
         }
         let events: Vec<(EventRef<'_>, Effect<'_>)> = batch

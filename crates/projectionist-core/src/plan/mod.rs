@@ -65,13 +65,14 @@ pub enum Effect<'a> {
     Poison,
 }
 
-/// Versions stored when the batch starts, for every key the batch touches (absent: no row).
+/// Versions stored when the batch starts, for every key the batch touches (absent: no row),
+/// keyed by what the batch's events hold (`'k`): nothing copied per key.
 #[derive(Debug, Clone, Default)]
-pub struct Stored {
+pub struct Stored<'k> {
     /// Per gated table name: key → version.
-    pub rows: Map<&'static str, Versions>,
+    pub rows: Map<&'static str, Versions<'k>>,
     /// Per (aggregate type, aggregate id): the aggregate version.
-    pub aggregates: HashMap<(String, String), i64>,
+    pub aggregates: Map<(&'k str, &'k str), i64>,
     /// `None`: parking is off, a gap is [`Outcome::Gap`]. `Some`: a gap parks its aggregate
     /// (unless `gaps_halt`), a poison event dead-letters it; the aggregates of the batch
     /// parked when it starts.
@@ -81,7 +82,7 @@ pub struct Stored {
 }
 
 /// A table's stored versions, by key (looked up for each event of a batch).
-pub type Versions = Map<String, i64>;
+pub type Versions<'k> = Map<&'k str, i64>;
 
 /// A parked aggregate: its events past the version it waits for are held, not applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,7 +245,7 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub fn plan<'a>(
     tables: &[Table],
     types: &dyn TypeRules,
-    stored: &Stored,
+    stored: &Stored<'_>,
     events: &'a [(EventRef<'a>, Effect<'a>)],
 ) -> Result<Plan<'a>, PlanError> {
     plan_rows(tables, types, stored, events, true)
@@ -257,7 +258,7 @@ pub fn plan<'a>(
 pub fn plan_unordered<'a>(
     tables: &[Table],
     types: &dyn TypeRules,
-    stored: &Stored,
+    stored: &Stored<'_>,
     events: &'a [(EventRef<'a>, Effect<'a>)],
 ) -> Result<Plan<'a>, PlanError> {
     plan_rows(tables, types, stored, events, false)

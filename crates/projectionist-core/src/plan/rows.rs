@@ -14,7 +14,7 @@ use crate::table::{check_key, Gate};
 pub(super) fn plan_rows<'a>(
     tables: &[Table],
     types: &dyn TypeRules,
-    stored: &Stored,
+    stored: &Stored<'_>,
     events: &'a [(EventRef<'a>, Effect<'a>)],
     ordered_rows: bool,
 ) -> Result<Plan<'a>, PlanError> {
@@ -61,12 +61,10 @@ type RowKey<'a> = (usize, &'a str, &'a str);
 /// at the end if asked.
 struct Pass<'a, 't> {
     tables: &'t [Table],
-    stored: &'t Stored,
+    stored: &'t Stored<'t>,
     declared: Vec<Declared>,
     /// Per gated table, its stored versions (`stored.rows` by table name, looked up once).
-    stored_rows: Vec<Option<&'t Versions>>,
-    /// The stored aggregate versions, looked up by what the events hold.
-    stored_marks: Map<(&'t str, &'t str), i64>,
+    stored_rows: Vec<Option<&'t Versions<'t>>>,
     /// Where each row's state is in `states`.
     rows: Map<RowKey<'a>, usize>,
     /// The rows' states, in the order the pass first met them.
@@ -93,15 +91,13 @@ struct Pass<'a, 't> {
 }
 
 impl<'a, 't> Pass<'a, 't> {
-    fn new(tables: &'t [Table], types: &dyn TypeRules, stored: &'t Stored, events: usize) -> Self {
+    fn new(tables: &'t [Table], types: &dyn TypeRules, stored: &'t Stored<'t>, events: usize) -> Self {
         let parked_before = stored.parked.iter().flatten().map(|((t, i), p)| ((t.as_str(), i.as_str()), *p)).collect();
-        let stored_marks = stored.aggregates.iter().map(|((t, i), v)| ((t.as_str(), i.as_str()), *v)).collect();
         Pass {
             tables,
             stored,
             declared: tables.iter().map(|t| Declared::of(t, types)).collect(),
             stored_rows: tables.iter().map(|t| stored.rows.get(t.name()).filter(|_| t.is_gated())).collect(),
-            stored_marks,
             // About a row per event: room for them at once, not grown (and rehashed) by doubling.
             rows: Map::with_capacity_and_hasher(events, Default::default()),
             states: Vec::with_capacity(events),
@@ -120,7 +116,7 @@ impl<'a, 't> Pass<'a, 't> {
 
     /// The aggregate version of `key` (type, id) in the pass: where it was stored, where it is.
     fn mark(&mut self, key: (&'a str, &'a str)) -> &mut Moves {
-        let stored_marks = &self.stored_marks;
+        let stored_marks = &self.stored.aggregates;
         self.marks.entry(key).or_insert_with(|| {
             let stored = stored_marks.get(&key).copied();
             (stored, stored)

@@ -3,15 +3,15 @@
 
 use super::*;
 
-pub(super) async fn read_stored(
+pub(super) async fn read_stored<'e>(
     conn: &mut PgConnection,
     projection: &str,
     tables: &[Table],
-    events: &[(EventRef<'_>, Effect<'_>)],
+    events: &[(EventRef<'e>, Effect<'_>)],
     lock: bool,
     fold: Option<&Fold>,
     known: Option<&KnownVersions>,
-) -> Result<Stored> {
+) -> Result<Stored<'e>> {
     let mut stored = Stored::default();
     // `lock`: the per-event path's reads lock the rows, so that a concurrent writer of the
     // same rows waits (or is waited for) rather than making the event try again, in key order,
@@ -21,7 +21,7 @@ pub(super) async fn read_stored(
     // row count the plan did not expect, and the batch falls back to the per-event path.
     let locked = |key: &str| if lock { format!(" ORDER BY {key} FOR UPDATE") } else { String::new() };
     for table in tables.iter().filter(|t| t.is_gated()) {
-        let mut ids: Vec<&str> =
+        let mut ids: Vec<&'e str> =
             events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
         // Rows a fold holds are at the version it says; the others, as the table says. (Asked
         // of the fold first: most keys of a rebuild's batch are there, and only the rest are
@@ -34,7 +34,7 @@ pub(super) async fn read_stored(
                 }
                 match fold.version(table.name(), id) {
                     Some(Some(v)) => {
-                        folded.insert((*id).to_owned(), v);
+                        folded.insert(id, v);
                         false
                     }
                     // Deleted by the fold: no row, whatever the table holds.
@@ -54,13 +54,13 @@ pub(super) async fn read_stored(
             None => {
                 ids.sort_unstable();
                 ids.dedup();
-                folded.extend(read_versions(conn, &select, &ids).await?);
+                read_versions(conn, &select, &ids, &mut folded).await?;
             }
             Some(known) => read_unknown(conn, table.name(), &name, &select, ids, known, &mut folded).await?,
         }
         stored.rows.insert(table.name(), folded);
     }
-    let mut aggregates: Vec<(&str, &str)> = events
+    let mut aggregates: Vec<(&'e str, &'e str)> = events
         .iter()
         .filter(|(e, _)| aggregate_gated(tables, e.aggregate_type))
         .map(|(e, _)| (e.aggregate_type, e.aggregate_id))
@@ -69,7 +69,7 @@ pub(super) async fn read_stored(
     if let Some(fold) = fold {
         aggregates.retain(|&(t, i)| match fold.aggregate(t, i) {
             Some(v) => {
-                stored.aggregates.insert((t.to_owned(), i.to_owned()), v);
+                stored.aggregates.insert((t, i), v);
                 false
             }
             None => true,
@@ -88,11 +88,10 @@ pub(super) async fn read_stored(
         ));
         for of_type in aggregates.chunk_by(|a, b| a.0 == b.0) {
             let aggregate_type = of_type[0].0;
-            let ids: Vec<&str> = of_type.iter().map(|&(_, id)| id).collect();
+            let ids: Vec<&'e str> = of_type.iter().map(|&(_, id)| id).collect();
             let (found, versions): (Vec<String>, Vec<i64>) =
                 sqlx::query_as(&sql).bind(projection).bind(aggregate_type).bind(&ids).fetch_one(&mut *conn).await?;
-            let found = found.into_iter().zip(versions);
-            stored.aggregates.extend(found.map(|(i, v)| ((aggregate_type.to_owned(), i), v)));
+            stored.aggregates.extend(asked(&ids, found, versions).map(|(id, v)| ((aggregate_type, id), v)));
         }
     }
     Ok(stored)
@@ -101,14 +100,14 @@ pub(super) async fn read_stored(
 /// The versions of `ids` in `table` (`name`, read by `select`) into `versions`: those
 /// `known` holds, and the others read (sorted, once each), with the table's file in the same
 /// statement; where the file is not the one the known versions were of, those are read too.
-async fn read_unknown(
+async fn read_unknown<'e>(
     conn: &mut PgConnection,
     table: &'static str,
     name: &Ident,
     select: &str,
-    ids: Vec<&str>,
+    ids: Vec<&'e str>,
     known: &KnownVersions,
-    versions: &mut Versions,
+    versions: &mut Versions<'e>,
 ) -> Result<()> {
     let Lookup { known: hits, mut unknown } = known.lookup(table, ids);
     unknown.sort_unstable();
@@ -116,27 +115,42 @@ async fn read_unknown(
     let sql = in_one_row_after("pg_relation_filenode(to_regclass($2))::bigint, ", select);
     let (file, keys, read): (Option<i64>, Vec<String>, Vec<i64>) =
         sqlx::query_as(&sql).bind(&unknown).bind(name.quoted()).fetch_one(&mut *conn).await?;
-    versions.extend(keys.into_iter().zip(read));
+    versions.extend(asked(&unknown, keys, read));
     if known.same_file(table, file) {
-        for (key, version) in hits {
-            if !versions.contains_key(key) {
-                versions.insert(key.to_owned(), version);
-            }
-        }
+        versions.extend(hits);
     } else if !hits.is_empty() {
         let mut ids: Vec<&str> = hits.into_iter().map(|(k, _)| k).collect();
         ids.sort_unstable();
         ids.dedup();
-        versions.extend(read_versions(conn, select, &ids).await?);
+        read_versions(conn, select, &ids, versions).await?;
     }
     Ok(())
 }
 
-/// The versions `select` reads for `ids` (its `$1`).
-async fn read_versions(conn: &mut PgConnection, select: &str, ids: &[&str]) -> Result<Vec<(String, i64)>> {
-    let (keys, versions): (Vec<String>, Vec<i64>) =
+/// The versions `select` reads for `ids` (its `$1`, sorted) into `versions`.
+async fn read_versions<'e>(
+    conn: &mut PgConnection,
+    select: &str,
+    ids: &[&'e str],
+    versions: &mut Versions<'e>,
+) -> Result<()> {
+    let (keys, read): (Vec<String>, Vec<i64>) =
         sqlx::query_as(&in_one_row(select)).bind(ids).fetch_one(&mut *conn).await?;
-    Ok(keys.into_iter().zip(versions).collect())
+    versions.extend(asked(ids, keys, read));
+    Ok(())
+}
+
+/// The keys a query `found`, each with its version, as the keys of `asked` (sorted) they
+/// are, so that what is stored is keyed by what the batch's events hold. A key found that
+/// is not one asked for (a key column whose equality is not its text's, as `citext`) is left
+/// out, as a version no event's key looks up.
+fn asked<'a, 'e>(
+    asked: &'a [&'e str],
+    found: Vec<String>,
+    versions: Vec<i64>,
+) -> impl Iterator<Item = (&'e str, i64)> + 'a {
+    let found = found.into_iter().zip(versions);
+    found.filter_map(|(key, version)| asked.binary_search(&key.as_str()).ok().map(|at| (asked[at], version)))
 }
 
 /// `select` (of a key and a version, its rows locked as it says) answered as one row of two

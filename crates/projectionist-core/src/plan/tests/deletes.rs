@@ -92,7 +92,7 @@ fn a_deletable_row_deleted_keeps_its_version_in_the_aggregate_version_and_a_late
         (r("a", 2), Effect::Writes(&none)),
     ];
     let mut stored = Stored::default();
-    stored.rows.insert("ledger", Versions::from_iter([("a".to_owned(), 3)]));
+    stored.rows.insert("ledger", Versions::from_iter([("a", 3)]));
     let p = plan(&[LEDGER], &TestTypes, &stored, &events).unwrap();
     assert_eq!(p.outcomes, vec![Outcome::Applied, Outcome::Applied, Outcome::Applied, Outcome::Stale]);
     let rows: Vec<_> = p.rows.iter().map(|r| (r.kind, r.expected, r.version)).collect();

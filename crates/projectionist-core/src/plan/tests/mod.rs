@@ -78,7 +78,7 @@ fn a_value_that_might_be_refused_written_over_names_its_table() {
     let adds = [ACC.write(&env("a", 2)).add("balance", 5)];
     let set = [ACC.write(&env("a", 3)).set("balance", 0)];
     let mut stored = Stored::default();
-    stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
+    stored.rows.insert("acc", Versions::from_iter([("a", 1)]));
     let events = [(r("a", 2), Effect::Writes(&adds)), (r("a", 3), Effect::Writes(&set))];
     assert_eq!(plan(&[ACC], &TestTypes, &stored, &events).unwrap().superseded, vec![ACC], "adds never summed");
 }
@@ -114,7 +114,7 @@ fn coalesces_a_chain_into_one_write_per_row() {
     let old = [ACC.write(&env("b", 2)).add("balance", 1000)];
     let w4 = [ACC.write(&env("b", 5)).add("balance", -5).set("owner", "bob")];
     let mut stored = Stored::default();
-    stored.rows.insert("acc", Versions::from_iter([("b".to_owned(), 3)]));
+    stored.rows.insert("acc", Versions::from_iter([("b", 3)]));
     let events = [
         (r("a", 1), Effect::Writes(&w1)),
         (r("a", 1), Effect::Writes(&w1)),
@@ -174,7 +174,7 @@ fn an_event_moves_only_the_gates_its_aggregate_type_owns() {
 fn an_ignored_event_moves_the_gate_and_a_gap_stops_nothing_else() {
     let w3 = [ACC.write(&env("a", 3)).add("balance", 1)];
     let mut stored = Stored::default();
-    stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
+    stored.rows.insert("acc", Versions::from_iter([("a", 1)]));
     let events = [
         (r("a", 2), Effect::Ignored),
         (r("a", 3), Effect::Writes(&w3)),
@@ -201,14 +201,14 @@ fn a_parking_whose_version_was_applied_elsewhere_resumes_before_the_event() {
     let (b1, a4) = ([ACC.write(&env("b", 1))], [ACC.write(&env("a", 4)).add("balance", 4)]);
     let key = ("account".to_owned(), "a".to_owned());
     let mut stored = Stored::default();
-    stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 2)]));
+    stored.rows.insert("acc", Versions::from_iter([("a", 2)]));
     stored.parked = Some(HashMap::from([(key.clone(), super::Parked { waiting_for: 2, dead_letter: false })]));
     let events = [(r("b", 1), Effect::Writes(&b1)), (r("a", 4), Effect::Writes(&a4))];
     let p = plan(&[ACC], &TestTypes, &stored, &events).unwrap();
     assert_eq!(p.outcomes, vec![Outcome::Applied], "b1, then the plan ends before a4");
     assert_eq!((p.unparked, p.parks), (Some(key.clone()), vec![(key.clone(), None)]));
     // Still waiting (the row at 1): a4 is held as before.
-    stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
+    stored.rows.insert("acc", Versions::from_iter([("a", 1)]));
     let p = plan(&[ACC], &TestTypes, &stored, &events).unwrap();
     assert_eq!((p.outcomes, p.unparked), (vec![Outcome::Applied, Outcome::Parked], None));
 }
@@ -218,7 +218,7 @@ fn with_parking_a_gap_parks_its_aggregate_and_the_awaited_version_ends_the_plan(
     let w = |id: &str, v: i64| vec![ACC.write(&env(id, v)).add("balance", v)];
     let (a2, a3, a4, b1) = (w("a", 2), w("a", 3), w("a", 4), w("b", 1));
     let mut stored = Stored { parked: Some(HashMap::new()), ..Stored::default() };
-    stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 1)]));
+    stored.rows.insert("acc", Versions::from_iter([("a", 1)]));
     let events = [
         (r("a", 3), Effect::Writes(&a3)),
         (r("a", 4), Effect::Writes(&a4)),
@@ -238,7 +238,7 @@ fn with_parking_a_gap_parks_its_aggregate_and_the_awaited_version_ends_the_plan(
     // Parked before the plan, waiting for 5: later versions are held, earlier ones
     // classified as ever; a gap below the awaited version lowers it.
     let mut parked = stored.clone();
-    parked.rows.insert("acc", Versions::from_iter([("a".to_owned(), 2)]));
+    parked.rows.insert("acc", Versions::from_iter([("a", 2)]));
     parked.parked = Some(HashMap::from([(key.clone(), super::Parked { waiting_for: 5, dead_letter: false })]));
     let events = [(r("a", 6), Effect::Ignored), (r("a", 3), Effect::Writes(&a3)), (r("a", 5), Effect::Ignored)];
     let p = plan(&[ACC], &TestTypes, &parked, &events).unwrap();
@@ -272,7 +272,7 @@ fn upserts_skip_versions_and_fan_in_follows_the_aggregate_version() {
     let s2 = [SNAP.write(&env("a", 1)).set("owner", "old"), STATS.row("c1").add("n", 1)];
     let events = [(r("a", 2), Effect::Writes(&s1)), (r("a", 2), Effect::Writes(&s1)), (r("a", 1), Effect::Writes(&s2))];
     let mut stored = Stored::default();
-    stored.aggregates.insert(("account".into(), "a".into()), 1);
+    stored.aggregates.insert(("account", "a"), 1);
     let p = plan(&[SNAP, STATS], &TestTypes, &stored, &events).unwrap();
     assert_eq!(p.outcomes, vec![Outcome::Applied, Outcome::Duplicate, Outcome::Stale]);
     assert_eq!(p.rows.len(), 2);
@@ -346,8 +346,8 @@ fn events_whose_duplicates_could_not_be_told_apart_are_refused() {
 #[test]
 fn gates_that_disagree_and_keys_that_cannot_be_stored_are_errors() {
     let mut stored = Stored::default();
-    stored.rows.insert("acc", Versions::from_iter([("a".to_owned(), 2)]));
-    stored.aggregates.insert(("account".into(), "a".into()), 1);
+    stored.rows.insert("acc", Versions::from_iter([("a", 2)]));
+    stored.aggregates.insert(("account", "a"), 1);
     let err = plan(&[ACC, STATS], &TestTypes, &stored, &[(r("a", 2), Effect::Ignored)]).unwrap_err();
     assert!(err.problem.contains("disagree") && err.disagreement, "{err}");
     let err = plan(&[ACC], &TestTypes, &Stored::default(), &[(r(&"k".repeat(2000), 1), Effect::Ignored)]).unwrap_err();
