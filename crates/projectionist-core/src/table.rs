@@ -120,9 +120,7 @@ impl Table {
     /// copies of one `const` share their text, so each field's address is compared before
     /// its bytes).
     pub fn same(&self, other: &Table) -> bool {
-        fn text(a: &str, b: &str) -> bool {
-            std::ptr::eq(a, b) || a == b
-        }
+        let text = same_text;
         let Self { name, key, version, gate, columns, ddl, owners, deletable, child, key_types } = *other;
         let owners = match (self.owners, owners) {
             (Owners::One(a), Owners::One(b)) => text(a, b),
@@ -324,7 +322,7 @@ impl Table {
 
     /// Whether `column` may be written: the key, or a declared column.
     pub fn has_column(&self, column: &str) -> bool {
-        self.columns.iter().any(|(c, _)| *c == column)
+        self.columns.iter().any(|(c, _)| same_text(c, column))
     }
 
     /// The declared columns: name and SQL type (with its constraints), as [`Table::columns`]
@@ -335,7 +333,7 @@ impl Table {
 
     /// The declared SQL type of `column` (with its constraints), if declared.
     pub fn column_type(&self, column: &str) -> Option<&'static str> {
-        self.columns.iter().find(|(c, _)| *c == column).map(|(_, ty)| *ty)
+        self.columns.iter().find(|(c, _)| same_text(c, column)).map(|(_, ty)| *ty)
     }
 
     /// Every identifier of the declaration (table, key, version, columns), for validation.
@@ -394,6 +392,13 @@ impl Table {
 /// Quotes a `name` or `schema.name` for SQL (validity is checked by the engine).
 pub fn quote(name: &str) -> String {
     name.split('.').map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join(".")
+}
+
+/// Whether two names are the same: by address first (a declaration's names are `'static`
+/// text, shared by every copy of it), then by their bytes. Asked for each value a batch
+/// writes.
+pub(crate) fn same_text(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! folded into it where the result cannot differ.
 
 use super::*;
+use crate::table::same_text;
 use crate::write::Op;
 
 /// A row's writes in the batch: the part that creates it (absolute values) and the part
@@ -30,7 +31,7 @@ pub(super) struct RowState<'a> {
 
 impl<'a> RowState<'a> {
     pub(super) fn column<'p>(part: &'p mut Vec<ColumnWrite<'a>>, column: &'static str) -> &'p mut ColumnWrite<'a> {
-        match part.iter().position(|c| c.column == column) {
+        match part.iter().position(|c| same_text(c.column, column)) {
             Some(i) => &mut part[i],
             None => {
                 part.push(ColumnWrite { column, base: None, deltas: Vec::new() });
@@ -107,7 +108,7 @@ pub(super) fn compose<'a>(
 ) -> (Vec<ColumnWrite<'a>>, Vec<ColumnWrite<'a>>) {
     let mut overwritten = Vec::new();
     for c in rest {
-        match first.iter_mut().find(|f| f.column == c.column) {
+        match first.iter_mut().find(|f| same_text(f.column, c.column)) {
             Some(f) if c.base.is_none() => f.deltas.extend(c.deltas),
             Some(f) => overwritten.push(std::mem::replace(f, c)),
             None => first.push(c),
@@ -136,7 +137,7 @@ pub(super) fn coalesce<'a>(
     rest: Vec<ColumnWrite<'a>>,
     superseded: &mut bool,
 ) -> (Vec<ColumnWrite<'a>>, Vec<ColumnWrite<'a>>) {
-    if rest.iter().any(|c| c.base.is_none() && !first.iter().any(|f| f.column == c.column)) {
+    if rest.iter().any(|c| c.base.is_none() && !first.iter().any(|f| same_text(f.column, c.column))) {
         return (first, rest);
     }
     // An insert without a value for a NOT NULL column that has no default is refused alone,
@@ -145,7 +146,7 @@ pub(super) fn coalesce<'a>(
         return (first, rest);
     }
     for c in rest {
-        match first.iter_mut().find(|f| f.column == c.column) {
+        match first.iter_mut().find(|f| same_text(f.column, c.column)) {
             Some(f) if c.base.is_none() => {
                 *superseded |= f.is_chained_by_an_add(declared);
                 f.deltas.extend(c.deltas)

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::table::Table;
+use crate::table::{same_text, Table};
 
 /// A database's column types: what a column's declaration says of the values the database
 /// takes in it ([`ColumnValues`]). Implemented by the database's crate
@@ -119,7 +119,7 @@ impl Declared {
     }
 
     pub(crate) fn column(&self, column: &str) -> &dyn ColumnValues {
-        self.0.iter().find(|(name, _)| *name == column).map_or(&Undeclared, |(_, values)| values.as_ref())
+        self.0.iter().find(|(name, _)| same_text(name, column)).map_or(&Undeclared, |(_, values)| values.as_ref())
     }
 
     /// The columns a row cannot be inserted without: `NOT NULL` with no default.

@@ -2,7 +2,7 @@
 //! version) and the checks of a write against the projection's declarations.
 
 use super::*;
-use crate::table::{check_key, Gate};
+use crate::table::{check_key, same_text, Gate};
 use crate::write::{Target, Write};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +144,7 @@ fn check_changes(write: &Write) -> Result<(), String> {
         if !write.table.has_column(change.column) {
             return Err(format!("table {name} declares no column {:?}", change.column));
         }
-        if write.changes[..i].iter().any(|c| c.column == change.column) {
+        if write.changes[..i].iter().any(|c| same_text(c.column, change.column)) {
             return Err(format!("table {name}: column {} is changed twice by one write", change.column));
         }
         if change.op == Op::Add {
