@@ -2,7 +2,7 @@
 //! partitions and the outage watch all count into.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use projectionist_core::OutcomeCounts;
@@ -39,6 +39,10 @@ pub struct Stats {
     pub ignored_types: Mutex<BTreeMap<String, u64>>,
     /// Batches committed.
     pub batches: AtomicU64,
+    /// A batch changed the parking since the parking gauges were last counted: the runner
+    /// counts them on its next tick (a count per batch cost PostgreSQL a scan of the held
+    /// events each time).
+    pub(crate) parking_changed: AtomicBool,
     /// Halted partitions and why.
     pub halts: Mutex<Vec<String>>,
     /// Partitions halted in this process: they stay halted when assigned again.

@@ -312,7 +312,7 @@ impl Partition {
         }
         self.stats.drained.fetch_add(counts.drained, std::sync::atomic::Ordering::Relaxed);
         self.stats.dead_letters.fetch_add(counts.dead_letters, std::sync::atomic::Ordering::Relaxed);
-        m::parked_now(&self.pool, self.name());
+        self.stats.parking_changed.store(true, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!(m::EVENTS_DRAINED, "projection" => projection.clone()).increment(counts.drained);
         metrics::counter!(m::AGGREGATES_PARKED, "projection" => projection.clone()).increment(counts.parked);
         metrics::counter!(m::AGGREGATES_RESUMED, "projection" => projection).increment(counts.resumed);

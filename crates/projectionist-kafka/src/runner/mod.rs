@@ -150,6 +150,10 @@ impl Runner {
                     }
                 }
                 _ = tick.tick() => {
+                    // The parking gauges, counted at most once a tick whatever the batches did.
+                    if self.stats.parking_changed.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        crate::metrics::parked_now(&self.pool, self.projection.name());
+                    }
                     self.warn_while_unassigned();
                     if self.stop_caught_up() {
                         break;
