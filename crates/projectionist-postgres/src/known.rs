@@ -173,8 +173,9 @@ impl KnownVersions {
         inner.off = true;
     }
 
-    /// Splits `keys` of `table` into those whose version is known (written by this
-    /// transaction, or by committed ones) and those to read.
+    /// Splits `keys` of `table` (as a batch's events hold them: a key may come more than
+    /// once) into those whose version is known (written by this transaction, or by committed
+    /// ones) and those to read.
     pub(crate) fn lookup<'k>(&self, table: &'static str, keys: Vec<&'k str>) -> Lookup<'k> {
         let inner = self.inner();
         let Some(known) = inner.tables.get(table).filter(|_| !inner.off) else {
@@ -212,8 +213,10 @@ impl KnownVersions {
             return;
         }
         let gated = rows.iter().filter(|r| r.table.is_gated() && r.child.is_none());
-        // A plan's rows come table by table: each table's versions looked up once per run.
-        for run in gated.collect::<Vec<_>>().chunk_by(|a, b| a.table.same(&b.table)) {
+        // A plan's rows come table by table: each table's versions looked up once per run
+        // (told apart by their names' address: at worst a run split in two, looked up twice).
+        let same_table = |a: &&RowWrite<'_>, b: &&RowWrite<'_>| std::ptr::eq(a.table.name(), b.table.name());
+        for run in gated.collect::<Vec<_>>().chunk_by(same_table) {
             let known = inner.tables.entry(run[0].table.name()).or_default();
             for row in run {
                 let version = match row.kind {

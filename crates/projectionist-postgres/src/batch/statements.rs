@@ -49,14 +49,18 @@ pub(super) struct Shape {
 }
 
 impl Shape {
-    /// Whether `other` is this shape (`==`, asked for every row written: a column's name is
-    /// its declaration's text, so its address is compared before its bytes).
+    /// Whether `other` is this shape (`==`, asked for every row written).
     fn same(&self, other: &Shape) -> bool {
-        let name = |a: &str, b: &str| std::ptr::eq(a, b) || a == b;
         self.kind == other.kind
             && self.columns.len() == other.columns.len()
-            && self.columns.iter().zip(&other.columns).all(|((a, x), (b, y))| x == y && name(a, b))
+            && self.columns.iter().zip(&other.columns).all(|((a, x), (b, y))| x == y && same_name(a, b))
     }
+}
+
+/// Whether two names of a declaration are the same: by address first (they are its
+/// `'static` text), then by their bytes.
+fn same_name(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
 }
 
 /// Row writes grouped by table, shape and the way their rows travel (see [`rows`](super::rows)),
@@ -71,8 +75,7 @@ pub(super) fn group<'r, 'a: 'r>(rows: impl IntoIterator<Item = &'r RowWrite<'a>>
     for row in rows {
         rows::fields(row, &mut fields, &mut shape);
         let table = row.table.name();
-        let kind = match kinds.iter().position(|(t, s, ..)| (std::ptr::eq(*t, table) || *t == table) && s.same(&shape))
-        {
+        let kind = match kinds.iter().position(|(t, s, ..)| same_name(t, table) && s.same(&shape)) {
             Some(k) => &mut kinds[k],
             None => {
                 kinds.push((table, shape.clone(), Inputs::of(&row.table, &fields), [None; 2]));
