@@ -23,6 +23,7 @@ mod pending;
 use std::collections::HashMap;
 
 use crate::plan::{AggregateWrite, ColumnWrite, Declared, Plan, RowKind, RowWrite, TypeRules};
+use crate::table::same_text;
 use crate::{Outcome, Table};
 use pending::Pending;
 
@@ -151,7 +152,7 @@ impl Fold {
     }
 
     fn held(&self, table: &str) -> Option<&Held> {
-        self.tables.iter().find(|h| same_name(h.name, table))
+        self.tables.iter().find(|h| same_text(h.name, table))
     }
 
     fn get(&self, table: &Table, key: &str, child: Option<&str>) -> Option<&Pending> {
@@ -197,7 +198,7 @@ impl Fold {
     /// columns take the values `types` says, as planned.
     pub fn absorb(&mut self, tables: &[Table], types: &dyn TypeRules, plan: &Plan<'_>) -> bool {
         let declared: Vec<(Table, Declared)> = tables.iter().map(|t| (*t, Declared::of(t, types))).collect();
-        let declared = |table: &Table| declared.iter().find(|(t, _)| t.name() == table.name()).map(|(_, d)| d);
+        let declared = |table: &Table| declared.iter().find(|(t, _)| same_text(t.name(), table.name())).map(|(_, d)| d);
         if !self.admits(plan, &declared) {
             return false;
         }
@@ -320,7 +321,7 @@ impl Fold {
     /// Folds one admitted row write in.
     fn take(&mut self, declared: &Declared, row: &RowWrite<'_>) {
         let name = row.table.name();
-        let i = match self.tables.iter().position(|h| same_name(h.name, name)) {
+        let i = match self.tables.iter().position(|h| same_text(h.name, name)) {
             Some(i) => i,
             None => {
                 let (rows, families) = (HashMap::default(), HashMap::default());
@@ -482,12 +483,6 @@ fn values_fold(declared: &Declared, row: &RowWrite<'_>) -> bool {
     let creates = matches!(row.kind, RowKind::Insert | RowKind::Merge);
     row.columns.iter().all(fits)
         && !(creates && declared.required().any(|r| !row.columns.iter().any(|c| c.column == r)))
-}
-
-/// Whether two table names are the same: most often the same `&'static str`, compared by
-/// address without reading it.
-fn same_name(a: &str, b: &str) -> bool {
-    std::ptr::eq(a, b) || a == b
 }
 
 #[cfg(test)]
