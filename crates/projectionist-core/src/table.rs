@@ -39,7 +39,7 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub fn check_key(what: &str, key: &str) -> Result<(), String> {
     if key.len() > MAX_KEY_BYTES {
         Err(format!("{what} is {} bytes long, longer than the {MAX_KEY_BYTES} bytes a key may have", key.len()))
-    } else if key.contains('\0') {
+    } else if key.as_bytes().contains(&0) {
         Err(format!("{what} holds a NUL character (\\u0000), which PostgreSQL text cannot store"))
     } else {
         Ok(())

@@ -13,7 +13,7 @@ mod decoder;
 mod wire;
 
 pub use decoder::EventDecoder;
-use wire::{from_slice, json_kind, Checked, Wire};
+use wire::{from_slice, json_kind, lazy_from_slice, Checked, Wire};
 
 /// An envelope whose payload is still JSON: every envelope field has been validated,
 /// the event type has not yet been matched against a projection's event enum.
@@ -231,7 +231,7 @@ impl LazyEnvelope {
     /// Decodes and validates an envelope from JSON bytes, as [`RawEnvelope::from_slice`]
     /// does (same errors), keeping `data` as text.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let c: Checked<Box<RawValue>> = from_slice(bytes)?;
+        let c = lazy_from_slice(bytes)?;
         let (id, aggregate_type, aggregate_id, version) = (c.id, c.aggregate_type, c.aggregate_id, c.version);
         let (event_type, occurred_at, data, metadata) = (c.event_type, c.occurred_at, c.data, c.metadata);
         Ok(Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
@@ -341,6 +341,55 @@ mod tests {
             let from_tree = decoder.event(event_type, serde_json::from_str(text).unwrap()).map_err(|e| e.to_string());
             assert_eq!(from_text, from_tree, "{event_type} {text}");
         }
+    }
+
+    /// A lazy envelope is read first as producers write envelopes, then, failing that, field
+    /// by field: whichever way, it is what the field-by-field reading gives, or fails as it
+    /// fails, whatever each field holds.
+    #[test]
+    fn a_lazy_envelope_reads_every_field_as_the_checked_reading_does() {
+        let json = |t: &str| -> Value { serde_json::from_str(t).unwrap() };
+        let any = ["null", "true", "7", "1.5", "\"\"", "\" \"", "[1]", "{}", "{\"a\": 1}"];
+        let mut fields: Vec<(&str, Vec<Value>)> = vec![
+            ("id", vec![json("\"6F1C2D9E8A6B4C1E9D0A2B3C4D5E6F70\""), json("\"6f1c2d9e-8a6b-4c1e-9d0a\"")]),
+            ("aggregate_type", vec![json("\"acc\\u0000\""), json("\"acc\\u0001\""), json("\"a\\\"b\"")]),
+            (
+                "aggregate_id",
+                vec!["k".repeat(crate::MAX_KEY_BYTES).into(), "k".repeat(crate::MAX_KEY_BYTES + 1).into()],
+            ),
+            ("version", vec![0.into(), (-1).into(), 1.into(), u64::MAX.into(), json("\"3\""), json("3.0")]),
+            ("type", vec![json("\"\\t\""), json("\"Dep\\u00e9sited\"")]),
+            ("occurred_at", vec![json("\"2026-11-21T12:00:00+02:00\""), json("\"2026-11-21\"")]),
+            ("data", vec![json("{\"amount\": \"\\u00e9\"}")]),
+            ("metadata", vec![json("{\"trace\": {\"a\": [1]}}")]),
+            ("extra", vec![]),
+        ];
+        for (_, values) in &mut fields {
+            values.extend(any.iter().map(|t| json(t)));
+        }
+        let mut texts: Vec<Vec<u8>> = vec![
+            b" \n{\"id\": 1}".to_vec(),
+            b"[\"6f1c2d9e-8a6b-4c1e-9d0a-2b3c4d5e6f70\", \"account\"]".to_vec(),
+            serde_json::to_string(&good()).unwrap().replacen('{', "{\"version\": 2, ", 1).into_bytes(),
+        ];
+        for (field, values) in &fields {
+            let mut absent = good();
+            absent.as_object_mut().unwrap().remove(*field);
+            texts.push(serde_json::to_vec(&absent).unwrap());
+            for value in values {
+                let mut v = good();
+                v[*field] = value.clone();
+                texts.push(serde_json::to_vec(&v).unwrap());
+            }
+        }
+        let mut taken = 0;
+        for text in &texts {
+            let lazy = LazyEnvelope::from_slice(text).map(LazyEnvelope::into_raw).map_err(|e| e.to_string());
+            let checked = RawEnvelope::from_slice(text).map_err(|e| e.to_string());
+            assert_eq!(lazy, checked, "{}", String::from_utf8_lossy(text));
+            taken += usize::from(checked.is_ok());
+        }
+        assert!(taken > 10 && taken + 10 < texts.len(), "{taken} of {} taken", texts.len());
     }
 
     fn err_with(f: impl FnOnce(&mut Map<String, Value>)) -> String {

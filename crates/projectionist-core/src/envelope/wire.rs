@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use chrono::{DateTime, Utc};
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -33,6 +34,62 @@ pub(super) fn from_slice<'a, D: Deserialize<'a>>(bytes: &'a [u8]) -> Result<Chec
             Ok(value) => Err(DecodeError::NotAnObject(json_kind(&value))),
             Err(e) => Err(DecodeError::Json(e.to_string())),
         },
+    }
+}
+
+/// Decodes and validates an envelope from JSON bytes, its data kept as its JSON text: first
+/// as producers write envelopes ([`Plain`]), then, for one that does not read so, as
+/// [`from_slice`] does, which names the problem (or takes what `Plain` does not: escapes).
+pub(super) fn lazy_from_slice(bytes: &[u8]) -> Result<Checked<Box<RawValue>>, DecodeError> {
+    let plain = std::str::from_utf8(bytes)
+        .ok()
+        .filter(|text| text.trim_ascii_start().starts_with('{'))
+        .and_then(|text| serde_json::from_str::<Plain<'_>>(text).ok())
+        .and_then(Plain::checked);
+    match plain {
+        Some(checked) => Ok(checked),
+        None => from_slice(bytes),
+    }
+}
+
+/// An envelope read straight into its fields, each of the kind it must be, its strings
+/// without escapes (borrowed from the bytes): how producers write them. Cheaper than
+/// [`Wire`], which reads each field as whatever JSON it is so as to name what is wrong; an
+/// envelope this does not take, or that [`Plain::checked`] refuses, is read again by it.
+#[derive(serde::Deserialize)]
+struct Plain<'a> {
+    id: &'a str,
+    aggregate_type: &'a str,
+    aggregate_id: &'a str,
+    version: i64,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    occurred_at: &'a str,
+    #[serde(borrow)]
+    data: &'a RawValue,
+    #[serde(borrow, default)]
+    metadata: Option<&'a RawValue>,
+}
+
+impl Plain<'_> {
+    /// The envelope if [`Wire::validate`] would take it as it is (`None`: let it say why not).
+    fn checked(self) -> Option<Checked<Box<RawValue>>> {
+        let key = |s: &str| (!s.trim().is_empty() && crate::check_key("", s).is_ok()).then(|| s.to_owned());
+        let metadata = match self.metadata {
+            None => None,
+            Some(m) if m.get().starts_with('{') => Some(serde_json::from_str(m.get()).ok()?),
+            Some(_) => return None,
+        };
+        Some(Checked {
+            id: Uuid::parse_str(self.id).ok()?,
+            aggregate_type: key(self.aggregate_type)?,
+            aggregate_id: key(self.aggregate_id)?,
+            version: Some(self.version).filter(|&v| v >= 1)?,
+            event_type: Some(self.event_type).filter(|t| !t.trim().is_empty())?.to_owned(),
+            occurred_at: DateTime::parse_from_rfc3339(self.occurred_at).ok()?.with_timezone(&Utc),
+            data: self.data.to_owned(),
+            metadata,
+        })
     }
 }
 
