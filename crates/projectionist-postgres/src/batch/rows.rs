@@ -233,9 +233,13 @@ impl Array {
             Field::Key(Some(s)) => self.text(|b| b.extend_from_slice(s.as_bytes())),
             Field::Value(Value::String(s)) => self.text(|b| b.extend_from_slice(s.as_bytes())),
             Field::Value(Value::Bool(b)) => self.text(|out| out.extend_from_slice(if *b { b"true" } else { b"false" })),
-            Field::Value(Value::Number(n)) => self.text(|b| write!(b, "{n}").expect("writing to a Vec")),
-            Field::Total(n) => self.text(|b| write!(b, "{n}").expect("writing to a Vec")),
-            Field::Sum(n) => self.text(|b| write!(b, "{n}").expect("writing to a Vec")),
+            Field::Value(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => self.text(|b| decimal(b, i.into())),
+                (_, Some(u)) => self.text(|b| decimal(b, u.into())),
+                _ => self.text(|b| write!(b, "{n}").expect("writing to a Vec")),
+            },
+            Field::Total(n) => self.text(|b| decimal(b, n.into())),
+            Field::Sum(n) => self.text(|b| decimal(b, n)),
             // Never sent as arrays (see `as_arrays`).
             Field::Value(v @ (Value::Array(_) | Value::Object(_))) => {
                 self.text(|b| serde_json::to_writer(b, v).expect("a JSON value always serialises"))
@@ -288,6 +292,28 @@ impl sqlx::Encode<'_, Postgres> for Array {
     fn size_hint(&self) -> usize {
         20 + self.bytes.len()
     }
+}
+
+/// `n` in decimal, as `{n}` writes it, without the formatting machinery (an integer field
+/// of every row goes so).
+fn decimal(out: &mut Vec<u8>, n: i128) {
+    let Ok(mut rest) = u64::try_from(n.unsigned_abs()) else {
+        return write!(out, "{n}").expect("writing to a Vec");
+    };
+    let mut digits = [0_u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b"0123456789"[(rest % 10) as usize];
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// A row's fields as the JSON object `jsonb_populate_record` reads: key, base values,
@@ -386,6 +412,22 @@ mod tests {
         ("d", "numeric(6,2)"),
         ("j", "jsonb"),
     ];
+    /// Integers in decimal as `{n}` writes them, at every length and both ends of each range.
+    #[test]
+    fn decimal_writes_integers_as_display_does() {
+        let mut cases: Vec<i128> = vec![0, i128::MIN, i128::MAX, i64::MIN.into(), u64::MAX.into()];
+        let mut ten: i128 = 1;
+        for _ in 0..=38 {
+            cases.extend([ten - 1, ten, ten + 1, -ten + 1, -ten, -ten - 1, ten.saturating_mul(7)]);
+            ten = ten.saturating_mul(10);
+        }
+        for n in cases {
+            let mut out = b"x".to_vec();
+            decimal(&mut out, n);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("x{n}"));
+        }
+    }
+
     const BY_JSON: Table = Table::upsert("by_json", "id").columns(COLUMNS);
     const BY_ARRAYS: Table = Table::upsert("by_arrays", "id").columns(COLUMNS);
 

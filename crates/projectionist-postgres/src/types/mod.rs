@@ -98,7 +98,7 @@ impl TextInput {
 
     /// Whether the string `s` is taken as [`TextInput::takes`] says.
     pub(crate) fn takes_str(&self, s: &str) -> bool {
-        matches!(self.known, Some(Known::Text | Known::Timestamptz | Known::Uuid)) && !s.contains('\0')
+        matches!(self.known, Some(Known::Text | Known::Timestamptz | Known::Uuid)) && !s.as_bytes().contains(&0)
     }
 
     /// The type the column's text is cast to (`bigint`, `text`, …): for a declaration of one
@@ -280,7 +280,7 @@ impl ColumnValues for ColumnType {
         if self.constrained {
             return false;
         }
-        let no_nul = |s: &str| !s.contains('\0');
+        let no_nul = |s: &str| !s.as_bytes().contains(&0);
         match (self.known, value) {
             (Some(Known::Text), Value::String(s)) => no_nul(s),
             (Some(Known::Text), Value::Number(_) | Value::Bool(_)) => true,
