@@ -166,9 +166,15 @@ impl Fold {
     /// The version row `key` of gated `table` has once what is held is written: `Some(None)`
     /// when the fold deletes it; `None` when the fold holds no write of it (the table tells).
     pub fn version(&self, table: &str, key: &str) -> Option<Option<i64>> {
-        match self.held(table).and_then(|h| h.rows.get(key)).and_then(Pending::state) {
+        self.versions(table)(key)
+    }
+
+    /// [`Fold::version`] of `table`'s rows, the table looked up once for a batch's keys.
+    pub fn versions(&self, table: &str) -> impl Fn(&str) -> Option<Option<i64>> + '_ {
+        let (held, known) = (self.held(table), self.known.rows.get(table));
+        move |key| match held.and_then(|h| h.rows.get(key)).and_then(Pending::state) {
             Some(state) => Some(state),
-            None => self.known.rows.get(table)?.get(key).copied(),
+            None => known?.get(key).copied(),
         }
     }
 

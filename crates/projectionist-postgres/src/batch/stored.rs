@@ -1,6 +1,8 @@
 //! The versions a batch is planned against, read in bulk (locking the rows only for the
 //! per-event path), and the aggregate versions it moves, written.
 
+use std::collections::hash_map::Entry;
+
 use super::*;
 
 pub(super) async fn read_stored<'e>(
@@ -28,19 +30,18 @@ pub(super) async fn read_stored<'e>(
         // sorted for the query.)
         let mut folded = Versions::default();
         if let Some(fold) = fold {
-            ids.retain(|id| {
-                if folded.contains_key(*id) {
-                    return false;
-                }
-                match fold.version(table.name(), id) {
+            let version = fold.versions(table.name());
+            ids.retain(|&id| match folded.entry(id) {
+                Entry::Occupied(_) => false,
+                Entry::Vacant(slot) => match version(id) {
                     Some(Some(v)) => {
-                        folded.insert(id, v);
+                        slot.insert(v);
                         false
                     }
                     // Deleted by the fold: no row, whatever the table holds.
                     Some(None) => false,
                     None => true,
-                }
+                },
             });
         }
         if ids.is_empty() || fold.is_some_and(Fold::knows_all) {
