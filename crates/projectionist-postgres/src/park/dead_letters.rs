@@ -1,10 +1,12 @@
-//! Dead letters as stored: read for the commands that list, show, retry and discard them,
-//! and the discarded ones a replay meets again.
+//! Dead letters as stored: a batch's stored (in one statement), read for the commands that
+//! list, show, retry and discard them, and the discarded ones a replay meets again.
+
+use std::collections::HashMap;
 
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use super::Source;
+use super::{headers_json, DeadLetter, Source};
 use crate::Result;
 
 /// A dead letter, as stored.
@@ -111,4 +113,192 @@ pub(crate) async fn discarded(
     .fetch_all(&mut *conn)
     .await?;
     Ok(indexes.into_iter().zip(offsets).filter(|(_, o)| found.contains(o)).map(|(i, _)| i).collect())
+}
+
+/// Each dead letter's id, and the dead letter each aggregate is parked behind (its id and
+/// error), by aggregate.
+pub(super) type Behind<'a> = HashMap<(&'a str, &'a str), (i64, &'a str)>;
+
+/// Stores `dead` (a dead letter met again counts an attempt more): their ids, and which
+/// aggregates they park.
+pub(super) async fn insert<'a>(
+    conn: &mut PgConnection,
+    projection: &str,
+    dead: &'a [DeadLetter<'a>],
+) -> Result<(Vec<i64>, Behind<'a>)> {
+    let letter_ids = match dead {
+        [] => Vec::new(),
+        [one] => vec![insert_dead_letter(conn, projection, one).await?],
+        _ => match insert_dead_letter_set(conn, projection, dead).await? {
+            Some(ids) => ids,
+            None => {
+                let mut ids = Vec::with_capacity(dead.len());
+                for d in dead {
+                    ids.push(insert_dead_letter(conn, projection, d).await?);
+                }
+                ids
+            }
+        },
+    };
+    let mut behind: Behind<'a> = HashMap::new();
+    for (d, &id) in dead.iter().zip(&letter_ids) {
+        if let Some((t, i, _)) = d.aggregate {
+            behind.insert((t, i), (id, d.error.as_str()));
+        }
+    }
+    Ok((letter_ids, behind))
+}
+
+const DEAD_LETTER_CONFLICT: &str = "ON CONFLICT (projection, topic, partition, \"offset\") DO UPDATE \
+     SET attempts = projectionist_dead_letters.attempts + 1, last_seen = now(), error = EXCLUDED.error";
+
+/// Stores one dead letter: its id.
+async fn insert_dead_letter(conn: &mut PgConnection, projection: &str, d: &DeadLetter<'_>) -> Result<i64> {
+    let (names, values): (Vec<&str>, Vec<Option<&[u8]>>) =
+        d.headers.iter().map(|(n, v)| (n.as_str(), v.as_deref())).unzip();
+    let (aggregate_type, aggregate_id, version) =
+        d.aggregate.map_or((None, None, None), |(t, i, v)| (Some(t), Some(i), Some(v)));
+    Ok(sqlx::query_scalar(&format!(
+        "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", key, payload, \
+         header_names, header_values, aggregate_type, aggregate_id, version, reason, error) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) {DEAD_LETTER_CONFLICT} RETURNING id"
+    ))
+    .bind(projection)
+    .bind(d.topic)
+    .bind(d.partition)
+    .bind(d.offset)
+    .bind(d.key)
+    .bind(d.payload)
+    .bind(&names)
+    .bind(&values)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .bind(version)
+    .bind(d.reason)
+    .bind(&d.error)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// Stores a batch's dead letters in one statement: their ids, in their order. `None` (nothing
+/// stored) where their places do not tell them apart: an offset missing or met twice.
+async fn insert_dead_letter_set(
+    conn: &mut PgConnection,
+    projection: &str,
+    dead: &[DeadLetter<'_>],
+) -> Result<Option<Vec<i64>>> {
+    let place = |d: &DeadLetter<'_>| Some((d.topic.to_owned(), d.partition, d.offset?));
+    let Some(places) = dead.iter().map(place).collect::<Option<Vec<_>>>() else { return Ok(None) };
+    let mut distinct = places.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() < places.len() {
+        return Ok(None);
+    }
+    let types: Vec<Option<&str>> = dead.iter().map(|d| d.aggregate.map(|a| a.0)).collect();
+    let ids: Vec<Option<&str>> = dead.iter().map(|d| d.aggregate.map(|a| a.1)).collect();
+    let topics: Vec<&str> = dead.iter().map(|d| d.topic).collect();
+    let reasons: Vec<&str> = dead.iter().map(|d| d.reason).collect();
+    let errors: Vec<&str> = dead.iter().map(|d| d.error.as_str()).collect();
+    let partitions: Vec<i32> = dead.iter().map(|d| d.partition).collect();
+    let offsets: Vec<Option<i64>> = dead.iter().map(|d| d.offset).collect();
+    let versions: Vec<Option<i64>> = dead.iter().map(|d| d.aggregate.map(|a| a.2)).collect();
+    let keys: Vec<Option<&[u8]>> = dead.iter().map(|d| d.key).collect();
+    let payloads: Vec<&[u8]> = dead.iter().map(|d| d.payload).collect();
+    let headers: Vec<serde_json::Value> = dead.iter().map(|d| headers_json(d.headers)).collect();
+    // Each header list as its JSON (`[[name, hex or null], …]`), read back in order.
+    let header =
+        |part: &str| format!("ARRAY(SELECT {part} FROM jsonb_array_elements(h) WITH ORDINALITY AS e(x, n) ORDER BY n)");
+    let stored: Vec<(i64, String, i32, i64)> = sqlx::query_as(&format!(
+        "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", key, payload, \
+         header_names, header_values, aggregate_type, aggregate_id, version, reason, error) \
+         SELECT $1, tp, pa, o, k, p, {}::text[], {}::bytea[], t, i, v, r, e \
+         FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::jsonb[], $8::text[], \
+         $9::text[], $10::bigint[], $11::text[], $12::text[]) AS a(tp, pa, o, k, p, h, t, i, v, r, e) \
+         {DEAD_LETTER_CONFLICT} RETURNING id, topic, partition, \"offset\"",
+        header("x->>0"),
+        header("decode(x->>1, 'hex')"),
+    ))
+    .bind(projection)
+    .bind(&topics)
+    .bind(&partitions)
+    .bind(&offsets)
+    .bind(&keys)
+    .bind(&payloads)
+    .bind(&headers)
+    .bind(&types)
+    .bind(&ids)
+    .bind(&versions)
+    .bind(&reasons)
+    .bind(&errors)
+    .fetch_all(&mut *conn)
+    .await?;
+    let by_place: HashMap<(String, i32, i64), i64> = stored.into_iter().map(|(id, t, p, o)| ((t, p, o), id)).collect();
+    let letter_ids = places.iter().map(|place| by_place.get(place).copied()).collect::<Option<Vec<i64>>>();
+    Ok(Some(letter_ids.expect("a dead letter stored at each place")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::park::Headers;
+
+    /// A batch's dead letters stored in one statement are stored as one at a time stores
+    /// them (headers' bytes, empty and absent values, with an aggregate and without), each
+    /// given its own id in order; met again, they count an attempt more under the same ids.
+    #[sqlx::test(migrations = false)]
+    async fn dead_letters_stored_together_are_stored_as_one_by_one(pool: PgPool) {
+        crate::migrate::engine(&pool).await.expect("the engine's tables");
+        let headers: Vec<Headers> = vec![
+            vec![("trace".into(), Some(vec![0, 255, 16, b'a'])), ("empty".into(), Some(vec![])), ("none".into(), None)],
+            vec![],
+            vec![("b".into(), Some(b"2".to_vec())), ("a".into(), Some(b"1".to_vec()))],
+        ];
+        let letters = |topic: &'static str| -> Vec<DeadLetter<'_>> {
+            headers
+                .iter()
+                .enumerate()
+                .map(|(n, h)| DeadLetter {
+                    aggregate: (n != 1).then_some(("account", if n == 0 { "a" } else { "c" }, n as i64 + 1)),
+                    topic,
+                    partition: 2,
+                    offset: Some(10 - n as i64),
+                    key: (n != 2).then_some(b"k".as_slice()),
+                    payload: if n == 1 { b"" } else { b"{\"x\": 1}" },
+                    headers: h,
+                    reason: "data",
+                    error: format!("error {n}"),
+                })
+                .collect()
+        };
+        let mut conn = pool.acquire().await.expect("a connection");
+        let (together, apart) = (letters("together"), letters("apart"));
+        let ids = insert_dead_letter_set(&mut conn, "p", &together).await.unwrap().expect("distinct places");
+        let mut one_by_one = Vec::new();
+        for d in &apart {
+            one_by_one.push(insert_dead_letter(&mut conn, "p", d).await.unwrap());
+        }
+        let stored = dead_letters(&pool, Some("p"), false).await.unwrap();
+        let of = |topic: &str, ids: &[i64]| -> Vec<StoredDeadLetter> {
+            let by_id = |id: &i64| stored.iter().find(|d| d.id == *id && d.topic == topic).cloned().unwrap();
+            // What may differ: where and when each was stored.
+            let at = DateTime::<Utc>::UNIX_EPOCH;
+            let unplaced = |d| StoredDeadLetter { id: 0, topic: String::new(), first_seen: at, last_seen: at, ..d };
+            ids.iter().map(by_id).map(unplaced).collect()
+        };
+        let (together_rows, apart_rows) = (of("together", &ids), of("apart", &one_by_one));
+        assert_eq!(together_rows, apart_rows);
+        assert_eq!(together_rows[0].header_values, vec![Some(vec![0, 255, 16, b'a']), Some(vec![]), None]);
+        assert_eq!(together_rows[2].header_names, vec!["b", "a"]);
+        assert_eq!(together_rows.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![Some(10), Some(9), Some(8)]);
+        let again = insert_dead_letter_set(&mut conn, "p", &together).await.unwrap().expect("distinct places");
+        assert_eq!(again, ids);
+        let stored = dead_letters(&pool, Some("p"), false).await.unwrap();
+        assert!(stored.iter().filter(|d| d.topic == "together").all(|d| d.attempts == 2));
+        let mut twice = letters("twice");
+        twice[1].offset = Some(10);
+        assert_eq!(insert_dead_letter_set(&mut conn, "p", &twice).await.unwrap(), None, "an offset met twice");
+        twice[1].offset = None;
+        assert_eq!(insert_dead_letter_set(&mut conn, "p", &twice).await.unwrap(), None, "an offset missing");
+    }
 }

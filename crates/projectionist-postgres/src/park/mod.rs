@@ -14,6 +14,7 @@ use crate::Result;
 
 mod dead_letters;
 mod resolve;
+use dead_letters::Behind;
 pub use dead_letters::{dead_letter, dead_letters, dead_letters_by_id, StoredDeadLetter};
 pub(crate) use dead_letters::{discarded, DEAD_LETTER_COLUMNS};
 pub use resolve::{resolve, resume_stale, skip_gap, Resolve, Resolved};
@@ -291,62 +292,13 @@ pub(crate) async fn save(
     dead: &[DeadLetter<'_>],
 ) -> Result<Vec<i64>> {
     // The dead letters first: the aggregates parked behind them name them.
-    let (letter_ids, behind) = insert_dead_letters(conn, projection, dead).await?;
+    let (letter_ids, behind) = dead_letters::insert(conn, projection, dead).await?;
     save_parked(conn, projection, source, parks, &behind).await?;
     insert_held(conn, projection, source, hold).await?;
     if !drained.is_empty() {
         sqlx::query("DELETE FROM projectionist_held WHERE id = ANY($1)").bind(drained).execute(&mut *conn).await?;
     }
     Ok(letter_ids)
-}
-
-/// Each dead letter's id, and the dead letter each aggregate is parked behind (its id and
-/// error), by aggregate.
-type Behind<'a> = HashMap<(&'a str, &'a str), (i64, &'a str)>;
-
-/// Stores `dead` (a dead letter met again counts an attempt more): their ids, and which
-/// aggregates they park.
-async fn insert_dead_letters<'a>(
-    conn: &mut PgConnection,
-    projection: &str,
-    dead: &'a [DeadLetter<'a>],
-) -> Result<(Vec<i64>, Behind<'a>)> {
-    let mut behind: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
-    let mut letter_ids = Vec::with_capacity(dead.len());
-    for d in dead {
-        let (names, values): (Vec<&str>, Vec<Option<&[u8]>>) =
-            d.headers.iter().map(|(n, v)| (n.as_str(), v.as_deref())).unzip();
-        let (aggregate_type, aggregate_id, version) =
-            d.aggregate.map_or((None, None, None), |(t, i, v)| (Some(t), Some(i), Some(v)));
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", key, payload, \
-             header_names, header_values, aggregate_type, aggregate_id, version, reason, error) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-             ON CONFLICT (projection, topic, partition, \"offset\") DO UPDATE \
-             SET attempts = projectionist_dead_letters.attempts + 1, last_seen = now(), error = EXCLUDED.error \
-             RETURNING id",
-        )
-        .bind(projection)
-        .bind(d.topic)
-        .bind(d.partition)
-        .bind(d.offset)
-        .bind(d.key)
-        .bind(d.payload)
-        .bind(&names)
-        .bind(&values)
-        .bind(aggregate_type)
-        .bind(aggregate_id)
-        .bind(version)
-        .bind(d.reason)
-        .bind(&d.error)
-        .fetch_one(&mut *conn)
-        .await?;
-        letter_ids.push(id);
-        if let Some((t, i, _)) = d.aggregate {
-            behind.insert((t, i), (id, d.error.as_str()));
-        }
-    }
-    Ok((letter_ids, behind))
 }
 
 /// Stores the aggregates `parks` parked (with why: a gap, or the dead letter in `behind`)
