@@ -28,22 +28,7 @@ pub(super) async fn read_stored<'e>(
         // Rows a fold holds are at the version it says; the others, as the table says. (Asked
         // of the fold first: most keys of a rebuild's batch are there, and only the rest are
         // sorted for the query.)
-        let mut folded = Versions::default();
-        if let Some(fold) = fold {
-            let version = fold.versions(table.name());
-            ids.retain(|&id| match folded.entry(id) {
-                Entry::Occupied(_) => false,
-                Entry::Vacant(slot) => match version(id) {
-                    Some(Some(v)) => {
-                        slot.insert(v);
-                        false
-                    }
-                    // Deleted by the fold: no row, whatever the table holds.
-                    Some(None) => false,
-                    None => true,
-                },
-            });
-        }
+        let mut folded = fold.map(|fold| take_folded(fold, table, &mut ids)).unwrap_or_default();
         if ids.is_empty() || fold.is_some_and(Fold::knows_all) {
             stored.rows.insert(table.name(), folded);
             continue;
@@ -61,12 +46,45 @@ pub(super) async fn read_stored<'e>(
         }
         stored.rows.insert(table.name(), folded);
     }
+    read_aggregates(conn, projection, tables, events, fold, lock, &mut stored).await?;
+    Ok(stored)
+}
+
+/// Of `ids` (rows of gated `table`), those `fold` holds a version of, at that version, taken
+/// out of `ids` (each once); the others are left to be read from the table.
+fn take_folded<'e>(fold: &Fold, table: &Table, ids: &mut Vec<&'e str>) -> Versions<'e> {
+    let (mut folded, version) = (Versions::default(), fold.versions(table.name()));
+    ids.retain(|&id| match folded.entry(id) {
+        Entry::Occupied(_) => false,
+        Entry::Vacant(slot) => match version(id) {
+            Some(Some(v)) => {
+                slot.insert(v);
+                false
+            }
+            // Deleted by the fold: no row, whatever the table holds.
+            Some(None) => false,
+            None => true,
+        },
+    });
+    folded
+}
+
+/// The versions of `events`' aggregates gated by their aggregate version, into `stored`:
+/// those a fold moves, as it says; the others, as the table says (locked with `lock`).
+async fn read_aggregates<'e>(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &[(EventRef<'e>, Effect<'_>)],
+    fold: Option<&Fold>,
+    lock: bool,
+    stored: &mut Stored<'e>,
+) -> Result<()> {
     let mut aggregates: Vec<(&'e str, &'e str)> = events
         .iter()
         .filter(|(e, _)| aggregate_gated(tables, e.aggregate_type))
         .map(|(e, _)| (e.aggregate_type, e.aggregate_id))
         .collect();
-    // Versions a fold moves, as it says; the others, as the table says.
     if let Some(fold) = fold {
         aggregates.retain(|&(t, i)| match fold.aggregate(t, i) {
             Some(v) => {
@@ -82,7 +100,7 @@ pub(super) async fn read_stored<'e>(
         // Per aggregate type (a projection has one or a few): its ids as one array the
         // primary key's index is searched with, at about half the cost of joining (type,
         // id) pairs to it.
-        let lock = locked("aggregate_id");
+        let lock = if lock { " ORDER BY aggregate_id FOR UPDATE" } else { "" };
         let sql = in_one_row(&format!(
             "SELECT aggregate_id, version FROM projectionist_aggregate_versions \
              WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = ANY($3){lock}"
@@ -95,7 +113,7 @@ pub(super) async fn read_stored<'e>(
             stored.aggregates.extend(asked(&ids, found, versions).map(|(id, v)| ((aggregate_type, id), v)));
         }
     }
-    Ok(stored)
+    Ok(())
 }
 
 /// The versions of `ids` in `table` (`name`, read by `select`) into `versions`: those
