@@ -74,7 +74,7 @@ struct Plain<'a> {
 impl Plain<'_> {
     /// The envelope if [`Wire::validate`] would take it as it is (`None`: let it say why not).
     fn checked(self) -> Option<Checked<Box<RawValue>>> {
-        let key = |s: &str| (!s.trim().is_empty() && crate::check_key("", s).is_ok()).then(|| s.to_owned());
+        let key = |s: &str| key_problem(s).is_none().then(|| s.to_owned());
         let metadata = match self.metadata {
             None => None,
             Some(m) if m.get().starts_with('{') => Some(serde_json::from_str(m.get()).ok()?),
@@ -224,9 +224,11 @@ impl<'a> Scalar<'a> {
 
     /// A non-empty string the engine can store as a key (see [`crate::MAX_KEY_BYTES`]).
     fn key(self, field: &'static str) -> Result<String, DecodeError> {
-        let s = self.nonempty(field)?;
-        crate::check_key("the value", &s).map_err(|problem| DecodeError::field(field, problem))?;
-        Ok(s)
+        let s = self.string(field)?;
+        match key_problem(&s) {
+            Some(problem) => Err(DecodeError::field(field, problem)),
+            None => Ok(s.into_owned()),
+        }
     }
 }
 
@@ -282,6 +284,15 @@ impl<'de: 'a, 'a> Visitor<'de> for ScalarVisitor<'a> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
         Ok(Scalar::Object)
     }
+}
+
+/// Why `s` cannot be an aggregate's type or id, if it cannot: empty (or blank), or not a key
+/// the engine can store.
+fn key_problem(s: &str) -> Option<String> {
+    if s.trim().is_empty() {
+        return Some("must not be empty".to_owned());
+    }
+    crate::check_key("the value", s).err()
 }
 
 pub(super) fn json_kind(v: &Value) -> &'static str {

@@ -126,20 +126,17 @@ pub(super) async fn insert<'a>(
     projection: &str,
     dead: &'a [DeadLetter<'a>],
 ) -> Result<(Vec<i64>, Behind<'a>)> {
-    let letter_ids = match dead {
-        [] => Vec::new(),
-        [one] => vec![insert_dead_letter(conn, projection, one).await?],
-        _ => match insert_dead_letter_set(conn, projection, dead).await? {
-            Some(ids) => ids,
+    let mut letter_ids = Vec::with_capacity(dead.len());
+    if !dead.is_empty() {
+        match insert_dead_letter_set(conn, projection, dead).await? {
+            Some(ids) => letter_ids = ids,
             None => {
-                let mut ids = Vec::with_capacity(dead.len());
                 for d in dead {
-                    ids.push(insert_dead_letter(conn, projection, d).await?);
+                    letter_ids.push(insert_dead_letter(conn, projection, d).await?);
                 }
-                ids
             }
-        },
-    };
+        }
+    }
     let mut behind: Behind<'a> = HashMap::new();
     for (d, &id) in dead.iter().zip(&letter_ids) {
         if let Some((t, i, _)) = d.aggregate {
@@ -148,6 +145,9 @@ pub(super) async fn insert<'a>(
     }
     Ok((letter_ids, behind))
 }
+
+const DEAD_LETTER_INSERT: &str = "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", \
+     key, payload, header_names, header_values, aggregate_type, aggregate_id, version, reason, error)";
 
 const DEAD_LETTER_CONFLICT: &str = "ON CONFLICT (projection, topic, partition, \"offset\") DO UPDATE \
      SET attempts = projectionist_dead_letters.attempts + 1, last_seen = now(), error = EXCLUDED.error";
@@ -159,9 +159,8 @@ async fn insert_dead_letter(conn: &mut PgConnection, projection: &str, d: &DeadL
     let (aggregate_type, aggregate_id, version) =
         d.aggregate.map_or((None, None, None), |(t, i, v)| (Some(t), Some(i), Some(v)));
     Ok(sqlx::query_scalar(&format!(
-        "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", key, payload, \
-         header_names, header_values, aggregate_type, aggregate_id, version, reason, error) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) {DEAD_LETTER_CONFLICT} RETURNING id"
+        "{DEAD_LETTER_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+         {DEAD_LETTER_CONFLICT} RETURNING id"
     ))
     .bind(projection)
     .bind(d.topic)
@@ -210,9 +209,7 @@ async fn insert_dead_letter_set(
     let header =
         |part: &str| format!("ARRAY(SELECT {part} FROM jsonb_array_elements(h) WITH ORDINALITY AS e(x, n) ORDER BY n)");
     let stored: Vec<(i64, String, i32, i64)> = sqlx::query_as(&format!(
-        "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", key, payload, \
-         header_names, header_values, aggregate_type, aggregate_id, version, reason, error) \
-         SELECT $1, tp, pa, o, k, p, {}::text[], {}::bytea[], t, i, v, r, e \
+        "{DEAD_LETTER_INSERT} SELECT $1, tp, pa, o, k, p, {}::text[], {}::bytea[], t, i, v, r, e \
          FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::jsonb[], $8::text[], \
          $9::text[], $10::bigint[], $11::text[], $12::text[]) AS a(tp, pa, o, k, p, h, t, i, v, r, e) \
          {DEAD_LETTER_CONFLICT} RETURNING id, topic, partition, \"offset\"",
