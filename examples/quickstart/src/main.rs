@@ -1,4 +1,5 @@
-//! The projector: `migrate`, `create-topics`, `run`, `publish`, `status` (see `--help`).
+//! The projector: `migrate`, `create-topics`, `run`, `rebuild`, `publish`, `status`, `parked`,
+//! `dead-letters` and `config example` (see `--help`).
 
 use quickstart::Accounts;
 
