@@ -53,7 +53,9 @@ pub(super) async fn read_stored<'e>(
 /// Of `ids` (rows of gated `table`), those `fold` holds a version of, at that version, taken
 /// out of `ids` (each once); the others are left to be read from the table.
 fn take_folded<'e>(fold: &Fold, table: &Table, ids: &mut Vec<&'e str>) -> Versions<'e> {
-    let (mut folded, version) = (Versions::default(), fold.versions(table.name()));
+    // Room for every key at once: grown by doubling, it was rehashed a few times a batch.
+    let mut folded = Versions::with_capacity_and_hasher(ids.len(), Default::default());
+    let version = fold.versions(table.name());
     ids.retain(|&id| match folded.entry(id) {
         Entry::Occupied(_) => false,
         Entry::Vacant(slot) => match version(id) {
