@@ -15,13 +15,6 @@ pub(super) async fn read_stored<'e>(
     known: Option<&KnownVersions>,
 ) -> Result<Stored<'e>> {
     let mut stored = Stored::default();
-    // `lock`: the per-event path's reads lock the rows, so that a concurrent writer of the
-    // same rows waits (or is waited for) rather than making the event try again, in key order,
-    // so that two writers lock overlapping rows in the same order. A batch reads without: a
-    // row lock writes to the row (it cost a pipeline of orders 6 % of PostgreSQL's CPU), and
-    // every write checks the version it builds on, so a writer there after all is met as a
-    // row count the plan did not expect, and the batch falls back to the per-event path.
-    let locked = |key: &str| if lock { format!(" ORDER BY {key} FOR UPDATE") } else { String::new() };
     for table in tables.iter().filter(|t| t.is_gated()) {
         let mut ids: Vec<&'e str> =
             events.iter().filter(|(e, _)| table.owns(e.aggregate_type)).map(|(e, _)| e.aggregate_id).collect();
@@ -34,7 +27,7 @@ pub(super) async fn read_stored<'e>(
             continue;
         }
         let (name, key, version) = (Ident::new(table.name())?, Ident::new(table.key())?, Ident::new(table.version())?);
-        let select = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){}", locked(key.quoted()));
+        let select = format!("SELECT {key}, {version} FROM {name} WHERE {key} = ANY($1){}", locked(lock, key.quoted()));
         // The per-event path's reads lock every row: they never take what is known.
         match known.filter(|_| !lock) {
             None => {
@@ -48,6 +41,21 @@ pub(super) async fn read_stored<'e>(
     }
     read_aggregates(conn, projection, tables, events, fold, lock, &mut stored).await?;
     Ok(stored)
+}
+
+/// The clause a read of versions ends with: with `lock`, the per-event path's, whose reads
+/// lock the rows, so that a concurrent writer of the same rows waits (or is waited for)
+/// rather than making the event try again, in `key` order, so that two writers lock
+/// overlapping rows in the same order. A batch reads without: a row lock writes to the row
+/// (it cost a pipeline of orders 6 % of PostgreSQL's CPU), and every write checks the
+/// version it builds on, so a writer there after all is met as a row count the plan did not
+/// expect, and the batch falls back to the per-event path.
+fn locked(lock: bool, key: &str) -> String {
+    if lock {
+        format!(" ORDER BY {key} FOR UPDATE")
+    } else {
+        String::new()
+    }
 }
 
 /// Of `ids` (rows of gated `table`), those `fold` holds a version of, at that version, taken
@@ -102,10 +110,10 @@ async fn read_aggregates<'e>(
         // Per aggregate type (a projection has one or a few): its ids as one array the
         // primary key's index is searched with, at about half the cost of joining (type,
         // id) pairs to it.
-        let lock = if lock { " ORDER BY aggregate_id FOR UPDATE" } else { "" };
         let sql = in_one_row(&format!(
             "SELECT aggregate_id, version FROM projectionist_aggregate_versions \
-             WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = ANY($3){lock}"
+             WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = ANY($3){}",
+            locked(lock, "aggregate_id")
         ));
         for of_type in aggregates.chunk_by(|a, b| a.0 == b.0) {
             let aggregate_type = of_type[0].0;

@@ -126,17 +126,19 @@ pub(super) async fn insert<'a>(
     projection: &str,
     dead: &'a [DeadLetter<'a>],
 ) -> Result<(Vec<i64>, Behind<'a>)> {
-    let mut letter_ids = Vec::with_capacity(dead.len());
-    if !dead.is_empty() {
-        match insert_dead_letter_set(conn, projection, dead).await? {
-            Some(ids) => letter_ids = ids,
-            None => {
-                for d in dead {
-                    letter_ids.push(insert_dead_letter(conn, projection, d).await?);
-                }
-            }
-        }
+    if dead.is_empty() {
+        return Ok((Vec::new(), HashMap::new()));
     }
+    let letter_ids = match insert_dead_letter_set(conn, projection, dead).await? {
+        Some(ids) => ids,
+        None => {
+            let mut ids = Vec::with_capacity(dead.len());
+            for d in dead {
+                ids.push(insert_dead_letter(conn, projection, d).await?);
+            }
+            ids
+        }
+    };
     let mut behind: Behind<'a> = HashMap::new();
     for (d, &id) in dead.iter().zip(&letter_ids) {
         if let Some((t, i, _)) = d.aggregate {
