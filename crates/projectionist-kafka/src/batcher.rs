@@ -27,6 +27,8 @@ pub(crate) struct Limits {
 pub(crate) struct Batcher<M> {
     limits: Limits,
     buffer: Vec<M>,
+    /// The largest batch yet: what each new buffer is made with room for.
+    room: usize,
     bytes: usize,
     oldest: Option<Instant>,
     in_flight: bool,
@@ -36,7 +38,7 @@ pub(crate) struct Batcher<M> {
 impl<M> Batcher<M> {
     pub(crate) fn new(limits: Limits) -> Self {
         let limits = Limits { max_events: limits.max_events.max(1), max_bytes: limits.max_bytes.max(1), ..limits };
-        Self { limits, buffer: Vec::new(), bytes: 0, oldest: None, in_flight: false, halted: false }
+        Self { limits, buffer: Vec::new(), room: 0, bytes: 0, oldest: None, in_flight: false, halted: false }
     }
 
     /// Whether another message may be read now: not halted, and the buffer below its bounds.
@@ -77,10 +79,12 @@ impl<M> Batcher<M> {
         self.in_flight = true;
         self.bytes = 0;
         self.oldest = None;
-        // The next batch is likely as large as this one: room for it at once (a large buffer
-        // grown by doubling is moved, and touches fresh pages, at each step).
-        let room = self.buffer.len();
-        Some(std::mem::replace(&mut self.buffer, Vec::with_capacity(room)))
+        // Room for the next batch at once, as large as the largest yet (a large buffer grown
+        // by doubling is moved, and touches fresh pages, at each step: when catching up, a
+        // batch cut short because the fetches fell behind is followed by full ones). Only
+        // what is filled is touched.
+        self.room = self.room.max(self.buffer.len());
+        Some(std::mem::replace(&mut self.buffer, Vec::with_capacity(self.room)))
     }
 
     /// When the buffer is due by `max_wait` (`None` when empty).
@@ -182,6 +186,18 @@ mod tests {
         assert!(!b.wants_more(), "a full buffer stops reading: backpressure");
         b.settle();
         assert_eq!(b.cut(t, false), Some(vec![1, 2, 3]));
+    }
+
+    #[test]
+    fn a_new_buffer_has_room_for_the_largest_batch_yet() {
+        let t = Instant::now();
+        let mut b = Batcher::new(limits(1000, 1 << 20));
+        for (i, size) in [10, 2].into_iter().enumerate() {
+            (0..size).for_each(|m| b.push(m, 1, t));
+            assert_eq!(b.cut(t, true).map(|batch| batch.len()), Some(size), "batch {i}");
+            assert!(b.buffer.capacity() >= 10, "batch {i}: room for 10, not {}", b.buffer.capacity());
+            b.settle();
+        }
     }
 
     #[test]
