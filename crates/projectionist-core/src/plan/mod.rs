@@ -20,6 +20,7 @@
 mod coalesce;
 mod columns;
 mod gate;
+mod row_id;
 mod rows;
 #[cfg(test)]
 mod tests;

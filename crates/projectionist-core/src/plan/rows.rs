@@ -6,6 +6,7 @@ use std::ops::ControlFlow;
 
 use super::coalesce::{coalesce, RowState};
 use super::gate::{check, combine, transition, upsert, Verdict};
+use super::row_id::RowId;
 use super::*;
 use crate::table::{check_key, Gate};
 
@@ -66,7 +67,7 @@ struct Pass<'a, 't> {
     /// Per gated table, its stored versions (`stored.rows` by table name, looked up once).
     stored_rows: Vec<Option<&'t Versions<'t>>>,
     /// Where each row's state is in `states`.
-    rows: Map<RowKey<'a>, usize>,
+    rows: Map<RowId<'a>, usize>,
     /// The rows' states, in the order the pass first met them.
     states: Vec<(RowKey<'a>, RowState<'a>)>,
     /// The aggregates whose children a table's clear removed: (table, aggregate id).
@@ -303,7 +304,7 @@ impl<'a, 't> Pass<'a, 't> {
     fn place(&mut self, t: usize, key: &'a str, child: &'a str) -> usize {
         let (states, children, table) = (&mut self.states, &mut self.children, &self.tables[t]);
         let stored_rows = self.stored_rows[t];
-        *self.rows.entry((t, key, child)).or_insert_with(|| {
+        *self.rows.entry(RowId::new(t, key, child)).or_insert_with(|| {
             let stored = stored_rows.and_then(|m| m.get(key)).copied();
             states.push(((t, key, child), RowState { stored, current: stored, ..RowState::default() }));
             if table.gate() == Gate::Child {
