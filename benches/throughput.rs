@@ -63,20 +63,8 @@ async fn fresh_database(name: &str) -> (PgPool, String) {
 
 /// A fresh, empty database: its pool and URL.
 async fn empty_database(name: &str) -> (PgPool, String) {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (run ./scripts/bench.sh)");
-    let admin = PgConnectOptions::from_str(&url).expect("valid DATABASE_URL");
-    let mut conn = admin.connect().await.expect("connect");
-    // An autovacuum worker in the old database (the superuser's, which `FORCE` may not end
-    // for this role: 42501) is waited out; it ends within seconds.
-    for tries in 1.. {
-        match sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await {
-            Ok(_) => break,
-            Err(e) if tries < 60 && e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42501") => {
-                tokio::time::sleep(Duration::from_secs(1)).await
-            }
-            Err(e) => panic!("drop old database {name}: {e}"),
-        }
-    }
+    let (url, admin, mut conn) = admin_connection().await;
+    drop_database(&mut conn, name).await;
     sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("fresh database");
     let pool = PgPoolOptions::new()
         .max_connections(4)
@@ -85,6 +73,28 @@ async fn empty_database(name: &str) -> (PgPool, String) {
         .expect("connect bench database");
     let db_url = projectionist_testing::with_database(&url, name);
     (pool, db_url)
+}
+
+/// `DATABASE_URL`, its options and a connection to it: where databases are made and dropped.
+async fn admin_connection() -> (String, PgConnectOptions, sqlx::PgConnection) {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (run ./scripts/bench.sh)");
+    let admin = PgConnectOptions::from_str(&url).expect("valid DATABASE_URL");
+    let conn = admin.connect().await.expect("connect");
+    (url, admin, conn)
+}
+
+/// Drops database `name` if it is there. An autovacuum worker in it (the superuser's, which
+/// `FORCE` may not end for this role: 42501) is waited out; it ends within seconds.
+async fn drop_database(conn: &mut sqlx::PgConnection, name: &str) {
+    for tries in 1.. {
+        match sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut *conn).await {
+            Ok(_) => break,
+            Err(e) if tries < 60 && e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42501") => {
+                tokio::time::sleep(Duration::from_secs(1)).await
+            }
+            Err(e) => panic!("drop old database {name}: {e}"),
+        }
+    }
 }
 
 /// The topics this run made, deleted at its end ([`drop_topics`]): a broker that keeps
@@ -978,7 +988,13 @@ async fn main() {
                 big_rebuild.rate / big_rate
             );
         }
+        // Its database is done with: dropped now, with the gigabytes of page cache it holds.
+        big_pool.close().await;
+        drop_database(&mut admin_connection().await.2, "projectionist_bench_rss").await;
     }
+    // So are the topics so far (the larger stream's 10M deliveries among them): deleted now,
+    // not at the end, so that the arms after run on a machine that does not hold them.
+    drop_topics().await;
     let per_delivery = |run: &Run| run.cpu_seconds / events.len() as f64 * 1e6;
     println!(
         "  projector CPU per delivery (user+sys)      {:>10.2} us   first pass ({:.2} s); replay {:.2} us ({:.2} s)",
