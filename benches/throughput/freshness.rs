@@ -1,0 +1,255 @@
+//! The freshness arm: the projector at the head of a topic a transactional producer feeds
+//! at a fixed rate; per event, commit to applied beside commit to a consumer's receipt.
+
+use super::*;
+
+/// How long each freshness rate is measured by default, in seconds. A p99 is the worst
+/// hundredth of the events: over 5 s at 10k/s, the events of 50 ms of traffic, what one slow
+/// batch or broker fetch delays, so that five such runs of one build gave 15.4 to 29.9 ms over
+/// the broker's p99; over 30 s (300 ms of traffic), four gave 8.8 to 14.7 ms.
+pub(super) const FRESHNESS_SECONDS: usize = 30;
+
+/// Latencies of one freshness run, in milliseconds, sorted.
+pub(super) struct Latencies(Vec<f64>);
+
+impl Latencies {
+    pub(super) fn at(&self, q: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        self.0[((self.0.len() - 1) as f64 * q).round() as usize]
+    }
+
+    pub(super) fn show(&self) -> String {
+        format!("p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms", self.at(0.5), self.at(0.99), self.at(1.0))
+    }
+}
+
+/// Freshness at `rate` events/s for `seconds` (after a second of warm-up, not counted: the
+/// projector's first connections and batches): a transactional producer publishes `stream`
+/// from its start (a transaction per loop, of what is due by then; the same mix of new
+/// accounts, deposits, duplicates and re-sends the pipeline's maximum was measured on) while
+/// the projector runs at the head, stopping early if the stream runs out;
+/// for each event, the time from its transaction's commit to the moment a [`Waiter`] reports
+/// it applied (its row visible; an upper bound: the wait is for the transaction's last event
+/// on the partition), and, beside it on the same events, to the moment a
+/// `read_committed` consumer receives it (the broker alone). Returns the achieved rate and
+/// both latencies.
+///
+/// [`Waiter`]: projectionist::postgres::wait::Waiter
+pub(super) async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Latencies, Latencies) {
+    use projectionist::postgres::wait::Waiter;
+    use rdkafka::producer::FutureProducer;
+    use rdkafka::Message;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let topic = format!("bench.fresh.{}.{n}", std::process::id());
+    make_topic(&topic).await;
+    let (pool, url) = fresh_database(&format!("projectionist_bench_fresh_{n}")).await;
+
+    // The projector, at the head of an empty topic.
+    let bin = BANK_ACCOUNTS.path();
+    let mut child = Command::new(&bin)
+        .args(["run", "--metrics-addr", "127.0.0.1:0", "--kafka-property", "session.timeout.ms=6000"])
+        .args(["--group-id", &format!("bench-fresh-{}-{n}", std::process::id())])
+        .env("DATABASE_URL", &url)
+        .env("BANK_ACCOUNTS_TOPIC", &topic)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the projector starts");
+    let (assigned_tx, assigned_rx) = std::sync::mpsc::channel();
+    let metrics_addr: Arc<Mutex<Option<String>>> = Arc::default();
+    let stderr = child.stderr.take().unwrap();
+    let addr_seen = metrics_addr.clone();
+    std::thread::spawn(move || {
+        let mut told = false;
+        for line in BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            if !told && line.contains("Partition assigned") {
+                told = assigned_tx.send(()).is_ok();
+            }
+            if let Some(addr) = line.split("address=").nth(1).and_then(|a| a.split_whitespace().next()) {
+                *addr_seen.lock().unwrap() = Some(addr.to_owned());
+            }
+            // What went wrong, if anything, said beside the figures it explains.
+            if line.contains("ERROR") || line.contains("WARN") {
+                eprintln!("  freshness projector: {line}");
+            }
+        }
+    });
+    assigned_rx.recv_timeout(Duration::from_secs(60)).expect("the projector was assigned partitions");
+
+    // The broker alone: a read_committed consumer of the same topic.
+    let received: Arc<Mutex<HashMap<(i32, i64), Instant>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (received, stop, topic) = (received.clone(), stop.clone(), topic.clone());
+        std::thread::spawn(move || {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", brokers())
+                .set("group.id", format!("bench-fresh-reader-{}", std::process::id()))
+                .set("isolation.level", "read_committed")
+                .set("enable.auto.commit", "false")
+                .set("fetch.wait.max.ms", "10")
+                .create()
+                .expect("consumer");
+            let mut tpl = TopicPartitionList::new();
+            for p in 0..PARTITIONS {
+                tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+            }
+            consumer.assign(&tpl).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
+                    received.lock().unwrap().insert((m.partition(), m.offset()), Instant::now());
+                }
+            }
+        })
+    };
+    // Let the reader join before the first commit.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let waiter = Waiter::new(pool.clone()).await.expect("waiter");
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .set("transactional.id", format!("bench-fresh-{}-{n}", std::process::id()))
+        .set("linger.ms", "0")
+        .create()
+        .expect("producer");
+    let init = producer.clone();
+    tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30))).await.unwrap().unwrap();
+    // A projector at the head has been running: its first batches, which open its PostgreSQL
+    // connections (a TLS set-up each, tens of milliseconds of CPU), are a cold start, not its
+    // freshness. A first transaction, applied before the measured traffic starts, takes them.
+    let primed = stream.len().min(100);
+    for (partition, offset) in transaction(&producer, &topic, &stream[..primed]).await {
+        let applied = waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30)).await;
+        applied.expect("the projector applied the first transaction");
+    }
+
+    let mut commits: Vec<((i32, i64), Instant)> = Vec::new();
+    let mut waits = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    let counted_from = started + Duration::from_secs(1);
+    let mut sent = primed;
+    while started.elapsed().as_secs_f64() < seconds + 1.0 && sent < stream.len() {
+        let due = (primed + (started.elapsed().as_secs_f64() * rate) as usize).min(stream.len());
+        if due <= sent {
+            tokio::time::sleep(Duration::from_micros(500)).await;
+            continue;
+        }
+        let delivered = transaction(&producer, &topic, &stream[sent..due]).await;
+        let committed = Instant::now();
+        // One wait per partition of the transaction, for its last offset there: the events
+        // before it on the partition are applied no later (a partition applies in order),
+        // so its time is an upper bound of theirs, counted for each of them. (A wait per
+        // event costs the bench's process a quarter of a core at 10k/s, taken from the
+        // projector's two.)
+        let mut last: HashMap<i32, (i64, usize)> = HashMap::new();
+        for at in delivered {
+            commits.push((at, committed));
+            let (offset, events) = last.entry(at.0).or_insert((at.1, 0));
+            *offset = (*offset).max(at.1);
+            *events += 1;
+        }
+        for (partition, (offset, events)) in last {
+            let (waiter, topic) = (waiter.clone(), topic.clone());
+            waits.spawn(async move {
+                match waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30)).await
+                {
+                    Ok(_) => Ok((committed >= counted_from).then(|| (committed.elapsed(), events))),
+                    Err(e) => Err(((partition, offset), e.to_string())),
+                }
+            });
+        }
+        sent = due;
+    }
+    let achieved = (sent - primed) as f64 / started.elapsed().as_secs_f64();
+    let mut projector = Vec::with_capacity(sent);
+    let mut unapplied = Vec::new();
+    while let Some(took) = waits.join_next().await {
+        match took.unwrap() {
+            Ok(Some((took, events))) => projector.extend(std::iter::repeat_n(took.as_secs_f64() * 1000.0, events)),
+            Ok(None) => {}
+            Err(timed_out) => unapplied.push(timed_out),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.lock().unwrap().len() < sent && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = reader.join();
+    let received = std::mem::take(&mut *received.lock().unwrap());
+    // A wait that timed out: the projector's, or the broker's (a read_committed reader that
+    // never got the event either: the broker held it back)?
+    if let Some((at, error)) = unapplied.first() {
+        let reader_too = unapplied.iter().filter(|(at, _)| !received.contains_key(at)).count();
+        panic!(
+            "{} waits (a transaction's last event on a partition) of {sent} events saw it not applied within 30 s of \
+             its commit, the first {at:?}: {error}; the read_committed reader never received {reader_too} of them",
+            unapplied.len()
+        );
+    }
+    assert!(commits.iter().all(|(at, _)| received.contains_key(at)), "the read_committed reader received every event");
+    let mut broker: Vec<f64> = commits
+        .iter()
+        .filter(|(_, committed)| *committed >= counted_from)
+        .map(|(at, committed)| received[at].saturating_duration_since(*committed).as_secs_f64() * 1000.0)
+        .collect();
+    let batches = metrics_addr.lock().unwrap().clone().map(|addr| batch_summary(&addr)).unwrap_or_default();
+    println!("  freshness at {rate:.0}/s: {batches}");
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    // Each account's versions arrive in order, redeliveries after them: the prefix sent
+    // applies up to each account's highest version in it.
+    let mut highest: HashMap<&str, i64> = HashMap::new();
+    for e in &stream[..sent] {
+        let v = highest.entry(e.aggregate_id.as_str()).or_default();
+        *v = (*v).max(e.version);
+    }
+    assert_eq!(versions(&pool).await, highest.values().sum::<i64>(), "the projector applied every event");
+    projector.sort_by(f64::total_cmp);
+    broker.sort_by(f64::total_cmp);
+    (achieved, Latencies(projector), Latencies(broker))
+}
+
+/// The projector's batches, from its `/metrics`: how many, their mean size and mean time
+/// to apply and commit, and the share of them over 10, 25 and 50 ms.
+pub(super) fn batch_summary(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else { return String::new() };
+    let _ = stream.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes());
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    let value =
+        |name: &str| text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    let (Some(count), Some(size), Some(took)) = (
+        value("projectionist_batch_size_events_count"),
+        value("projectionist_batch_size_events_sum"),
+        value("projectionist_batch_duration_seconds_sum"),
+    ) else {
+        return "batch metrics not found".to_owned();
+    };
+    // The share of batches over 10, 25 and 50 ms, from the exporter's histogram buckets.
+    let within = |le: &str| {
+        let bucket = format!("le=\"{le}\"");
+        let line =
+            text.lines().find(|l| l.starts_with("projectionist_batch_duration_seconds_bucket") && l.contains(&bucket));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).map_or(f64::NAN, |n| 100.0 * (1.0 - n / count))
+    };
+    format!(
+        "{count:.0} batches, {:.1} events and {:.2} ms to apply and commit each on average; over 10 ms {:.1} %, \
+         over 25 ms {:.2} %, over 50 ms {:.2} %",
+        size / count,
+        took / count * 1000.0,
+        within("0.01"),
+        within("0.025"),
+        within("0.05"),
+    )
+}
