@@ -49,7 +49,9 @@ mod process;
 
 use baselines::{ceiling, folded_ceiling, inbox, waves};
 use freshness::{freshness, FRESHNESS_SECONDS};
-use kafka::{brokers, drop_topics, kafka_drain, make_topic, publish, publish_all, publish_records, transaction};
+use kafka::{
+    brokers, drop_topics, kafka_drain, make_topic, publish, publish_all, publish_records, reader, transaction,
+};
 use process::{clock_ticks, drop_old, peak_rss_kib, pipeline, rebuild, stat_seconds, Bin, Run, BANK_ACCOUNTS};
 
 const PARTITIONS: i32 = 4;

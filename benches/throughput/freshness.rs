@@ -90,19 +90,7 @@ pub(super) async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -
     let reader = {
         let (received, stop, topic) = (received.clone(), stop.clone(), topic.clone());
         std::thread::spawn(move || {
-            let consumer: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", brokers())
-                .set("group.id", format!("bench-fresh-reader-{}", std::process::id()))
-                .set("isolation.level", "read_committed")
-                .set("enable.auto.commit", "false")
-                .set("fetch.wait.max.ms", "10")
-                .create()
-                .expect("consumer");
-            let mut tpl = TopicPartitionList::new();
-            for p in 0..PARTITIONS {
-                tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
-            }
-            consumer.assign(&tpl).unwrap();
+            let consumer = reader("bench-fresh-reader", &topic, &[("fetch.wait.max.ms", "10")]);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
                     received.lock().unwrap().insert((m.partition(), m.offset()), Instant::now());

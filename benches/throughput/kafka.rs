@@ -75,20 +75,30 @@ pub(super) async fn publish_records(
     (topic, count, count as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Kafka alone: a `read_committed` consumer draining every partition, no writes.
-pub(super) fn kafka_drain(topic: &str, expected: usize) -> f64 {
-    let consumer: BaseConsumer = ClientConfig::new()
+/// A `read_committed` consumer assigned every partition of `topic` from its beginning, in a
+/// group of its own (`group` and this process's id; it commits nothing), `settings` added.
+pub(super) fn reader(group: &str, topic: &str, settings: &[(&str, &str)]) -> BaseConsumer {
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", brokers())
-        .set("group.id", format!("bench-drain-{}", std::process::id()))
+        .set("group.id", format!("{group}-{}", std::process::id()))
         .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+        .set("enable.auto.commit", "false");
+    for (key, value) in settings {
+        config.set(*key, *value);
+    }
+    let consumer: BaseConsumer = config.create().expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
         tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
     }
     consumer.assign(&tpl).unwrap();
+    consumer
+}
+
+/// Kafka alone: a `read_committed` consumer draining every partition, no writes.
+pub(super) fn kafka_drain(topic: &str, expected: usize) -> f64 {
+    let consumer = reader("bench-drain", topic, &[]);
     let mut read = 0;
     let mut started = None;
     while read < expected {
