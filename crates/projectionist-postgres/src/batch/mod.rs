@@ -22,6 +22,7 @@ use sqlx::{Connection, PgConnection};
 
 mod fold;
 mod rows;
+mod shape;
 mod statements;
 mod stored;
 

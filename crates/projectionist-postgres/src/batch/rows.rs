@@ -23,7 +23,7 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, Postgres};
 
-use super::statements::{ColumnKind, Shape};
+use super::shape::{ColumnKind, Shape};
 use crate::types::{IntType, TextColumns, TextInput};
 
 /// One value of a row's statement.
@@ -396,7 +396,8 @@ mod tests {
     use serde_json::{json, Value};
     use sqlx::{Connection, PgConnection, PgPool};
 
-    use super::super::statements::{write_rows, Shape};
+    use super::super::shape::Shape;
+    use super::super::statements::write_rows;
     use super::*;
 
     const COLUMNS: &[(&str, &str)] = &[

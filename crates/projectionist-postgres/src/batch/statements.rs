@@ -3,8 +3,8 @@
 //! row count checked.
 
 use super::rows::{self, Inputs, Rows, EXPECTED};
+use super::shape::{same_name, ColumnKind, Shape};
 use super::*;
-use crate::types::IntType;
 use projectionist_core::plan::IntRange;
 
 /// Writes `rows`, one statement per table and shape, each statement's row count checked.
@@ -16,51 +16,6 @@ pub(super) async fn write_row_writes<'r, 'a: 'r>(
         write_rows(conn, table, &shape, rows).await?;
     }
     Ok(())
-}
-
-/// How a statement computes one column, by what the plan holds for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ColumnKind {
-    /// `c = value`.
-    Set,
-    /// `c = t.c + value` (a merge's insert: `c = value`).
-    Add,
-    /// `c = ((t.c + d1) + d2) + …`.
-    FoldStored,
-    /// `c = ((value + d1) + d2) + …`.
-    FoldValue,
-    /// An integer column and integer deltas: `c = t.c + sum`, computed exactly, failing
-    /// exactly when one of the steps of `FoldStored` would overflow (the lowest or the
-    /// highest running sum leaves the type's range), without a fold per row.
-    SumStored(IntType),
-}
-
-impl ColumnKind {
-    fn folds(self) -> bool {
-        matches!(self, Self::FoldStored | Self::FoldValue)
-    }
-}
-
-/// What one statement does: its kind of row write, touching these columns in these ways.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Shape {
-    pub(super) kind: RowKind,
-    pub(super) columns: Vec<(&'static str, ColumnKind)>,
-}
-
-impl Shape {
-    /// Whether `other` is this shape (`==`, asked for every row written).
-    fn same(&self, other: &Shape) -> bool {
-        self.kind == other.kind
-            && self.columns.len() == other.columns.len()
-            && self.columns.iter().zip(&other.columns).all(|((a, x), (b, y))| x == y && same_name(a, b))
-    }
-}
-
-/// Whether two names of a declaration are the same: by address first (they are its
-/// `'static` text), then by their bytes.
-fn same_name(a: &str, b: &str) -> bool {
-    std::ptr::eq(a, b) || a == b
 }
 
 /// Row writes grouped by table, shape and the way their rows travel (see [`rows`](super::rows)),
