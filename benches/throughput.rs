@@ -325,7 +325,8 @@ async fn main() {
         }
         // Its database is done with: dropped now, with the gigabytes of page cache it holds.
         big_pool.close().await;
-        drop_database(&mut admin_connection().await.2, "projectionist_bench_rss").await;
+        let (_, _, mut admin) = admin_connection().await;
+        drop_database(&mut admin, "projectionist_bench_rss").await;
     }
     // So are the topics so far (the larger stream's 10M deliveries among them): deleted now,
     // not at the end, so that the arms after run on a machine that does not hold them.
