@@ -14,7 +14,7 @@ pub mod upcast;
 mod write;
 
 pub use async_trait::async_trait;
-pub use envelope::{Decoded, Envelope, EventDecoder, LazyEnvelope, RawEnvelope};
+pub use envelope::{data_tree, Decoded, Envelope, EventDecoder, LazyEnvelope, RawEnvelope};
 pub use error::{ApplyError, DecodeError};
 pub use event_types::event_types;
 pub use outcome::{Outcome, OutcomeCounts};

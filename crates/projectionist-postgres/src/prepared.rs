@@ -316,11 +316,16 @@ pub(crate) fn prepare_event<P: Projection<PgConnection>>(
     let upcasters = Projection::upcasters(projection);
     let mut upcast_data = None;
     if upcasters.iter().any(|u| u.event_type() == event_type) {
-        let mut tree = serde_json::from_str(data.get()).expect("a RawValue holds valid JSON");
-        if let Err(source) = upcast(upcasters, &mut event_type, &mut tree, metadata.as_ref()) {
-            let error = Error::event(index, (&aggregate_type, &aggregate_id), version, EventErrorKind::Decode(source));
-            return poison(aggregate_type, aggregate_id, error);
-        }
+        let upcasted = projectionist_core::data_tree(&data)
+            .and_then(|mut tree| upcast(upcasters, &mut event_type, &mut tree, metadata.as_ref()).map(|()| tree));
+        let tree = match upcasted {
+            Ok(tree) => tree,
+            Err(source) => {
+                let of = (aggregate_type.as_str(), aggregate_id.as_str());
+                let error = Error::event(index, of, version, EventErrorKind::Decode(source));
+                return poison(aggregate_type, aggregate_id, error);
+            }
+        };
         upcast_data = Some(tree);
     }
     if !decoder.handles(&event_type) {

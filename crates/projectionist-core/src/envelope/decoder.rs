@@ -73,7 +73,7 @@ impl<E: DeserializeOwned + 'static> EventDecoder<E> {
     pub fn event_from_json(&self, event_type: &str, data: &RawValue) -> Result<E, DecodeError> {
         match E::deserialize(Tagged { event_type, data: Some(data) }) {
             Ok(event) => Ok(event),
-            Err(_) => self.event(event_type, serde_json::from_str(data.get()).expect("a RawValue holds valid JSON")),
+            Err(_) => self.event(event_type, super::data_tree(data)?),
         }
     }
 

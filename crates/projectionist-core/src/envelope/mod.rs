@@ -237,14 +237,29 @@ impl LazyEnvelope {
         Ok(Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
     }
 
-    /// The envelope with its data read into a `Value` tree.
-    pub fn into_raw(self) -> RawEnvelope {
-        let data = serde_json::from_str(self.data.get()).expect("a RawValue holds valid JSON");
+    /// The envelope with its data read into a `Value` tree. An envelope read by
+    /// [`LazyEnvelope::from_slice`] always reads so; one built by hand may hold data that
+    /// does not (a number out of range, a lone surrogate, nesting past 128 levels): an error
+    /// then.
+    pub fn into_raw(self) -> Result<RawEnvelope, DecodeError> {
+        let data = self.data_tree()?;
         let (id, aggregate_type, aggregate_id, version) =
             (self.id, self.aggregate_type, self.aggregate_id, self.version);
         let (event_type, occurred_at, metadata) = (self.event_type, self.occurred_at, self.metadata);
-        RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata }
+        Ok(RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
     }
+
+    /// The envelope's data read into a `Value` tree (what an upcaster reads); an error as
+    /// [`LazyEnvelope::into_raw`]'s.
+    pub fn data_tree(&self) -> Result<Value, DecodeError> {
+        data_tree(&self.data)
+    }
+}
+
+/// An envelope's `data` text read into a `Value` tree, or the error naming why it does not
+/// read so (see [`LazyEnvelope::into_raw`]).
+pub fn data_tree(data: &RawValue) -> Result<Value, DecodeError> {
+    serde_json::from_str(data.get()).map_err(|e| DecodeError::field("data", format!("not a JSON value: {e}")))
 }
 
 impl From<RawEnvelope> for LazyEnvelope {
@@ -307,9 +322,9 @@ mod tests {
         let bytes = serde_json::to_vec(&good()).unwrap();
         let lazy = LazyEnvelope::from_slice(&bytes).unwrap();
         assert_eq!(lazy.data.get(), r#"{"amount":500}"#);
-        assert_eq!(lazy.clone().into_raw(), RawEnvelope::from_slice(&bytes).unwrap());
+        assert_eq!(lazy.clone().into_raw().unwrap(), RawEnvelope::from_slice(&bytes).unwrap());
         let raw = RawEnvelope::from_slice(&bytes).unwrap();
-        assert_eq!(LazyEnvelope::from(raw.clone()).into_raw(), raw, "a RawEnvelope made lazy and back");
+        assert_eq!(LazyEnvelope::from(raw.clone()).into_raw().unwrap(), raw, "a RawEnvelope made lazy and back");
         for bad in [&b"[1]"[..], b"{\"id\":", b"", br#"{"version": 0}"#] {
             let (lazy, raw) = (LazyEnvelope::from_slice(bad).unwrap_err(), RawEnvelope::from_slice(bad).unwrap_err());
             assert_eq!(lazy.to_string(), raw.to_string());
@@ -384,12 +399,36 @@ mod tests {
         }
         let mut taken = 0;
         for text in &texts {
-            let lazy = LazyEnvelope::from_slice(text).map(LazyEnvelope::into_raw).map_err(|e| e.to_string());
+            let lazy = LazyEnvelope::from_slice(text).and_then(LazyEnvelope::into_raw).map_err(|e| e.to_string());
             let checked = RawEnvelope::from_slice(text).map_err(|e| e.to_string());
             assert_eq!(lazy, checked, "{}", String::from_utf8_lossy(text));
             taken += usize::from(checked.is_ok());
         }
         assert!(taken > 10 && taken + 10 < texts.len(), "{taken} of {} taken", texts.len());
+    }
+
+    /// Data that is JSON by its grammar but not a JSON value serde_json can hold (a number
+    /// out of range, a lone surrogate, nesting past 128 levels) is refused by both readings,
+    /// with the same error, wherever it sits in `data`; the lazy reading never hands on data
+    /// that its event's decoding or [`LazyEnvelope::into_raw`] could not read.
+    #[test]
+    fn hostile_data_is_refused_by_both_readings_alike() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let hostile = ["1e400", "-1e400", &"9".repeat(400), "\"\\ud83d\"", "\"\\udc00 x\"", &deep];
+        let good = serde_json::to_string(&good()).unwrap();
+        for value in hostile {
+            for data in
+                [value.to_owned(), format!("{{\"amount\": {value}}}"), format!("{{\"x\": [{{\"y\": {value}}}]}}")]
+            {
+                let text = good.replace(r#"{"amount":500}"#, &data);
+                assert!(text.contains(&data), "{text}");
+                let checked = RawEnvelope::from_slice(text.as_bytes()).map_err(|e| e.to_string());
+                let lazy = LazyEnvelope::from_slice(text.as_bytes()).and_then(LazyEnvelope::into_raw);
+                let lazy = lazy.map_err(|e| e.to_string());
+                assert!(checked.is_err(), "{text}");
+                assert_eq!(lazy, checked, "{text}");
+            }
+        }
     }
 
     fn err_with(f: impl FnOnce(&mut Map<String, Value>)) -> String {

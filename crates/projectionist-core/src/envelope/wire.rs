@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
-use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -46,9 +46,87 @@ pub(super) fn lazy_from_slice(bytes: &[u8]) -> Result<Checked<Box<RawValue>>, De
         .filter(|text| text.trim_ascii_start().starts_with('{'))
         .and_then(|text| serde_json::from_str::<Plain<'_>>(text).ok())
         .and_then(Plain::checked);
-    match plain {
+    // Kept as text, `data` was only skipped over, which takes what a `Value` refuses (a
+    // number out of range, a lone surrogate, nesting past 128 levels): it is read as a
+    // `Value` is read. What does not read so is refused as the whole reading refuses it,
+    // with its error (which names the first problem of the message, wherever it is).
+    let checked = plain.or_else(|| from_slice::<Box<RawValue>>(bytes).ok()).filter(|c| is_a_value(c.data.get()));
+    match checked {
         Some(checked) => Ok(checked),
-        None => from_slice(bytes),
+        None => Err(match from_slice::<Value>(bytes) {
+            Err(e) => e,
+            Ok(_) => DecodeError::Json("data is not a JSON value".into()),
+        }),
+    }
+}
+
+/// Whether `text` (JSON by its grammar), a field of the envelope, reads as a [`Value`] in
+/// it: walked as `Value` is read (every number, string and key parsed), without building
+/// the tree, its nesting counted from the envelope's (serde_json's limit of 128 levels).
+pub(super) fn is_a_value(text: &str) -> bool {
+    let mut de = serde_json::Deserializer::from_str(text);
+    Nested(MAX_NESTED - 1).deserialize(&mut de).and_then(|()| de.end()).is_ok()
+}
+
+/// How deep serde_json reads containers within each other (its recursion limit, less one).
+const MAX_NESTED: u8 = 127;
+
+/// A value read as [`Value`] reads it, kept as nothing, with room for this many more
+/// containers within it.
+struct Nested(u8);
+
+impl<'de> DeserializeSeed<'de> for Nested {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl Nested {
+    fn inner<E: serde::de::Error>(&self) -> Result<Nested, E> {
+        match self.0.checked_sub(1) {
+            Some(room) => Ok(Nested(room)),
+            None => Err(E::custom("recursion limit exceeded")),
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for Nested {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let inner = self.inner()?;
+        while seq.next_element_seed(Nested(inner.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let inner = self.inner()?;
+        while map.next_key_seed(Nested(0))?.is_some() {
+            map.next_value_seed(Nested(inner.0))?;
+        }
+        Ok(())
     }
 }
 
@@ -77,7 +155,7 @@ impl Plain<'_> {
         let key = |s: &str| key_problem(s).is_none().then(|| s.to_owned());
         let metadata = match self.metadata {
             None => None,
-            Some(m) if m.get().starts_with('{') => Some(serde_json::from_str(m.get()).ok()?),
+            Some(m) if m.get().starts_with('{') && is_a_value(m.get()) => Some(serde_json::from_str(m.get()).ok()?),
             Some(_) => return None,
         };
         Some(Checked {

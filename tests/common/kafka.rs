@@ -1,0 +1,54 @@
+//! What the tests of a running engine share: the broker, a topic and a group of their own,
+//! messages produced as given, and a run that stops when caught up.
+
+use std::time::Duration;
+
+use projectionist::kafka::{topics, Engine, EngineConfig, RunReport};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+pub fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "localhost:9092".into())
+}
+
+pub fn rand_test_topic(name: &str) -> String {
+    format!("test.{name}.{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A run of its own group that exits when caught up.
+pub fn config() -> EngineConfig {
+    EngineConfig::new(brokers())
+        .with_group_id(format!("engine-{}", uuid::Uuid::new_v4().simple()))
+        .with_exit_when_caught_up(true)
+        .with_kafka_property("session.timeout.ms", "6000")
+}
+
+/// Produces messages as given to `topic` (made with `partitions` if new): a partition or
+/// the key's, a key or none, a payload or none (a tombstone).
+pub async fn produce_to(topic: &str, partitions: i32, messages: &[(Option<i32>, Option<&str>, Option<Vec<u8>>)]) {
+    topics::create_topics(&brokers(), &[topic], partitions, 1).await.unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    for (partition, key, payload) in messages {
+        let mut record: BaseRecord<'_, str, Vec<u8>> = BaseRecord::to(topic);
+        if let Some(partition) = partition {
+            record = record.partition(*partition);
+        }
+        if let Some(key) = key {
+            record = record.key(*key);
+        }
+        if let Some(payload) = payload {
+            record = record.payload(payload);
+        }
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+/// Runs `engine` until it is caught up (two minutes at most).
+pub async fn run(engine: Engine) -> RunReport {
+    tokio::time::timeout(Duration::from_secs(120), engine.run(std::future::pending()))
+        .await
+        .expect("engine caught up in time")
+        .unwrap()
+}

@@ -1,0 +1,81 @@
+//! Hostile bytes in a message against a running engine (the broker at KAFKA_BROKERS, a
+//! fresh database per test): whatever a producer writes, the partition flows, and what
+//! cannot be applied is kept as a dead letter with its exact bytes.
+
+#[path = "common/kafka.rs"]
+mod kafka;
+
+use std::sync::Arc;
+
+use bank_accounts::{AccountEvent, BankAccounts};
+use kafka::{config, produce_to, rand_test_topic, run};
+use projectionist::kafka::Engine;
+use projectionist::postgres::migrate;
+use sqlx::PgPool;
+
+/// `data` that is JSON by its grammar but no JSON value a reader can hold — a number out of
+/// range (`1e400`), a lone surrogate (what `JSON.stringify` writes for a string cut inside
+/// an emoji), nesting past serde_json's 128 levels — is poison under the default policy: a
+/// dead letter with the message's bytes, the aggregate's next event parked behind it, and
+/// every other event of the partition applied. (It used to panic the decoder: nothing of the
+/// batch applied, and every later run halted at the same offset.)
+#[sqlx::test(migrations = false)]
+async fn data_no_reader_can_hold_is_a_dead_letter_and_the_partition_flows(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let hostile = [("acc-n", "1e400".to_owned()), ("acc-s", r#""\ud83d""#.to_owned()), ("acc-deep", deep)];
+    let mut messages = Vec::new();
+    let mut message = |key: &str, bytes: Vec<u8>| messages.push((Some(0), Some(key.to_owned()), Some(bytes)));
+    for (id, value) in &hostile {
+        message(id, e(id, 1, &AccountEvent::AccountOpened { owner: "o".into() }).to_json());
+        let good = String::from_utf8(e(id, 2, &AccountEvent::MoneyDeposited { amount: 5 }).to_json()).unwrap();
+        let bad = good.replace(r#"{"amount":5}"#, &format!(r#"{{"amount":{value}}}"#));
+        assert_ne!(bad, good);
+        message(id, bad.into_bytes());
+        message(id, e(id, 3, &AccountEvent::MoneyDeposited { amount: 7 }).to_json());
+    }
+    for i in 0..20 {
+        let id = format!("acc-{i}");
+        message(&id, e(&id, 1, &AccountEvent::AccountOpened { owner: "h".into() }).to_json());
+        message(&id, e(&id, 2, &AccountEvent::MoneyDeposited { amount: 10 }).to_json());
+    }
+    let messages: Vec<_> = messages.iter().map(|(p, k, b)| (*p, k.as_deref(), b.clone())).collect();
+    let topic = rand_test_topic("hostile");
+    produce_to(&topic, 1, &messages).await;
+
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "hostile data halts nothing: {:?}", report.halts());
+    let healthy: (i64, i64) =
+        sqlx::query_as("SELECT count(*), sum(balance)::bigint FROM bank_accounts WHERE account_id ~ '^acc-[0-9]+$'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(healthy, (20, 200), "every healthy aggregate applied");
+    let letters = projectionist::postgres::park::dead_letters(&pool, Some("bank_accounts"), false).await.unwrap();
+    assert_eq!(letters.len(), hostile.len(), "{letters:#?}");
+    for d in &letters {
+        let offset = usize::try_from(d.offset.expect("an offset")).unwrap();
+        assert_eq!(Some(&d.payload), messages[offset].2.as_ref(), "dead letter {}: the exact bytes", d.id);
+        assert!(hostile.iter().any(|(id, _)| messages[offset].1 == Some(*id)), "{d:?}");
+    }
+    for (id, _) in &hostile {
+        let (balance, version): (i64, i64) =
+            sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!((balance, version), (0, 1), "{id}: its deposit after the dead letter is held, not applied");
+    }
+    let parked = projectionist::postgres::park::list(&pool, None).await.unwrap();
+    let mut waiting: Vec<(String, i64)> = parked.iter().map(|p| (p.aggregate_id.clone(), p.waiting_for)).collect();
+    waiting.sort();
+    assert_eq!(waiting, [("acc-deep".into(), 2), ("acc-n".into(), 2), ("acc-s".into(), 2)]);
+    let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints WHERE topic = $1")
+        .bind(&topic)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(next, messages.len() as i64, "the checkpoint at the head");
+}
