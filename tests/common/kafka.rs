@@ -1,6 +1,9 @@
 //! What the tests of a running engine share: the broker, a topic and a group of their own,
 //! messages produced as given, and a run that stops when caught up.
 
+// Each test file that includes this module uses a part of it.
+#![allow(dead_code)]
+
 use std::time::Duration;
 
 use projectionist::kafka::{topics, Engine, EngineConfig, RunReport};
@@ -23,9 +26,12 @@ pub fn config() -> EngineConfig {
         .with_kafka_property("session.timeout.ms", "6000")
 }
 
+/// A message as produced: a partition (else the key's), a key, a payload (else a tombstone).
+pub type Message<'a> = (Option<i32>, Option<&'a str>, Option<Vec<u8>>);
+
 /// Produces messages as given to `topic` (made with `partitions` if new): a partition or
 /// the key's, a key or none, a payload or none (a tombstone).
-pub async fn produce_to(topic: &str, partitions: i32, messages: &[(Option<i32>, Option<&str>, Option<Vec<u8>>)]) {
+pub async fn produce_to(topic: &str, partitions: i32, messages: &[Message<'_>]) {
     topics::create_topics(&brokers(), &[topic], partitions, 1).await.unwrap();
     let producer: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();

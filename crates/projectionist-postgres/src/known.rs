@@ -7,7 +7,9 @@
 //! that changed (a rebuild's swap or rollback renames tables, `TRUNCATE` gives a new file).
 //! A version that is behind the table (another writer moved the row on) is harmless: the
 //! write built on it changes no row, its count says so, and the batch falls back to the
-//! per-event path, which reads and locks every row and forgets what was remembered. What
+//! per-event path, which reads and locks every row and forgets what was remembered. A gap
+//! planned against what is remembered (an operator's discard, retry or skip moved the row on
+//! in a transaction of its own) forgets it all and is planned again against the table. What
 //! the per-event path, a projection's own `apply` or a failed transaction wrote is never
 //! taken in. What is not caught: a row deleted or moved back behind the engine's back
 //! (an operator's `DELETE`) is taken to stand where this process left it until the
@@ -163,6 +165,13 @@ impl KnownVersions {
         let mut inner = self.inner();
         inner.tables.clear();
         inner.open = false;
+    }
+
+    /// Everything forgotten, the transaction going on: what is remembered may be behind a
+    /// row that was changed outside the partition (an operator's command), and a gap planned
+    /// against it is to be planned again against the table.
+    pub(crate) fn distrust(&self) {
+        self.inner().tables.clear();
     }
 
     /// Everything forgotten, and nothing looked up or taken in until the next transaction

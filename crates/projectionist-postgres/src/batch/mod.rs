@@ -161,7 +161,33 @@ async fn plan_run<'a>(
     parking: RunContext<'_>,
 ) -> Result<Plan<'a>> {
     let lock = parking.per_event && !parking.sole_writer;
-    let mut stored = read_stored(conn, projection, tables, events, lock, None, parking.known).await?;
+    let mut plan = plan_against(conn, projection, tables, events, lock, parking, parking.known).await?;
+    // A gap planned against a version the partition remembers may be a row an operator's
+    // command moved on since (a discard, a retry, a skip): planned again against the table.
+    if let Some(known) = parking.known.filter(|_| !lock && waits(&plan)) {
+        known.distrust();
+        plan = plan_against(conn, projection, tables, events, lock, parking, None).await?;
+    }
+    Ok(plan)
+}
+
+/// Whether `plan` stops at a gap or parks an aggregate.
+fn waits(plan: &Plan<'_>) -> bool {
+    ends_in_a_gap(&plan.outcomes) || plan.parks.iter().any(|(_, parked)| parked.is_some())
+}
+
+/// The plan of a run of events against the rows as they are now (as far as `known` does
+/// not say), up to its first gap.
+async fn plan_against<'a>(
+    conn: &mut PgConnection,
+    projection: &str,
+    tables: &[Table],
+    events: &'a [(EventRef<'a>, Effect<'a>)],
+    lock: bool,
+    parking: RunContext<'_>,
+    known: Option<&KnownVersions>,
+) -> Result<Plan<'a>> {
+    let mut stored = read_stored(conn, projection, tables, events, lock, None, known).await?;
     stored.parked = parking.parked.cloned();
     stored.gaps_halt = parking.gaps_halt;
     let planned = |events| planned(events, plan(tables, &PgTypes, &stored, events));

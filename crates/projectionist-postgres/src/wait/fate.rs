@@ -54,6 +54,29 @@ pub(crate) async fn of(
     }))
 }
 
+/// What became of `version` of `aggregate` (type, id), read by `projection`, once its rows
+/// stand at that version or past it: `None` when it is in the read model; [`Fate::Discarded`]
+/// when an operator skipped it on purpose (a discarded dead letter, or a skipped gap), so
+/// that the gates stand past an event that never changed the read model.
+pub(crate) async fn of_version(
+    pool: &PgPool,
+    projection: &str,
+    (aggregate_type, aggregate_id): &(String, String),
+    version: i64,
+) -> Result<Option<Fate>> {
+    let discarded: Option<i64> = sqlx::query_scalar(
+        "SELECT id FROM projectionist_dead_letters WHERE projection = $1 AND aggregate_type = $2 \
+         AND aggregate_id = $3 AND version = $4 AND resolution = 'discarded' ORDER BY id DESC LIMIT 1",
+    )
+    .bind(projection)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .bind(version)
+    .fetch_optional(pool)
+    .await?;
+    Ok(discarded.map(|id| Fate::Discarded { id }))
+}
+
 /// What one partition's waits know of the offsets its checkpoint passed, so that a wait asks
 /// PostgreSQL once per range of offsets, not once per event: below `below`, every offset is
 /// in the read model but those in `kept_out` (parked, dead-lettered or discarded when the

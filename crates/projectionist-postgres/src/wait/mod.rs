@@ -269,15 +269,24 @@ impl Waiter {
             Ok::<_, Error>(read.into_iter().next().and_then(|(_, v)| v))
         };
         let now = stands().await?;
-        if now.is_some_and(|v| v >= version) {
-            return Ok(Position::Version { version: now });
-        }
-        match tokio::time::timeout(timeout, woken).await {
-            Ok(woken) => {
-                let version = woken.expect("a wait's sender is kept until it is woken or gives up");
-                Ok(Position::Version { version: Some(version) })
+        let reached = if now.is_some_and(|v| v >= version) {
+            now
+        } else {
+            match tokio::time::timeout(timeout, woken).await {
+                Ok(woken) => Some(woken.expect("a wait's sender is kept until it is woken or gives up")),
+                Err(_) => None,
             }
-            Err(_) => Err(Error::Wait(WaitError::Timeout {
+        };
+        match reached {
+            // The aggregate is past the version; it may have been moved past it on purpose.
+            Some(reached) => match fate::of_version(&self.inner.pool, &name, &aggregate, version).await? {
+                None => Ok(Position::Version { version: Some(reached) }),
+                Some(fate) => {
+                    let wanted = format!("{name} to apply {aggregate_type}/{aggregate_id} v{version}");
+                    Err(WaitError::NotApplied { wanted, fate }.into())
+                }
+            },
+            None => Err(Error::Wait(WaitError::Timeout {
                 waited_ms: timeout.as_millis() as u64,
                 wanted: format!("{name} to apply {aggregate_type}/{aggregate_id} v{version}"),
                 position: Position::Version { version: stands().await.unwrap_or(now) },
