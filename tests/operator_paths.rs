@@ -194,3 +194,29 @@ async fn a_retry_beside_a_live_run_that_halts_on_gaps_does_not_halt_it(pool: PgP
 async fn a_skipped_gap_beside_a_live_run_leaves_the_next_event_applicable(pool: PgPool) {
     the_next_event_applies_after(pool, Act::Skip, OnGap::Park).await;
 }
+
+/// A one-shot run (`exit_when_caught_up`) does not stop with an aggregate it could resume:
+/// v1 and v3 on partition 0 (v3 parked, waiting for v2), then v2 on partition 1, which does
+/// not know of a parking of partition 0's. The run that applies v2 ends with v3 applied and
+/// nothing parked, as a live run's idle sweep would leave it within seconds.
+#[sqlx::test(migrations = false)]
+async fn a_one_shot_run_resumes_what_it_can_before_it_exits(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let deposit = |v, amount| e("acc-split", v, &AccountEvent::MoneyDeposited { amount });
+    let opened = e("acc-split", 1, &AccountEvent::AccountOpened { owner: "s".into() });
+    let on = |partition, event: &RawEnvelope| (Some(partition), Some("acc-split"), Some(event.to_json()));
+    let topic = rand_test_topic("one-shot");
+    let one_shot = || kafka::run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]));
+    produce_to(&topic, 2, &[on(0, &opened), on(0, &deposit(3, 7))]).await;
+    assert!(one_shot().await.halts().is_empty());
+    let parked = list(&pool, None).await.unwrap();
+    assert_eq!(parked.iter().map(|p| (p.partition, p.waiting_for)).collect::<Vec<_>>(), [(0, 2)]);
+
+    produce_to(&topic, 2, &[on(1, &deposit(2, 5))]).await;
+    let report = one_shot().await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let parked = list(&pool, None).await.unwrap();
+    assert_eq!(row(&pool, "acc-split").await, Some((12, 3)), "v3 applied before the run exited; parked: {parked:?}");
+    assert!(parked.is_empty(), "nothing left parked");
+}

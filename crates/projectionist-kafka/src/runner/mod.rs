@@ -33,6 +33,9 @@ const UNASSIGNED_WARN_AFTER: Duration = Duration::from_secs(30);
 /// How often it says so again while that lasts.
 const UNASSIGNED_LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// How many times a run about to stop looks for parked aggregates it can resume.
+const MAX_RESUME_PASSES: usize = 16;
+
 /// A running partition task.
 struct Task {
     stop: watch::Sender<Order>,
@@ -145,7 +148,7 @@ impl Runner {
                     self.received(stray).await?;
                 }
                 () = self.caught_up_told.notified(), if self.config.exit_when_caught_up => {
-                    if self.stop_caught_up() {
+                    if self.stop_caught_up().await {
                         break;
                     }
                 }
@@ -155,7 +158,7 @@ impl Runner {
                         crate::metrics::parked_now(&self.pool, self.projection.name());
                     }
                     self.warn_while_unassigned();
-                    if self.stop_caught_up() {
+                    if self.stop_caught_up().await {
                         break;
                     }
                 }
@@ -269,14 +272,54 @@ impl Runner {
         }
     }
 
+    /// Resumes the parked aggregates of the partitions not halted whose version each waits
+    /// for was applied on another partition (what a live run's idle sweep does within
+    /// seconds), until none is left, so that a one-shot run does not stop with an aggregate
+    /// it could resume. A rebuild's fold keeps its parkings in memory: it resumes nothing.
+    /// `false` when PostgreSQL could not be asked (tried again on the next tick).
+    async fn resumed_what_it_can(&self) -> bool {
+        if self.exclusive.fold {
+            return true;
+        }
+        let halted = self.stats.halted.lock().expect("halted lock").clone();
+        let live: Vec<&Tp> = self.tasks.keys().filter(|tp| !halted.contains(*tp)).collect();
+        // A resumed aggregate may make another resumable (its events on two partitions).
+        for _ in 0..MAX_RESUME_PASSES {
+            let mut resumed = 0;
+            for tp in &live {
+                let (topic, partition) = (&tp.topic, tp.partition);
+                let projection = self.projection.as_ref();
+                match projectionist_postgres::park::resume_stale(&self.pool, projection, topic, partition).await {
+                    Ok(n) => resumed += n,
+                    Err(e) => {
+                        tracing::warn!(
+                            projection = %self.name(),
+                            %topic,
+                            partition,
+                            error = %e,
+                            "Cannot check the parked aggregates before stopping; trying again."
+                        );
+                        return false;
+                    }
+                }
+            }
+            if resumed == 0 {
+                return true;
+            }
+            tracing::info!(projection = %self.name(), resumed, "Parked aggregates resumed before stopping.");
+            self.stats.parking_changed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        true
+    }
+
     fn caught_up(&self) -> bool {
         self.assigning.is_none() && !self.tasks.is_empty() && self.tasks.values().all(|t| t.progress.is_caught_up())
     }
 
-    /// Whether to stop now (`exit_when_caught_up`, and every partition caught up or
-    /// halted); says so when it is.
-    fn stop_caught_up(&self) -> bool {
-        if !self.config.exit_when_caught_up || !self.caught_up() {
+    /// Whether to stop now (`exit_when_caught_up`, every partition caught up or halted, and
+    /// nothing parked that could be resumed); says so when it is.
+    async fn stop_caught_up(&self) -> bool {
+        if !self.config.exit_when_caught_up || !self.caught_up() || !self.resumed_what_it_can().await {
             return false;
         }
         match self.stats.partitions_halted() {
