@@ -137,7 +137,11 @@ impl Task {
     pub(super) async fn write_held(&mut self, reads: Reads) -> bool {
         let Err(e) = self.partition.write_held(reads).await else { return true };
         let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
-        if crate::retry::Retry::of(&e) != crate::retry::Retry::Never {
+        // A row count the fold's plan did not expect is no passing failure: another partition
+        // wrote the rows it meant to create (an aggregate's events on two partitions). Halted,
+        // the rebuild goes on batch by batch, which plans against the rows as they are.
+        let conflict = matches!(e, projectionist_postgres::Error::Conflict { .. });
+        if !conflict && crate::retry::Retry::of(&e) != crate::retry::Retry::Never {
             let message = "Could not write the rebuild's folded rows; trying again.";
             tracing::warn!(projection = %self.name(), %topic, partition, error = %e, "{message}");
             tokio::time::sleep(Duration::from_millis(500)).await;

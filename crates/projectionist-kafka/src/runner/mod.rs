@@ -275,12 +275,11 @@ impl Runner {
     /// Resumes the parked aggregates of the partitions not halted whose version each waits
     /// for was applied on another partition (what a live run's idle sweep does within
     /// seconds), until none is left, so that a one-shot run does not stop with an aggregate
-    /// it could resume. A rebuild's fold keeps its parkings in memory: it resumes nothing.
-    /// `false` when PostgreSQL could not be asked (tried again on the next tick).
+    /// it could resume. A rebuild's shadow too: every partition's fold is written by then
+    /// (see `Task::fold_due_at_idle`), and its batches parked what they read out of order,
+    /// each partition knowing only its own parkings. `false` when PostgreSQL could not be
+    /// asked (tried again on the next tick).
     async fn resumed_what_it_can(&self) -> bool {
-        if self.exclusive.fold {
-            return true;
-        }
         let halted = self.stats.halted.lock().expect("halted lock").clone();
         let live: Vec<&Tp> = self.tasks.keys().filter(|tp| !halted.contains(*tp)).collect();
         // A resumed aggregate may make another resumable (its events on two partitions).

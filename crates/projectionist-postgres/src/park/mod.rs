@@ -302,7 +302,11 @@ pub(crate) async fn save(
 }
 
 /// Stores the aggregates `parks` parked (with why: a gap, or the dead letter in `behind`)
-/// and forgets those it resumed.
+/// and forgets those it resumed. A parking another partition made of the same aggregate (its
+/// events on two partitions), which this one never read, is not written over but by a dead
+/// letter: each partition plans against its own parkings only, and the other's may be
+/// uncommitted when it plans; what this one holds waits behind it, and the idle sweep (or,
+/// for a one-shot run or a rebuild, the one before it stops) resumes it once applicable.
 async fn save_parked(
     conn: &mut PgConnection,
     projection: &str,
@@ -339,7 +343,9 @@ async fn save_parked(
              SELECT $1, t, i, $2, $3, w, r, d \
              FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::bigint[]) AS a(t, i, w, r, d) \
              ON CONFLICT (projection, aggregate_type, aggregate_id) DO UPDATE \
-             SET waiting_for = EXCLUDED.waiting_for, reason = EXCLUDED.reason, dead_letter = EXCLUDED.dead_letter",
+             SET waiting_for = EXCLUDED.waiting_for, reason = EXCLUDED.reason, dead_letter = EXCLUDED.dead_letter \
+             WHERE (projectionist_parked.topic, projectionist_parked.partition) = (EXCLUDED.topic, EXCLUDED.partition) \
+                OR (EXCLUDED.dead_letter IS NOT NULL AND projectionist_parked.dead_letter IS NULL)",
         )
         .bind(projection)
         .bind(&source.topic)
