@@ -80,10 +80,33 @@ pub(crate) async fn read(conn: &mut PgConnection, projection: &str, tables: &[(I
 impl Dependents {
     /// Makes the views again over the tables now in place (dropped first, dependents before
     /// what they depend on: anything else depending on a view refuses the swap), then the
-    /// grants on views and tables.
-    pub(crate) async fn carry(&self, conn: &mut PgConnection) -> Result<()> {
+    /// grants on views and tables. With `built`, a rebuild's shadow schema and the live one
+    /// its tables went to: the views the rebuild made there (the new release's `schema()`)
+    /// take the place of the live ones of the same name, and join them, rather than the live
+    /// views being made again as the release before defined them.
+    pub(crate) async fn carry(&self, conn: &mut PgConnection, built: Option<(&Ident, &Ident)>) -> Result<()> {
         self.drop_views(conn).await?;
-        for (view, definition) in &self.views {
+        let mut moved: Vec<String> = Vec::new();
+        if let Some((shadow, live)) = built {
+            // Each view's name as `format('%I')` writes it, as the live views' are.
+            let views: Vec<String> = sqlx::query_scalar(
+                "SELECT quote_ident(c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relkind = 'v' ORDER BY c.oid",
+            )
+            .bind(shadow.as_str())
+            .fetch_all(&mut *conn)
+            .await?;
+            for view in views {
+                // Where the live view of that name was, else beside the tables.
+                let (schema, target) = match self.views.iter().find(|(name, _)| name.ends_with(&format!(".{view}"))) {
+                    Some((name, _)) => (name[..name.len() - view.len() - 1].to_owned(), name.clone()),
+                    None => (live.to_string(), format!("{live}.{view}")),
+                };
+                sqlx::raw_sql(&format!("ALTER VIEW {shadow}.{view} SET SCHEMA {schema}")).execute(&mut *conn).await?;
+                moved.push(target);
+            }
+        }
+        for (view, definition) in self.views.iter().filter(|(view, _)| !moved.contains(view)) {
             sqlx::raw_sql(&format!("CREATE VIEW {view} AS {definition}")).execute(&mut *conn).await?;
         }
         for grant in &self.grants {

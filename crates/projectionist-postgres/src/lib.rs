@@ -2,6 +2,7 @@
 
 mod apply;
 mod batch;
+mod built_for;
 pub mod checkpoint;
 mod checks;
 mod dependents;

@@ -119,7 +119,8 @@ pub fn validate(projection: &dyn PgProjection) -> Result<()> {
 }
 
 /// Creates the projection's tables from their declarations, then runs its extra
-/// [`Projection::schema`] statements.
+/// [`Projection::schema`] statements, and records the event types this release of it
+/// handles as those its tables are built for.
 pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
     validate(projection)?;
     let mut tx = pool.begin().await?;
@@ -129,6 +130,7 @@ pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Resu
     for statement in projection.schema() {
         sqlx::raw_sql(statement).execute(&mut *tx).await?;
     }
+    crate::built_for::record(&mut tx, projection).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -42,6 +42,10 @@ pub enum EventErrorKind {
     /// Parking it would pass one of the bounds on parking: the partition halts at it rather
     /// than hold events without end. Which bound, and how to raise it.
     Bound(String),
+    /// Its type is one this release of the projection does not handle, but the release whose
+    /// rebuild swapped the tables in does: the partition halts at it rather than skip an
+    /// event the tables were built to hold. What to run.
+    Release(String),
     /// The database refused its writes for good (a value its column cannot take, a NOT NULL
     /// or CHECK constraint): found by applying the batch event by event.
     Rejected(Arc<sqlx::Error>),
@@ -83,6 +87,7 @@ impl EventError {
             EventErrorKind::Invalid(_) => "declaration",
             EventErrorKind::Apply { .. } => "apply",
             EventErrorKind::Bound(_) => "bound",
+            EventErrorKind::Release(_) => "release",
             EventErrorKind::Held { source, .. } => source.reason(),
         }
     }
@@ -98,7 +103,7 @@ impl EventError {
                     "{aggregate} v{version} has type {event_type:?}, none of those the projection handles ({known})"
                 )
             }
-            EventErrorKind::Invalid(problem) | EventErrorKind::Bound(problem) => {
+            EventErrorKind::Invalid(problem) | EventErrorKind::Bound(problem) | EventErrorKind::Release(problem) => {
                 format!("{aggregate} v{version}: {problem}")
             }
             EventErrorKind::Rejected(source) => {
@@ -153,7 +158,7 @@ impl std::fmt::Display for EventError {
                 "event #{index} of the batch ({aggregate} v{version}) has type {event_type:?}, which the projection \
                  does not handle (on_unknown_type = halt; its types: {known})"
             ),
-            EventErrorKind::Invalid(problem) | EventErrorKind::Bound(problem) => {
+            EventErrorKind::Invalid(problem) | EventErrorKind::Bound(problem) | EventErrorKind::Release(problem) => {
                 write!(f, "event #{index} of the batch ({aggregate} v{version}): {problem}")
             }
             EventErrorKind::Rejected(source) => write!(

@@ -193,12 +193,15 @@ impl Error {
 
     /// Whether the error halts a partition rather than dead-lettering its event under the
     /// policy `on_poison`: any poison under [`OnPoison::Halt`], and always a problem of the
-    /// whole batch (its declarations), an unknown type the projection halts on, and a bound
-    /// on parking.
+    /// whole batch (its declarations), an unknown type the projection halts on, a bound on
+    /// parking, and a type the release that built the tables handles and this one does not.
     pub fn halts(&self, on_poison: OnPoison) -> bool {
         on_poison == OnPoison::Halt
             || matches!(self, Self::Declaration { .. })
-            || matches!(self.event_kind(), Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_)))
+            || matches!(
+                self.event_kind(),
+                Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_) | EventErrorKind::Release(_))
+            )
     }
 
     /// What is wrong with the event the error is about, when it is about one.

@@ -28,7 +28,8 @@ pub use swap::{hold, rollback, swap, swap_held, Held, Swap};
 pub use verify::{verify, Difference, Verification, FIRST_DIFFERENCES};
 
 /// The engine tables a projection's rows are kept in.
-const ENGINE_TABLES: [&str; 5] = [
+const ENGINE_TABLES: [&str; 6] = [
+    "projectionist_built_for",
     "projectionist_aggregate_versions",
     "projectionist_parked",
     "projectionist_held",

@@ -111,7 +111,9 @@ pub async fn swap_held(held: Held, projection: &dyn PgProjection, topics: &[Stri
         .execute(&mut *tx)
         .await?;
     }
-    dependents.carry(&mut tx).await?;
+    // The views the new release's schema() made over the shadow go over with its tables.
+    let live_schema = live.first().map_or(&engine, |(schema, _)| schema);
+    dependents.carry(&mut tx, Some((&shadow, live_schema))).await?;
     for table in ENGINE_TABLES {
         sqlx::raw_sql(&format!("CREATE TABLE {old}.{table} (LIKE {engine}.{table})")).execute(&mut *tx).await?;
         sqlx::query(&format!("INSERT INTO {old}.{table} SELECT * FROM {engine}.{table} WHERE projection = $1"))
@@ -121,6 +123,7 @@ pub async fn swap_held(held: Held, projection: &dyn PgProjection, topics: &[Stri
     }
     move_rows(&mut tx, name, &shadow, &engine).await?;
     move_parking(&mut tx, name, &shadow, &engine).await?;
+    crate::built_for::record(&mut tx, projection).await?;
     sqlx::raw_sql(&format!("DROP SCHEMA {shadow} CASCADE")).execute(&mut *tx).await?;
     crate::fault::point("before-swap-commit");
     tx.commit().await?;
@@ -148,7 +151,7 @@ pub async fn rollback(pool: &PgPool, projection: &dyn PgProjection) -> Result<()
     for (schema, table) in &live {
         sqlx::raw_sql(&format!("ALTER TABLE {old}.{table} SET SCHEMA {schema}")).execute(&mut *tx).await?;
     }
-    dependents.carry(&mut tx).await?;
+    dependents.carry(&mut tx, None).await?;
     for table in ENGINE_TABLES {
         sqlx::query(&format!("DELETE FROM {engine}.{table} WHERE projection = $1"))
             .bind(name)

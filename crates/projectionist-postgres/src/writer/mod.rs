@@ -107,6 +107,7 @@ pub(crate) async fn write_knowing(
     if !prepared.swap_locked {
         crate::swap_lock::share_swap_lock(conn, projection.name()).await?;
     }
+    crate::built_for::check(conn, projection, prepared).await?;
     // What PostgreSQL checks of the tables: as the caller last read it, else read once here.
     let read;
     let checked = match &prepared.checked {
