@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kafka::{config, produce_to, rand_test_topic};
 use projectionist::kafka::rebuild::{rebuild, verify, Rebuilt};
-use projectionist::kafka::{Engine, RunReport};
+use projectionist::kafka::{Engine, RunReport, Stats};
 use projectionist::postgres::{migrate, PgConnection};
 use projectionist::{Envelope, Projection, RawEnvelope, Table, Writes};
 use serde::{Deserialize, Serialize};
@@ -108,15 +108,16 @@ async fn publish_throughout(topic: String, stop: Arc<AtomicBool>) -> u64 {
     published
 }
 
-/// A live run of `projection` until told to stop.
+/// A live run of `projection` until told to stop, and its counters.
 fn live<P: Projection<PgConnection>>(
     pool: &PgPool,
     topic: &str,
     projection: P,
-) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<RunReport>) {
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<RunReport>, Arc<Stats>) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let engine = Engine::new(pool.clone(), config().with_exit_when_caught_up(false))
         .register(Arc::new(projection), [topic.to_owned()]);
+    let stats = engine.stats().remove(0);
     let run = tokio::spawn(async move {
         engine
             .run(async move {
@@ -125,7 +126,7 @@ fn live<P: Projection<PgConnection>>(
             .await
             .unwrap()
     });
-    (stop, run)
+    (stop, run, stats)
 }
 
 /// docs/operations.md, "Deploying a new release", followed as written: (1) the old release
@@ -141,7 +142,7 @@ async fn a_deploy_of_a_new_column_fed_by_a_new_event_type_loses_no_event(pool: P
     let stop_publishing = Arc::new(AtomicBool::new(false));
     let publisher = tokio::spawn(publish_throughout(topic.clone(), stop_publishing.clone()));
     // 1. The old release runs.
-    let (stop_old, old) = live(&pool, &topic, Release1);
+    let (stop_old, old, old_stats) = live(&pool, &topic, Release1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     // 3. The new release's rebuild, beside it.
     let folded = AtomicU64::default();
@@ -149,18 +150,33 @@ async fn a_deploy_of_a_new_column_fed_by_a_new_event_type_loses_no_event(pool: P
     let rebuilt = tokio::time::timeout(Duration::from_secs(120), rebuilt).await.expect("rebuilt in time").unwrap();
     assert!(matches!(rebuilt, Rebuilt::Swapped { .. }), "swapped in");
     // 4. The old run halts at the first event of the new type after the swap.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    for _ in 0..600 {
+        if old_stats.partitions_halted() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let _ = stop_old.send(());
     let old = old.await.unwrap();
     let halts = old.halts();
     assert!(!halts.is_empty(), "the old release met a Tagged event after the swap and halted");
     assert!(halts.iter().all(|h| h.contains("\"Tagged\"") && h.contains("built for")), "{halts:?}");
     // 5. The new release runs, while events go on arriving, then they stop.
-    let (stop_new, new) = live(&pool, &topic, Release2);
+    let (stop_new, new, _) = live(&pool, &topic, Release2);
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_publishing.store(true, Ordering::SeqCst);
     let published = publisher.await.unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let versions = || async {
+        let sum: Option<i64> =
+            sqlx::query_scalar("SELECT sum(version)::bigint FROM shop_accounts").fetch_one(&pool).await.unwrap();
+        sum.unwrap_or(0) as u64
+    };
+    for _ in 0..600 {
+        if versions().await >= published {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let _ = stop_new.send(());
     assert!(new.await.unwrap().halts().is_empty());
 

@@ -211,7 +211,7 @@ pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> any
     let at = format!("{}/{}@{}", d.topic, d.partition, d.offset.map_or("-".to_owned(), |o| o.to_string()));
     println!("dead letter {} of projection {}, read at {at}", d.id, d.projection);
     match (&d.aggregate_type, &d.aggregate_id, d.version) {
-        (Some(t), Some(i), Some(v)) => println!("aggregate:  {t}/{i} version {v} (parked behind it)"),
+        (Some(t), Some(i), Some(v)) => println!("aggregate:  {t}/{i} version {v} ({})", behind_it(&d)),
         _ => println!("aggregate:  none usable (dead-lettered alone)"),
     }
     println!("reason:     {}", d.reason);
@@ -226,6 +226,16 @@ pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> any
         println!("{resolution} at {at}: {}", d.resolution_note.as_deref().unwrap_or(""));
     }
     Ok(())
+}
+
+/// What became of the aggregate behind a dead letter: parked while it is open; once an
+/// operator resolved it, what they did.
+fn behind_it(d: &projectionist_postgres::park::StoredDeadLetter) -> &'static str {
+    match d.resolution.as_deref() {
+        None => "parked behind it",
+        Some("discarded") => "its version skipped: the aggregate went on without it",
+        Some(_) => "applied by a retry: the aggregate went on",
+    }
 }
 
 /// Bytes as text when they are UTF-8, else as hex (`0x…`).

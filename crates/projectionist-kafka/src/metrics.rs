@@ -222,3 +222,10 @@ pub(crate) fn batch_committed(
     metrics::gauge!(PG_POOL_CONNECTIONS, "state" => "in_use").set(size.saturating_sub(idle) as f64);
     metrics::gauge!(PG_POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
 }
+
+/// Sets `projection`'s halted-partitions and waiting-for-PostgreSQL gauges to 0, as a run
+/// starts: a series that does not exist cannot make an alert on `> 0` fire well.
+pub(crate) fn zero_alert_gauges(projection: &str) {
+    metrics::gauge!(PARTITIONS_HALTED, "projection" => projection.to_owned()).set(0.0);
+    metrics::gauge!(POSTGRES_WAITING, "projection" => projection.to_owned()).set(0.0);
+}

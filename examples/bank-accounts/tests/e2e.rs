@@ -618,6 +618,8 @@ async fn an_operator_lists_shows_retries_discards_and_skips_what_was_held_back(p
     let (status, said, stderr) = env.output(&["dead-letters", "discard", id, "--reason", "typo"]).await;
     assert!(status.success(), "{stderr}");
     assert_eq!(said.trim(), format!("dead letter {id}: discarded; 1 held event(s) applied after it"));
+    let (_, shown, _) = env.output(&["dead-letters", "show", id]).await;
+    assert!(shown.contains("acc-poison version 2 (its version skipped"), "no longer parked behind it: {shown}");
     let skip = ["parked", "skip", "bank_accounts", "account", "acc-gap", "--reason", "never published"];
     let (status, said, stderr) = env.output(&skip).await;
     assert!(status.success(), "{stderr}");
@@ -789,6 +791,10 @@ async fn metrics_and_readiness_tell_what_happened(pool: PgPool) {
         assert!(age > 0.0, "events occurred in the past");
     }
     assert!(sample(&metrics, "projectionist_pg_pool_connections", &["state=\"idle\""]).is_some());
+    // The main alerts' series exist at 0, so that `> 0` has a series to fire on.
+    for gauge in ["projectionist_partitions_halted", "projectionist_postgres_waiting"] {
+        assert_eq!(sample(&metrics, gauge, &[p]), Some(0.0), "{gauge} at 0\n{metrics}");
+    }
     assert!(!metrics.contains("acc-0"), "no aggregate id in any label");
 
     std::process::Command::new("kill").args(["-TERM", &child.id().unwrap().to_string()]).status().unwrap();

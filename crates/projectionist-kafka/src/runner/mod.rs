@@ -131,6 +131,8 @@ impl Runner {
 
     pub(crate) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         crate::metrics::parked_now(&self.pool, self.projection.name());
+        // The alerts' gauges exist from the start, at 0: an alert on `> 0` needs a series.
+        crate::metrics::zero_alert_gauges(self.projection.name());
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
