@@ -35,7 +35,17 @@ pub(crate) struct PublishArgs {
     /// library's `Waiter`).
     #[arg(long, value_name = "FILE")]
     report_offsets: Option<String>,
+    /// Publish each line as it is, unchecked, keyed by `--key` (none without it): for a
+    /// dead-letter drill, a malformed message on purpose. Not for events.
+    #[arg(long, conflicts_with = "report_offsets")]
+    raw: bool,
+    /// With `--raw`: the key of every message.
+    #[arg(long, requires = "raw")]
+    key: Option<String>,
 }
+
+/// A line to publish: its text, as written, and the envelope it holds (`None`: `--raw`).
+type Line = (Option<RawEnvelope>, String);
 
 pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> anyhow::Result<ExitCode> {
     projectionist_kafka::topics::create_topics(client, &[&args.topic], args.partitions, 1).await?;
@@ -64,7 +74,8 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         ))),
     };
     let mut progress = crate::progress::ProgressDisplay::new("Publishing", "events", total);
-    let mut chunks = Chunks { lines: BufReader::new(reader).lines(), file: &args.file, line_no: 0, done: false };
+    let lines = BufReader::new(reader).lines();
+    let mut chunks = Chunks { lines, file: &args.file, line_no: 0, done: false, raw: args.raw };
     let (mut published, mut transactions, mut bad_lines, mut skipped_chunks) = (0_usize, 0_usize, 0_usize, 0_usize);
     while !chunks.done {
         let (chunk, errors) = chunks.next(args.chunk_size.max(1)).await?;
@@ -80,7 +91,7 @@ pub(crate) async fn publish(client: &KafkaClientConfig, args: PublishArgs) -> an
         if chunk.is_empty() {
             continue;
         }
-        let delivered = send_chunk(&producer, &args.topic, &chunk).await?;
+        let delivered = send_chunk(&producer, &args.topic, &chunk, args.key.as_deref()).await?;
         if let Some(report) = report.as_mut() {
             report_offsets(report, &args.topic, &chunk, delivered)?;
         }
@@ -114,12 +125,14 @@ struct Chunks<'a, R> {
     line_no: usize,
     /// Whether the input has ended.
     done: bool,
+    /// Lines are published unchecked (`--raw`).
+    raw: bool,
 }
 
 impl<R: tokio::io::AsyncBufRead + Unpin> Chunks<'_, R> {
     /// The next `size` envelopes, each checked, with its line (what is published, byte for
     /// byte), and the lines among them that are not envelopes, each named.
-    async fn next(&mut self, size: usize) -> anyhow::Result<(Vec<(RawEnvelope, String)>, Vec<String>)> {
+    async fn next(&mut self, size: usize) -> anyhow::Result<(Vec<Line>, Vec<String>)> {
         let (mut chunk, mut errors) = (Vec::with_capacity(size), Vec::new());
         while chunk.len() + errors.len() < size {
             let Some(line) = self.lines.next_line().await.with_context(|| format!("reading {}", self.file))? else {
@@ -130,8 +143,13 @@ impl<R: tokio::io::AsyncBufRead + Unpin> Chunks<'_, R> {
             if line.trim().is_empty() {
                 continue;
             }
+            let text = line.trim_end_matches('\r').to_owned();
+            if self.raw {
+                chunk.push((None, text));
+                continue;
+            }
             match RawEnvelope::from_slice(line.as_bytes()) {
-                Ok(e) => chunk.push((e, line.trim_end_matches('\r').to_owned())),
+                Ok(e) => chunk.push((Some(e), text)),
                 Err(e) => errors.push(format!("line {}: {e}", self.line_no)),
             }
         }
@@ -143,10 +161,11 @@ impl<R: tokio::io::AsyncBufRead + Unpin> Chunks<'_, R> {
 fn report_offsets(
     report: &mut dyn std::io::Write,
     topic: &str,
-    chunk: &[(RawEnvelope, String)],
+    chunk: &[Line],
     delivered: Vec<(i32, i64)>,
 ) -> anyhow::Result<()> {
     for ((e, _), (partition, offset)) in chunk.iter().zip(delivered) {
+        let Some(e) = e else { continue };
         let line = serde_json::json!({
             "id": e.id, "aggregate_type": e.aggregate_type, "aggregate_id": e.aggregate_id,
             "version": e.version, "topic": topic, "partition": partition, "offset": offset,
@@ -156,17 +175,23 @@ fn report_offsets(
     Ok(())
 }
 
-/// Publishes `chunk` in one transaction, each envelope as its line was written (keyed by its
-/// aggregate id); where each event went (partition, offset).
+/// Publishes `chunk` in one transaction, each line as it was written, keyed by its
+/// envelope's aggregate id (a raw line by `raw_key`, if any); where each went (partition,
+/// offset).
 async fn send_chunk(
     producer: &FutureProducer,
     topic: &str,
-    chunk: &[(RawEnvelope, String)],
+    chunk: &[Line],
+    raw_key: Option<&str>,
 ) -> anyhow::Result<Vec<(i32, i64)>> {
     producer.begin_transaction()?;
     let sends = chunk.iter().map(|(e, line)| {
-        producer
-            .send(FutureRecord::to(topic).key(e.aggregate_id.as_str()).payload(line.as_str()), Duration::from_secs(30))
+        let record = FutureRecord::to(topic).payload(line.as_str());
+        let record = match e.as_ref().map(|e| e.aggregate_id.as_str()).or(raw_key) {
+            Some(key) => record.key(key),
+            None => record,
+        };
+        producer.send(record, Duration::from_secs(30))
     });
     let results = futures_util::future::join_all(sends).await;
     let mut delivered = Vec::with_capacity(results.len());

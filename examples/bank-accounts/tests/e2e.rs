@@ -666,6 +666,27 @@ async fn publish_reports_malformed_lines_and_commits_nothing_of_their_chunk(pool
     assert_eq!(ids, ["acc-a", "acc-b", "acc-d", "acc-e"], "nothing of the malformed line's chunk was committed");
 }
 
+/// `publish --raw` puts lines on the topic as they are, for a dead-letter drill: a malformed
+/// message becomes a dead letter with its exact bytes and the key given.
+#[sqlx::test(migrations = false)]
+async fn publish_raw_puts_a_malformed_message_on_the_topic_for_a_drill(pool: PgPool) {
+    let env = Env::new(&pool, "publish-raw").await;
+    let file = env.dir.join("raw.txt");
+    std::fs::write(&file, "{\"not\": \"an envelope\"}\n").unwrap();
+    let args = ["publish", "--topic", &env.topic, "--raw", "--key", "acc-drill", file.to_str().unwrap()];
+    let out = env.cli(&args).output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (status, _, stderr) = env.run_until_caught_up(&[]).await;
+    assert!(status.success(), "{stderr}");
+    let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(
+        (letters[0].reason.as_str(), letters[0].payload.as_slice()),
+        ("envelope", &b"{\"not\": \"an envelope\"}"[..])
+    );
+    assert_eq!(letters[0].key.as_deref(), Some(&b"acc-drill"[..]));
+}
+
 /// One GET over plain HTTP/1.1; returns status code and body.
 /// The value of one sample line `name{labels} value` whose labels include all of `labels`.
 fn sample(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
