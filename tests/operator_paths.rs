@@ -220,3 +220,107 @@ async fn a_one_shot_run_resumes_what_it_can_before_it_exits(pool: PgPool) {
     assert_eq!(row(&pool, "acc-split").await, Some((12, 3)), "v3 applied before the run exited; parked: {parked:?}");
     assert!(parked.is_empty(), "nothing left parked");
 }
+
+/// `parked` points at the dead letter that holds the version an aggregate waits for,
+/// whichever came first: the gap (v3 parked, then v2 dead-lettered) or the dead letter.
+#[sqlx::test(migrations = false)]
+async fn parked_names_the_dead_letter_holding_the_version_it_waits_for(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let topic = rand_test_topic("parked-letter");
+    let live = Live::start(&pool, &topic, config());
+    for (id, order) in [("acc-gap-first", [3, 2]), ("acc-letter-first", [2, 3])] {
+        let mut events = vec![e(id, 1, &AccountEvent::AccountOpened { owner: "p".into() })];
+        events.extend(order.map(|v| {
+            let mut event = e(id, v, &AccountEvent::MoneyDeposited { amount: 5 });
+            if v == 2 {
+                event.data = serde_json::json!({ "amount": "a lot" });
+            }
+            event
+        }));
+        for event in &events {
+            publish(&topic, std::slice::from_ref(event)).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let letters = eventually("two dead letters", || async {
+        let letters = dead_letters(&pool, Some("bank_accounts"), false).await.unwrap();
+        (letters.len() == 2).then_some(letters)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let parked = list(&pool, None).await.unwrap();
+    for p in &parked {
+        let letter = letters.iter().find(|d| d.aggregate_id.as_deref() == Some(p.aggregate_id.as_str())).unwrap();
+        assert_eq!((p.waiting_for, p.dead_letter), (2, Some(letter.id)), "{p:?}");
+        assert!(p.to_resume().contains(&format!("dead-letters retry {}", letter.id)), "{}", p.to_resume());
+    }
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    assert!(live.stop().await.halts().is_empty());
+}
+
+/// Aggregates whose versions alternate between two partitions (a producer with another
+/// partitioner): both partitions park and resume the same aggregates at once, and a
+/// one-shot run still ends with every event applied and nothing parked.
+#[sqlx::test(migrations = false)]
+async fn aggregates_split_over_two_partitions_end_applied(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let topic = rand_test_topic("split");
+    let mut messages = Vec::new();
+    for n in 0..10 {
+        let id = format!("acc-{n}");
+        messages.push((
+            Some(0),
+            Some(id.clone()),
+            Some(e(&id, 1, &AccountEvent::AccountOpened { owner: "s".into() }).to_json()),
+        ));
+        for v in 2..=6 {
+            let deposit = e(&id, v, &AccountEvent::MoneyDeposited { amount: v });
+            messages.push((Some((v % 2) as i32), Some(id.clone()), Some(deposit.to_json())));
+        }
+    }
+    let borrowed: Vec<_> = messages.iter().map(|(p, k, v)| (*p, k.as_deref(), v.clone())).collect();
+    produce_to(&topic, 2, &borrowed).await;
+    let report =
+        kafka::run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let parked = list(&pool, None).await.unwrap();
+    let rows: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT account_id, balance, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let want: Vec<_> = (0..10).map(|n| (format!("acc-{n}"), 2 + 3 + 4 + 5 + 6, 6)).collect();
+    assert_eq!(rows, want, "parked: {parked:?}");
+    assert!(parked.is_empty(), "{parked:?}");
+}
+
+/// A dead letter read on another partition than the one that parked its aggregate: v1 and
+/// v3 on partition 0 (v3 parked, waiting for v2), v2 poison on partition 1. Its discard
+/// resumes the aggregate where it is parked, and v3 applies in the discard's transaction.
+#[sqlx::test(migrations = false)]
+async fn a_discard_of_a_dead_letter_read_on_another_partition_resumes_its_aggregate(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let on = |partition, event: &RawEnvelope| (Some(partition), Some("acc-two"), Some(event.to_json()));
+    let topic = rand_test_topic("two-partitions");
+    let one_shot = || kafka::run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()]));
+    let opened = e("acc-two", 1, &AccountEvent::AccountOpened { owner: "t".into() });
+    produce_to(&topic, 2, &[on(0, &opened), on(0, &e("acc-two", 3, &AccountEvent::MoneyDeposited { amount: 7 }))])
+        .await;
+    assert!(one_shot().await.halts().is_empty());
+    let mut poison = e("acc-two", 2, &AccountEvent::MoneyDeposited { amount: 5 });
+    poison.data = serde_json::json!({ "amount": "a lot" });
+    produce_to(&topic, 2, &[on(1, &poison)]).await;
+    assert!(one_shot().await.halts().is_empty());
+    let letter = dead_letters(&pool, Some("bank_accounts"), false).await.unwrap().remove(0);
+    assert_eq!(letter.partition, 1);
+    let parked = list(&pool, None).await.unwrap();
+    assert_eq!(parked.iter().map(|p| (p.partition, p.dead_letter)).collect::<Vec<_>>(), [(0, Some(letter.id))]);
+
+    let discarded = resolve(&pool, &BankAccounts, letter.id, Resolve::Discard { reason: "bad".into() }).await.unwrap();
+    assert_eq!(discarded.drained.applied, 1, "{discarded:?}");
+    assert_eq!(row(&pool, "acc-two").await, Some((7, 3)));
+    assert!(list(&pool, None).await.unwrap().is_empty());
+}

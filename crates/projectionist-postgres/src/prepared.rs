@@ -25,6 +25,10 @@ pub struct Prepared {
     /// Where the events were read, as they arrived: set for parking and dead letters to
     /// store what they keep.
     pub(crate) source: Option<Source>,
+    /// The partition whose parkings the batch is planned against, when it is not the one
+    /// its events were read on: an operator's resolution, or the resumption of a parking,
+    /// of an event read on another partition than the one that parked its aggregate.
+    pub(crate) parked_on: Option<(String, i32)>,
     /// Events held for parked aggregates found poison when their aggregate resumed, by id
     /// in `projectionist_held`: dead-lettered when they drain.
     pub(crate) held_poison: HashMap<i64, Error>,

@@ -84,16 +84,16 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
     };
     // The aggregate now waits for this version (the dead letter lifted): applying it, or its
     // skip, resumes the aggregate, and what is held behind it drains after it.
-    sqlx::query(
+    let parked_on: Option<(String, i32)> = sqlx::query_as(
         "UPDATE projectionist_parked SET dead_letter = NULL, waiting_for = $4, reason = $5 \
-         WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3",
+         WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3 RETURNING topic, partition",
     )
     .bind(name)
     .bind(aggregate_type)
     .bind(aggregate_id)
     .bind(version)
     .bind(format!("dead letter {id} being {resolution}"))
-    .execute(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
     let mut prepared = match &action {
         Resolve::Retry => match LazyEnvelope::from_slice(&d.payload) {
@@ -106,6 +106,9 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
     let message = SourceMessage { offset: d.offset, key: d.key.clone(), payload: d.payload.clone(), headers };
     let (topic, partition) = (d.topic.clone(), d.partition);
     prepared.set_source(Source { topic, partition, messages: vec![message], undecodable: Vec::new() });
+    // Planned against the aggregate's parking, wherever it was parked (its events may be
+    // read on more than one partition).
+    prepared.parked_on = parked_on;
     let written = write_resolution(&mut tx, projection, &mut prepared).await?;
     let outcome = written.outcomes.first().copied().unwrap_or(Outcome::Duplicate);
     let error = prepared.poison_at(0).map(Error::of_the_event);
@@ -264,8 +267,15 @@ pub async fn resume_stale(pool: &PgPool, projection: &dyn PgProjection, topic: &
             payload: row.payload.clone(),
             headers: row.headers(),
         };
-        let (topic, partition) = (row.topic.clone(), row.partition);
-        prepared.set_source(Source { topic, partition, messages: vec![message], undecodable: Vec::new() });
+        let read_on = (row.topic.clone(), row.partition);
+        prepared.set_source(Source {
+            topic: read_on.0,
+            partition: read_on.1,
+            messages: vec![message],
+            undecodable: Vec::new(),
+        });
+        // Read on another partition, maybe: planned against this partition's parking of it.
+        prepared.parked_on = Some((topic.to_owned(), partition));
         let mut tx = pool.begin().await?;
         write_resolution(&mut tx, projection, &mut prepared).await?;
         tx.commit().await?;

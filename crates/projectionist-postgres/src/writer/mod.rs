@@ -117,8 +117,10 @@ pub(crate) async fn write_knowing(
             &read
         }
     };
-    let parked = match source {
-        Some(source) => Some(park::read(conn, projection.name(), &source.topic, source.partition).await?),
+    let parked_on =
+        source.map(|s| prepared.parked_on.as_ref().map_or((s.topic.as_str(), s.partition), |(t, p)| (t, *p)));
+    let parked = match parked_on {
+        Some((topic, partition)) => Some(park::read(conn, projection.name(), topic, partition).await?),
         None => None,
     };
     let mut writer = Writer {
