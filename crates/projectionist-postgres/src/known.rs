@@ -9,7 +9,7 @@
 //! write built on it changes no row, its count says so, and the batch falls back to the
 //! per-event path, which reads and locks every row and forgets what was remembered. A gap
 //! planned against what is remembered (an operator's discard, retry or skip moved the row on
-//! in a transaction of its own) forgets it all and is planned again against the table. What
+//! in a transaction of its own) forgets the waiting aggregates' versions and is planned again. What
 //! the per-event path, a projection's own `apply` or a failed transaction wrote is never
 //! taken in. What is not caught: a row deleted or moved back behind the engine's back
 //! (an operator's `DELETE`) is taken to stand where this process left it until the
@@ -167,11 +167,20 @@ impl KnownVersions {
         inner.open = false;
     }
 
-    /// Everything forgotten, the transaction going on: what is remembered may be behind a
-    /// row that was changed outside the partition (an operator's command), and a gap planned
-    /// against it is to be planned again against the table.
-    pub(crate) fn distrust(&self) {
-        self.inner().tables.clear();
+    /// The versions of `keys` forgotten in every table, the transaction going on: what is
+    /// remembered of them may be behind a row changed outside the partition (an operator's
+    /// command), and a gap planned against it is to be planned again against the table.
+    /// Whether any of them was remembered (else the plan was against the table already).
+    pub(crate) fn distrust(&self, keys: Vec<&str>) -> bool {
+        let mut inner = self.inner();
+        let mut forgot = false;
+        for known in inner.tables.values_mut() {
+            for key in &keys {
+                forgot |= known.get(key).is_some();
+                known.set(key, None);
+            }
+        }
+        forgot
     }
 
     /// Everything forgotten, and nothing looked up or taken in until the next transaction

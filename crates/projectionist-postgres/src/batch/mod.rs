@@ -164,16 +164,27 @@ async fn plan_run<'a>(
     let mut plan = plan_against(conn, projection, tables, events, lock, parking, parking.known).await?;
     // A gap planned against a version the partition remembers may be a row an operator's
     // command moved on since (a discard, a retry, a skip): planned again against the table.
-    if let Some(known) = parking.known.filter(|_| !lock && waits(&plan)) {
-        known.distrust();
-        plan = plan_against(conn, projection, tables, events, lock, parking, None).await?;
+    // Only the waiting aggregates' versions are forgotten, and only where one was remembered.
+    if let Some(known) = parking.known.filter(|_| !lock) {
+        if known.distrust(waiting(&plan, events)) {
+            plan = plan_against(conn, projection, tables, events, lock, parking, Some(known)).await?;
+        }
     }
     Ok(plan)
 }
 
-/// Whether `plan` stops at a gap or parks an aggregate.
-fn waits(plan: &Plan<'_>) -> bool {
-    ends_in_a_gap(&plan.outcomes) || plan.parks.iter().any(|(_, parked)| parked.is_some())
+/// The aggregates `plan` waits for a version of: the one whose gap ends it, and those it
+/// parks on a gap (not those parked behind a dead letter: their event is there).
+fn waiting<'a>(plan: &Plan<'_>, events: &'a [(EventRef<'a>, Effect<'a>)]) -> Vec<&'a str> {
+    let parked = plan.parks.iter().filter(|(_, p)| p.is_some_and(|p| !p.dead_letter));
+    let gap = ends_in_a_gap(&plan.outcomes).then(|| plan.outcomes.len() - 1).and_then(|i| events.get(i));
+    let mut ids: Vec<&'a str> = gap.map(|(e, _)| e.aggregate_id).into_iter().collect();
+    for ((_, id), _) in parked {
+        if let Some((e, _)) = events.iter().find(|(e, _)| e.aggregate_id == id) {
+            ids.push(e.aggregate_id);
+        }
+    }
+    ids
 }
 
 /// The plan of a run of events against the rows as they are now (as far as `known` does
