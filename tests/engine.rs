@@ -1095,7 +1095,7 @@ async fn a_held_event_refused_when_its_aggregate_resumes_is_dead_lettered_itself
     assert_eq!(
         (d.header_names.clone(), d.header_values.clone()),
         (
-            vec!["trace".to_owned(), "empty".to_owned(), "null".to_owned()],
+            vec![b"trace".to_vec(), b"empty".to_vec(), b"null".to_vec()],
             vec![Some(vec![0u8, 255, 7]), Some(vec![]), None]
         )
     );

@@ -79,3 +79,45 @@ async fn data_no_reader_can_hold_is_a_dead_letter_and_the_partition_flows(pool: 
         .unwrap();
     assert_eq!(next, messages.len() as i64, "the checkpoint at the head");
 }
+
+/// A header name that is not UTF-8 (legal on the wire: librdkafka and Go producers write
+/// one) neither stops the partition nor loses the name: the envelope applies as any other,
+/// and a dead letter keeps the name's bytes. (rdkafka's header reader panicked on it inside
+/// the partition's task, and nothing noticed: no halt, the run exiting 0 with the rest unread.)
+#[sqlx::test(migrations = false)]
+async fn a_header_name_that_is_not_utf8_is_kept_as_bytes_and_the_partition_flows(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let topic = rand_test_topic("header-name");
+    let opened = e("acc-h", 1, &AccountEvent::AccountOpened { owner: "h".into() }).to_json();
+    produce_to(&topic, 1, &[(Some(0), Some("acc-h"), Some(opened))]).await;
+    let name: &[u8] = &[0xff, 0xfe, b'n'];
+    let deposit = e("acc-h", 2, &AccountEvent::MoneyDeposited { amount: 5 }).to_json();
+    kafka::raw_produce(&topic, 0, b"acc-h", &deposit, &[(name, b"v"), (b"trace", b"t")]);
+    let mut poison = e("acc-h", 3, &AccountEvent::MoneyDeposited { amount: 5 });
+    poison.data = serde_json::json!({ "amount": "a lot" });
+    kafka::raw_produce(&topic, 0, b"acc-h", &poison.to_json(), &[(name, &[0, 1])]);
+    let after = e("acc-after", 1, &AccountEvent::AccountOpened { owner: "a".into() }).to_json();
+    produce_to(&topic, 1, &[(Some(0), Some("acc-after"), Some(after))]).await;
+
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let rows: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT account_id, balance, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, [("acc-after".into(), 0, 1), ("acc-h".into(), 5, 2)]);
+    let letters = projectionist::postgres::park::dead_letters(&pool, Some("bank_accounts"), false).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    assert_eq!(
+        (letters[0].header_names.clone(), letters[0].header_values.clone()),
+        (vec![name.to_vec()], vec![Some(vec![0, 1])])
+    );
+    let next: i64 = sqlx::query_scalar("SELECT next_offset FROM projectionist_checkpoints WHERE topic = $1")
+        .bind(&topic)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(next, 4, "the checkpoint at the head");
+}

@@ -58,3 +58,26 @@ pub async fn run(engine: Engine) -> RunReport {
         .expect("engine caught up in time")
         .unwrap()
 }
+
+/// Produces one record to `topic`'s `partition` byte for byte, header names included, with
+/// franz-go (`tests/tools/raw-produce`, built once per test binary): rdkafka's safe API
+/// cannot write a header name that is not UTF-8, as librdkafka and Go producers can.
+pub fn raw_produce(topic: &str, partition: i32, key: &[u8], value: &[u8], headers: &[(&[u8], &[u8])]) {
+    static TOOL: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let tool = TOOL.get_or_init(|| {
+        let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("raw-produce");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/raw-produce");
+        let built = std::process::Command::new("go").args(["build", "-o"]).arg(&out).current_dir(dir).status();
+        assert!(built.is_ok_and(|s| s.success()), "go build in {dir} (Go and its module proxy)");
+        out
+    });
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let mut command = std::process::Command::new(tool);
+    command.args(["-brokers", &brokers(), "-topic", topic, "-partition", &partition.to_string()]);
+    command.args(["-key", &hex(key), "-value", &hex(value)]);
+    for (name, value) in headers {
+        command.args(["-header", &format!("{}={}", hex(name), hex(value))]);
+    }
+    let status = command.status().expect("raw-produce runs");
+    assert!(status.success(), "raw-produce to {topic}: {status}");
+}

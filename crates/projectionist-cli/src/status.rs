@@ -218,7 +218,7 @@ pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> any
     println!("attempts:   {} (first {}, last {})", d.attempts, d.first_seen, d.last_seen);
     println!("key:        {}", d.key.as_deref().map_or("(none)".to_owned(), shown));
     for (name, value) in d.header_names.iter().zip(&d.header_values) {
-        println!("header:     {name}: {}", value.as_deref().map_or("(null)".to_owned(), shown));
+        println!("header:     {}: {}", shown(name), value.as_deref().map_or("(null)".to_owned(), shown));
     }
     println!("payload ({} bytes):\n{}", d.payload.len(), shown(&d.payload));
     println!("error:\n{}", d.error);
@@ -249,7 +249,7 @@ fn shown(bytes: &[u8]) -> String {
 /// A dead letter as one JSON object: bytes as text when they are UTF-8, else as hex.
 fn dead_letter_json(d: &projectionist_postgres::park::StoredDeadLetter) -> serde_json::Value {
     let headers: serde_json::Map<String, serde_json::Value> =
-        d.header_names.iter().zip(&d.header_values).map(|(n, v)| (n.clone(), v.as_deref().map(shown).into())).collect();
+        d.header_names.iter().zip(&d.header_values).map(|(n, v)| (shown(n), v.as_deref().map(shown).into())).collect();
     serde_json::json!({
         "id": d.id,
         "projection": d.projection,

@@ -52,8 +52,11 @@ impl DeadLetterTopic {
 
     async fn produce(&self, d: &StoredDeadLetter) -> std::result::Result<(), rdkafka::error::KafkaError> {
         let mut headers = OwnedHeaders::new();
-        for (key, value) in d.header_names.iter().zip(&d.header_values) {
-            headers = headers.insert(Header { key, value: value.as_deref() });
+        // rdkafka's producer takes a header name as text: one that is not UTF-8 goes out
+        // made readable (PostgreSQL's record keeps its bytes).
+        for (name, value) in d.header_names.iter().zip(&d.header_values) {
+            let key = String::from_utf8_lossy(name);
+            headers = headers.insert(Header { key: &key, value: value.as_deref() });
         }
         let (partition, offset, id) = (d.partition.to_string(), d.offset.map(|o| o.to_string()), d.id.to_string());
         let ours = [

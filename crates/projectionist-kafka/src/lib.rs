@@ -7,6 +7,7 @@ mod context;
 mod dead_letters;
 mod engine;
 mod error;
+mod headers;
 pub mod metrics;
 mod outage;
 mod partition;

@@ -3,7 +3,7 @@
 
 use projectionist_core::{LazyEnvelope, OnPoison};
 use projectionist_postgres::park::{SourceMessage, Undecodable};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 
 use super::{Halt, HaltKind};
 
@@ -41,9 +41,7 @@ impl Msg {
         let (key, payload) = (message.key(), message.payload());
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
         let envelope = decode(key, payload, max_bytes);
-        let headers = message.headers().map_or_else(Vec::new, |headers| {
-            headers.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect()
-        });
+        let headers = crate::headers::read(message);
         let message = SourceMessage {
             offset: Some(at.offset),
             key: key.map(<[u8]>::to_vec),

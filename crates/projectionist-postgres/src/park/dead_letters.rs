@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use super::{headers_json, DeadLetter, Source};
+use super::{hex, DeadLetter, Source};
 use crate::Result;
 
 /// A dead letter, as stored.
@@ -26,8 +26,8 @@ pub struct StoredDeadLetter {
     pub key: Option<Vec<u8>>,
     /// The message's payload, as read.
     pub payload: Vec<u8>,
-    /// The message's header names, as read.
-    pub header_names: Vec<String>,
+    /// The message's header names, as read (bytes: a name need not be UTF-8 on the wire).
+    pub header_names: Vec<Vec<u8>>,
     /// The message's header values, as read (`None`: a header without a value).
     pub header_values: Vec<Option<Vec<u8>>>,
     /// Its aggregate's type, when the envelope names it (parked behind it).
@@ -54,8 +54,9 @@ pub struct StoredDeadLetter {
     pub resolution_note: Option<String>,
 }
 
-pub(crate) const DEAD_LETTER_COLUMNS: &str =
-    "id, projection, topic, partition, \"offset\", key, payload, header_names, \
+pub(crate) const DEAD_LETTER_COLUMNS: &str = "id, projection, topic, partition, \"offset\", key, payload, \
+     COALESCE(header_name_bytes, ARRAY(SELECT convert_to(n, 'UTF8') FROM unnest(header_names) WITH ORDINALITY \
+     AS u(n, o) ORDER BY o)) AS header_names, \
      header_values, aggregate_type, aggregate_id, version, reason, error, attempts, first_seen, last_seen, resolution, \
      resolved_at, resolution_note";
 
@@ -148,20 +149,31 @@ pub(super) async fn insert<'a>(
     Ok((letter_ids, behind))
 }
 
+/// A header list for the set-based insert: each name as text (a name that is not UTF-8 made
+/// readable, for SQL), as its bytes, and its value (hex, or null).
+fn headers_json(headers: &[(Vec<u8>, Option<Vec<u8>>)]) -> serde_json::Value {
+    let row = |(name, value): &(Vec<u8>, Option<Vec<u8>>)| {
+        serde_json::json!([String::from_utf8_lossy(name), hex(name), value.as_deref().map(hex)])
+    };
+    headers.iter().map(row).collect()
+}
+
 const DEAD_LETTER_INSERT: &str = "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", \
-     key, payload, header_names, header_values, aggregate_type, aggregate_id, version, reason, error)";
+     key, payload, header_names, header_name_bytes, header_values, aggregate_type, aggregate_id, version, reason, \
+     error)";
 
 const DEAD_LETTER_CONFLICT: &str = "ON CONFLICT (projection, topic, partition, \"offset\") DO UPDATE \
      SET attempts = projectionist_dead_letters.attempts + 1, last_seen = now(), error = EXCLUDED.error";
 
 /// Stores one dead letter: its id.
 async fn insert_dead_letter(conn: &mut PgConnection, projection: &str, d: &DeadLetter<'_>) -> Result<i64> {
-    let (names, values): (Vec<&str>, Vec<Option<&[u8]>>) =
-        d.headers.iter().map(|(n, v)| (n.as_str(), v.as_deref())).unzip();
+    let texts: Vec<String> = d.headers.iter().map(|(n, _)| String::from_utf8_lossy(n).into_owned()).collect();
+    let (names, values): (Vec<&[u8]>, Vec<Option<&[u8]>>) =
+        d.headers.iter().map(|(n, v)| (n.as_slice(), v.as_deref())).unzip();
     let (aggregate_type, aggregate_id, version) =
         d.aggregate.map_or((None, None, None), |(t, i, v)| (Some(t), Some(i), Some(v)));
     Ok(sqlx::query_scalar(&format!(
-        "{DEAD_LETTER_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+        "{DEAD_LETTER_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
          {DEAD_LETTER_CONFLICT} RETURNING id"
     ))
     .bind(projection)
@@ -170,6 +182,7 @@ async fn insert_dead_letter(conn: &mut PgConnection, projection: &str, d: &DeadL
     .bind(d.offset)
     .bind(d.key)
     .bind(d.payload)
+    .bind(&texts)
     .bind(&names)
     .bind(&values)
     .bind(aggregate_type)
@@ -207,16 +220,18 @@ async fn insert_dead_letter_set(
     let keys: Vec<Option<&[u8]>> = dead.iter().map(|d| d.key).collect();
     let payloads: Vec<&[u8]> = dead.iter().map(|d| d.payload).collect();
     let headers: Vec<serde_json::Value> = dead.iter().map(|d| headers_json(d.headers)).collect();
-    // Each header list as its JSON (`[[name, hex or null], …]`), read back in order.
+    // Each header list as its JSON (`[[name as text, name as hex, value as hex or null], …]`),
+    // read back in order.
     let header =
         |part: &str| format!("ARRAY(SELECT {part} FROM jsonb_array_elements(h) WITH ORDINALITY AS e(x, n) ORDER BY n)");
     let stored: Vec<(i64, String, i32, i64)> = sqlx::query_as(&format!(
-        "{DEAD_LETTER_INSERT} SELECT $1, tp, pa, o, k, p, {}::text[], {}::bytea[], t, i, v, r, e \
+        "{DEAD_LETTER_INSERT} SELECT $1, tp, pa, o, k, p, {}::text[], {}::bytea[], {}::bytea[], t, i, v, r, e \
          FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::jsonb[], $8::text[], \
          $9::text[], $10::bigint[], $11::text[], $12::text[]) AS a(tp, pa, o, k, p, h, t, i, v, r, e) \
          {DEAD_LETTER_CONFLICT} RETURNING id, topic, partition, \"offset\"",
         header("x->>0"),
         header("decode(x->>1, 'hex')"),
+        header("decode(x->>2, 'hex')"),
     ))
     .bind(projection)
     .bind(&topics)
@@ -288,7 +303,7 @@ mod tests {
         let (together_rows, apart_rows) = (of("together", &ids), of("apart", &one_by_one));
         assert_eq!(together_rows, apart_rows);
         assert_eq!(together_rows[0].header_values, vec![Some(vec![0, 255, 16, b'a']), Some(vec![]), None]);
-        assert_eq!(together_rows[2].header_names, vec!["b", "a"]);
+        assert_eq!(together_rows[2].header_names, vec![b"b".to_vec(), b"a".to_vec()]);
         assert_eq!(together_rows.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![Some(10), Some(9), Some(8)]);
         let again = insert_dead_letter_set(&mut conn, "p", &together).await.unwrap().expect("distinct places");
         assert_eq!(again, ids);

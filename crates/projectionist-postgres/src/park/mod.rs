@@ -45,9 +45,9 @@ pub struct Undecodable {
     pub error: String,
 }
 
-/// A message's headers as read: names and values, a header without a value (null) kept
-/// apart from an empty one.
-pub type Headers = Vec<(String, Option<Vec<u8>>)>;
+/// A message's headers as read: names and values as bytes (a name need not be UTF-8 on the
+/// wire), a header without a value (null) kept apart from an empty one.
+pub type Headers = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
 /// One message of a [`Source`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -195,20 +195,49 @@ pub(crate) struct HeldRow {
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
     /// Its headers, as stored (see [`headers_json`]).
-    pub headers: sqlx::types::Json<Vec<(String, Option<String>)>>,
+    pub headers: sqlx::types::Json<Vec<(StoredName, Option<String>)>>,
+}
+
+/// A header name as `projectionist_held.headers` keeps it: its text, or, when it is not
+/// UTF-8, its bytes as hex (`{"hex": "…"}`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StoredName {
+    Text(String),
+    Bytes { hex: String },
+}
+
+impl StoredName {
+    fn of(name: &[u8]) -> serde_json::Value {
+        match std::str::from_utf8(name) {
+            Ok(text) => text.into(),
+            Err(_) => serde_json::json!({ "hex": hex(name) }),
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            StoredName::Text(text) => text.as_bytes().to_vec(),
+            StoredName::Bytes { hex } => from_hex(hex),
+        }
+    }
 }
 
 impl HeldRow {
     /// Its headers, as read.
     pub fn headers(&self) -> Headers {
-        self.headers.0.iter().map(|(name, hex)| (name.clone(), hex.as_deref().map(from_hex))).collect()
+        self.headers.0.iter().map(|(name, hex)| (name.bytes(), hex.as_deref().map(from_hex))).collect()
     }
 }
 
-/// Headers as `projectionist_held.headers` keeps them: `[[name, value as hex or null], …]`.
-fn headers_json(headers: &[(String, Option<Vec<u8>>)]) -> serde_json::Value {
-    let hex = |v: &[u8]| v.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    headers.iter().map(|(name, value)| serde_json::json!([name, value.as_deref().map(hex)])).collect()
+/// Headers as `projectionist_held.headers` keeps them: `[[name, value as hex or null], …]`
+/// (a name that is not UTF-8 as [`StoredName::Bytes`]).
+fn headers_json(headers: &[(Vec<u8>, Option<Vec<u8>>)]) -> serde_json::Value {
+    headers.iter().map(|(name, value)| serde_json::json!([StoredName::of(name), value.as_deref().map(hex)])).collect()
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn from_hex(hex: &str) -> Vec<u8> {
@@ -243,7 +272,7 @@ pub(crate) struct DeadLetter<'a> {
     pub offset: Option<i64>,
     pub key: Option<&'a [u8]>,
     pub payload: &'a [u8],
-    pub headers: &'a [(String, Option<Vec<u8>>)],
+    pub headers: &'a [(Vec<u8>, Option<Vec<u8>>)],
     pub reason: &'static str,
     pub error: String,
 }
@@ -445,12 +474,22 @@ mod tests {
     #[test]
     fn held_headers_keep_their_bytes() {
         let headers = vec![
-            ("trace".to_owned(), Some(vec![0, 255, 16, b'a'])),
-            ("empty".to_owned(), Some(vec![])),
-            ("null".to_owned(), None),
+            (b"trace".to_vec(), Some(vec![0, 255, 16, b'a'])),
+            (b"empty".to_vec(), Some(vec![])),
+            (b"null".to_vec(), None),
+            (vec![0xff, 0xfe, b'n'], Some(b"not UTF-8".to_vec())),
         ];
-        let stored: Vec<(String, Option<String>)> = serde_json::from_value(super::headers_json(&headers)).unwrap();
-        let read: super::Headers = stored.iter().map(|(n, h)| (n.clone(), h.as_deref().map(super::from_hex))).collect();
+        let stored: Vec<(super::StoredName, Option<String>)> =
+            serde_json::from_value(super::headers_json(&headers)).unwrap();
+        let read: super::Headers = stored.iter().map(|(n, h)| (n.bytes(), h.as_deref().map(super::from_hex))).collect();
         assert_eq!(read, headers);
+    }
+
+    #[test]
+    fn held_headers_stored_before_names_were_bytes_read_the_same() {
+        let stored: Vec<(super::StoredName, Option<String>)> =
+            serde_json::from_value(serde_json::json!([["trace", "00ff"], ["null", null]])).unwrap();
+        let names: Vec<Vec<u8>> = stored.iter().map(|(n, _)| n.bytes()).collect();
+        assert_eq!(names, [b"trace".to_vec(), b"null".to_vec()]);
     }
 }
