@@ -99,6 +99,8 @@ impl App {
 
     async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
         let client = cli.kafka.client();
+        // `run` takes a stop from its first moments (see `run::Signals`).
+        let signals = matches!(cli.command, Command::Run(_)).then(run::Signals::listen).transpose()?;
         let postgres_only = matches!(cli.command, Command::Parked { .. } | Command::DeadLetters(_));
         if !matches!(cli.command, Command::Migrate { .. } | Command::Config(_)) && !postgres_only {
             cli.kafka.preflight(&client).await?;
@@ -124,7 +126,10 @@ impl App {
                     topics.len() - created.len()
                 );
             }
-            Command::Run(args) => return self.run(&cli.database_url, client, *args).await,
+            Command::Run(args) => {
+                let signals = signals.map_or_else(run::Signals::listen, Ok)?;
+                return self.run(&cli.database_url, client, *args, signals).await;
+            }
             Command::Rebuild(args) => return self.rebuild(&cli.database_url, client, *args).await,
             Command::Publish(args) => return publish::publish(&client, args).await,
             Command::Config(ConfigCommand::Example) => print!("{}", config::example()),

@@ -60,14 +60,27 @@ pub(crate) async fn open_with(url: &Option<String>, max_connections: u32) -> any
         PgConnectOptions::from_str(url).map_err(|_| anyhow::anyhow!("DATABASE_URL is not a valid PostgreSQL URL"))?;
     let where_ = format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or("?"));
     reachable(&options).await.map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {e}"))?;
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await
+    let connecting =
+        PgPoolOptions::new().max_connections(max_connections).acquire_timeout(ACQUIRE).connect_with(options);
+    match tokio::time::timeout(ANSWER_WITHIN, connecting).await {
         // One line, the cause said once (sqlx's errors repeat their source in Display).
-        .map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {}", pg_connect_reason(&e)))
+        Ok(pool) => {
+            pool.map_err(|e| anyhow::anyhow!("cannot connect to PostgreSQL at {where_}: {}", pg_connect_reason(&e)))
+        }
+        Err(_) => bail!(
+            "cannot connect to PostgreSQL at {where_}: connected, but no answer within {}s: a proxy or firewall \
+             holding the connection, a server too busy to answer, or a listener that is not PostgreSQL's",
+            ANSWER_WITHIN.as_secs()
+        ),
+    }
 }
+
+/// How long a pool's connection may be waited for once it is open.
+const ACQUIRE: Duration = Duration::from_secs(10);
+
+/// How long PostgreSQL may take to answer the first connection of a command, its host
+/// having taken the TCP connection: past it, it is a silent peer, and said so.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 /// Whether PostgreSQL's host answers on its port, within a few seconds: the pool keeps
 /// retrying a refused connection until its acquire timeout and then says only "pool timed

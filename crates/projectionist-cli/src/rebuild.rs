@@ -12,7 +12,7 @@ use projectionist_postgres::PgPool;
 
 use crate::args::RebuildArgs;
 use crate::progress::ProgressDisplay;
-use crate::run::{serve_metrics, shutdown_signal};
+use crate::run::{serve_metrics, Signals};
 use crate::{pool, status, App};
 
 impl App {
@@ -103,10 +103,11 @@ async fn rebuild_one(
     let folded = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone(), folded.clone()));
     let (projection, topics) = (r.projection, r.topics);
+    let stop = Signals::listen()?.received();
     let rebuilt = if verify {
-        rebuild::verify(pool, config, projection, topics, &folded, shutdown_signal()).await
+        rebuild::verify(pool, config, projection, topics, &folded, stop).await
     } else {
-        rebuild::rebuild(pool, config, projection, topics, &folded, shutdown_signal()).await
+        rebuild::rebuild(pool, config, projection, topics, &folded, stop).await
     };
     reporter.abort();
     let _ = reporter.await;

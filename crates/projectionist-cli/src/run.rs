@@ -17,6 +17,7 @@ impl App {
         database_url: &Option<String>,
         client: KafkaClientConfig,
         args: config::RunOptions,
+        signals: Signals,
     ) -> anyhow::Result<ExitCode> {
         let mut config = args.engine_config(&client)?;
         let selected = self.select(args.projections.as_deref(), &mut config)?;
@@ -43,7 +44,7 @@ impl App {
         let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
         let mut progress = ProgressDisplay::new(what, "offsets", target);
         let reporter = tokio::spawn(report_progress(engine.stats(), progress.clone()));
-        let report = engine.run(shutdown_signal()).await;
+        let report = engine.run(signals.received()).await;
         reporter.abort();
         let _ = reporter.await;
         let report = report?;
@@ -149,16 +150,56 @@ pub(crate) async fn progress_target(
     Some(positions.iter().map(|p| (p.high - start(p)).max(0) as u64).sum())
 }
 
-pub(crate) async fn shutdown_signal() {
+/// SIGTERM and Ctrl-C, listened for from the moment it is made. A stop that arrives before
+/// the engine runs (while the command starts up: its preflight, its pool) ends the process
+/// at once with exit 0, nothing read or applied yet, rather than by the signal's default
+/// (exit 143); once the engine runs, it is the engine's orderly shutdown.
+pub(crate) struct Signals {
+    asked: tokio::sync::watch::Receiver<bool>,
+    running: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Signals {
+    pub(crate) fn listen() -> anyhow::Result<Self> {
+        let (tell, asked) = tokio::sync::watch::channel(false);
+        let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use futures_util::StreamExt;
+        let mut stops = stops()?;
+        let engine_runs = running.clone();
+        tokio::spawn(async move {
+            while stops.next().await.is_some() {
+                if !engine_runs.load(std::sync::atomic::Ordering::SeqCst) {
+                    tracing::info!("Stop asked for before the run started; nothing was read or applied.");
+                    std::process::exit(0);
+                }
+                let _ = tell.send(true);
+            }
+        });
+        Ok(Self { asked, running })
+    }
+
+    /// Completes at the first stop asked for from now on: the engine's shutdown.
+    pub(crate) fn received(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.running.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut asked = self.asked.clone();
+        async move {
+            let _ = asked.wait_for(|asked| *asked).await;
+        }
+    }
+}
+
+/// Every SIGTERM and SIGINT (Ctrl-C) from now on, as a stream.
+fn stops() -> anyhow::Result<futures_util::stream::BoxStream<'static, ()>> {
+    use futures_util::StreamExt;
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        let mut term = signal(SignalKind::terminate()).map_err(|e| anyhow::anyhow!("cannot handle SIGTERM: {e}"))?;
+        let mut int = signal(SignalKind::interrupt()).map_err(|e| anyhow::anyhow!("cannot handle SIGINT: {e}"))?;
+        let term = futures_util::stream::poll_fn(move |cx| term.poll_recv(cx));
+        let int = futures_util::stream::poll_fn(move |cx| int.poll_recv(cx));
+        Ok(futures_util::stream::select(term, int).boxed())
     }
     #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+    Ok(futures_util::stream::unfold((), |()| async { tokio::signal::ctrl_c().await.ok().map(|()| ((), ())) }).boxed())
 }

@@ -126,11 +126,17 @@ impl KafkaClientConfig {
                 Some((failure, detail))
                     if seen.all_down && (waited >= GIVE_UP_WHEN_ALL_DOWN || unresolvable(&detail)) =>
                 {
+                    if let Some(silent) = self.silent(&detail, waited) {
+                        return Err(silent);
+                    }
                     let tried = format!("every bootstrap broker failed for {}s", waited.as_secs().max(1));
                     return Err(self.connect_error(failure, format!("{tried}; last: {detail}")));
                 }
                 cause if Instant::now() >= deadline => {
                     let (failure, detail) = cause.unwrap_or((ConnectFailure::Timeout, fetch_error));
+                    if let Some(silent) = self.silent(&detail, waited) {
+                        return Err(silent);
+                    }
                     return Err(
                         self.connect_error(failure, format!("no metadata within {}s: {detail}", timeout.as_secs()))
                     );
@@ -138,6 +144,27 @@ impl KafkaClientConfig {
                 _ => {}
             }
         }
+    }
+
+    /// When librdkafka gives no reason of a broker's own (a timeout, or only that the brokers
+    /// are down) and a bootstrap broker takes a TCP connection all the same: a silent peer,
+    /// said as what was seen, after `waited`.
+    fn silent(&self, detail: &str, waited: Duration) -> Option<Error> {
+        let no_reason = ["timed out", "Timed out", "brokers are down"].iter().any(|s| detail.contains(s));
+        if !(detail.is_empty() || no_reason) {
+            return None;
+        }
+        let connected = bootstrap_addresses(&self.brokers).into_iter().find(|address| {
+            use std::net::ToSocketAddrs;
+            let mut resolved = address.to_socket_addrs().ok().into_iter().flatten();
+            resolved.any(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
+        })?;
+        let detail = format!(
+            "connected to {connected}, but no Kafka answer within {}s: a proxy or firewall holding the \
+             connection, a listener that is not Kafka's, or a broker too busy to answer",
+            waited.as_secs().max(1)
+        );
+        Some(self.connect_error(ConnectFailure::NoAnswer, detail))
     }
 
     fn property_is(&self, key: &str, value: &str) -> bool {
@@ -209,6 +236,8 @@ pub enum ConnectFailure {
     Unreachable,
     /// No metadata arrived in time, without a more specific error.
     Timeout,
+    /// A broker took the TCP connection and never answered.
+    NoAnswer,
 }
 
 impl ConnectFailure {
@@ -258,6 +287,7 @@ impl fmt::Display for ConnectFailure {
             Self::Authentication => "SASL authentication failed",
             Self::Unreachable => "broker unreachable",
             Self::Timeout => "timed out",
+            Self::NoAnswer => "broker silent",
         })
     }
 }
@@ -266,6 +296,16 @@ impl fmt::Display for ConnectFailure {
 /// the connection): long enough for a broker that is just starting, short enough that a
 /// wrong address is reported within seconds.
 const GIVE_UP_WHEN_ALL_DOWN: Duration = Duration::from_secs(3);
+
+/// The `host:port` of each bootstrap server (`scheme://` and user info left out).
+fn bootstrap_addresses(brokers: &str) -> Vec<String> {
+    let address = |server: &str| {
+        let server = server.trim();
+        let server = server.split_once("://").map_or(server, |(_, rest)| rest);
+        server.rsplit_once('@').map_or(server, |(_, host)| host).to_owned()
+    };
+    brokers.split(',').filter(|s| !s.trim().is_empty()).map(address).collect()
+}
 
 /// Whether librdkafka's reason says a broker's name does not resolve (no use waiting).
 fn unresolvable(reason: &str) -> bool {
@@ -310,6 +350,12 @@ impl ConsumerContext for PreflightContext {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bootstrap_addresses_leave_out_schemes_and_user_info() {
+        let brokers = "a:9092, sasl_ssl://bob:pw@b:9093,,c:1";
+        assert_eq!(bootstrap_addresses(brokers), ["a:9092", "b:9093", "c:1"]);
+    }
 
     #[test]
     fn debug_shows_harmless_values_and_hides_secrets() {

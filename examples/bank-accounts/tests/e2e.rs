@@ -1064,6 +1064,59 @@ async fn a_wrong_broker_or_database_address_fails_within_seconds_naming_the_caus
     assert!(stderr.contains(&format!("topic {topic} does not exist (`create-topics` creates")), "{stderr}");
 }
 
+/// A peer that takes the TCP connection and never answers (a proxy or firewall holding it,
+/// a listener that is not the service's) is named as what was seen, broker and PostgreSQL
+/// alike: connected, no answer. (They read "1/1 brokers are down" and "pool timed out while
+/// waiting for an open connection".)
+#[tokio::test]
+async fn a_silent_broker_or_database_is_named_as_connected_with_no_answer() {
+    let (addr, holding) = silent_peer().await;
+    let database = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let (ok, last, _) = fails_fast(&database, &addr, "status").await;
+    assert!(!ok && last.contains(&format!("broker silent: connected to {addr}, but no Kafka answer")), "{last}");
+    let url = format!("postgres://projectionist:never-printed@{addr}/projectionist");
+    let (ok, last, _) = fails_fast(&url, &brokers(), "migrate").await;
+    assert!(!ok && last.contains(&format!("cannot connect to PostgreSQL at {addr}/projectionist")), "{last}");
+    assert!(last.contains("connected, but no answer within 5s") && !last.contains("never-printed"), "{last}");
+    holding.abort();
+}
+
+/// A listener on loopback that takes every connection and never says a word: its address.
+async fn silent_peer() -> (String, tokio::task::JoinHandle<()>) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let holding = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    (addr, holding)
+}
+
+/// A SIGTERM that reaches `run` while it starts up (here: waiting for a PostgreSQL that
+/// does not answer) stops it in order, exit 0, saying nothing was read; it ended by the
+/// signal (exit 143) before the run's signal handling was in place.
+#[tokio::test]
+async fn a_stop_asked_for_while_run_starts_up_is_orderly() {
+    let (addr, holding) = silent_peer().await;
+    let run = Command::new(BIN)
+        .args(["run", "--metrics-addr", "off"])
+        .env("DATABASE_URL", format!("postgres://projectionist:projectionist@{addr}/projectionist"))
+        .env("KAFKA_BROKERS", brokers())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Well within the 5 s the first connection to PostgreSQL is given.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    std::process::Command::new("kill").args(["-TERM", &run.id().unwrap().to_string()]).status().unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(30), run.wait_with_output()).await.expect("exits").unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("Stop asked for before the run started"), "{stderr}");
+    holding.abort();
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_runner_the_group_assigns_nothing_says_so_naming_the_group_and_the_last_error(pool: PgPool) {
     // The topic is never created: the group has nothing to assign.
