@@ -121,3 +121,76 @@ async fn a_header_name_that_is_not_utf8_is_kept_as_bytes_and_the_partition_flows
         .unwrap();
     assert_eq!(next, 4, "the checkpoint at the head");
 }
+
+/// Accounts and their balances, with a bug: a deposit of 666 panics the projection.
+struct Buggy;
+
+const BUGGY: projectionist::Table = projectionist::Table::transition("buggy_accounts", "account_id")
+    .aggregate_type("account")
+    .columns(&[("balance", "bigint NOT NULL DEFAULT 0")]);
+
+impl projectionist::Projection<projectionist::postgres::PgConnection> for Buggy {
+    type Event = AccountEvent;
+
+    fn name(&self) -> &str {
+        "buggy"
+    }
+
+    fn tables(&self) -> &[projectionist::Table] {
+        &[BUGGY]
+    }
+
+    fn project(&self, event: &projectionist::Envelope<AccountEvent>) -> projectionist::Writes {
+        match &event.event {
+            AccountEvent::MoneyDeposited { amount: 666 } => panic!("a bug in the projection"),
+            AccountEvent::MoneyDeposited { amount } => BUGGY.write(event).add("balance", amount).into(),
+            _ => BUGGY.write(event).into(),
+        }
+    }
+}
+
+/// A projection that panics on one event, in the middle of a batch: the partition applies
+/// what precedes it and halts naming that event's own offset and aggregate (it named the
+/// batch's first offset and "aggregate ?", and the runbook's skip then passed over a good
+/// event that was never applied). The skip the runbook gives (the checkpoint set to the
+/// halted offset + 1) then moves past exactly that event.
+#[sqlx::test(migrations = false)]
+async fn a_panic_on_one_event_halts_at_that_event_after_applying_what_precedes_it(pool: PgPool) {
+    migrate(&pool, &[&Buggy]).await.unwrap();
+    let e = bank_accounts::generate::envelope;
+    let mut messages = Vec::new();
+    for (id, amount) in [("acc-1", 5), ("acc-2", 666), ("acc-3", 7)] {
+        messages.push((id, e(id, 1, &AccountEvent::AccountOpened { owner: "o".into() }).to_json()));
+        messages.push((id, e(id, 2, &AccountEvent::MoneyDeposited { amount }).to_json()));
+    }
+    let messages: Vec<_> = messages.iter().map(|(k, b)| (Some(0), Some(*k), Some(b.clone()))).collect();
+    let topic = rand_test_topic("panic");
+    produce_to(&topic, 1, &messages).await;
+    let rows = || async {
+        let rows: Vec<(String, i64, i64)> =
+            sqlx::query_as("SELECT account_id, balance, version FROM buggy_accounts ORDER BY account_id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        rows
+    };
+
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(Buggy), [topic.clone()])).await;
+    let halts = report.halts();
+    assert_eq!(halts.len(), 1, "{halts:?}");
+    assert!(halts[0].contains(&format!("{topic}/0@3 in projection buggy, aggregate acc-2:")), "{halts:?}");
+    assert!(halts[0].contains("a bug in the projection"), "{halts:?}");
+    let (one, two) = (("acc-1".to_owned(), 5, 2), ("acc-2".to_owned(), 0, 1));
+    assert_eq!(rows().await, [one.clone(), two.clone()], "what precedes the event at fault is applied");
+
+    // The runbook's skip: the checkpoint past the halted offset.
+    let skipped = sqlx::query("UPDATE projectionist_checkpoints SET next_offset = 3 + 1 WHERE topic = $1")
+        .bind(&topic)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(skipped.rows_affected(), 1);
+    let report = run(Engine::new(pool.clone(), config()).register(Arc::new(Buggy), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    assert_eq!(rows().await, [one, two, ("acc-3".into(), 7, 2)], "only the event at fault was skipped");
+}

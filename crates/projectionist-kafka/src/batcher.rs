@@ -33,17 +33,27 @@ pub(crate) struct Batcher<M> {
     oldest: Option<Instant>,
     in_flight: bool,
     halted: bool,
+    /// Batches of one message each (see [`Batcher::one_at_a_time`]).
+    single: bool,
 }
 
 impl<M> Batcher<M> {
     pub(crate) fn new(limits: Limits) -> Self {
         let limits = Limits { max_events: limits.max_events.max(1), max_bytes: limits.max_bytes.max(1), ..limits };
-        Self { limits, buffer: Vec::new(), room: 0, bytes: 0, oldest: None, in_flight: false, halted: false }
+        let (buffer, room, bytes) = (Vec::new(), 0, 0);
+        Self { limits, buffer, room, bytes, oldest: None, in_flight: false, halted: false, single: false }
     }
 
     /// Whether another message may be read now: not halted, and the buffer below its bounds.
     pub(crate) fn wants_more(&self) -> bool {
-        !self.halted && self.buffer.len() < self.limits.max_events && self.bytes < self.limits.max_bytes
+        let max_events = if self.single { 1 } else { self.limits.max_events };
+        !self.halted && self.buffer.len() < max_events && self.bytes < self.limits.max_bytes
+    }
+
+    /// Batches of one message each from now on (`true`), or as the bounds allow again: how
+    /// a partition finds the message at fault in a batch whose task failed.
+    pub(crate) fn one_at_a_time(&mut self, single: bool) {
+        self.single = single;
     }
 
     /// Buffers a message of `bytes` payload bytes read at `now`.
@@ -158,6 +168,22 @@ impl<M> Batcher<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_at_a_time_cuts_batches_of_one_until_told_otherwise() {
+        let now = Instant::now();
+        let limits = Limits { max_events: 10, max_bytes: 1 << 20, max_wait: Duration::from_secs(60) };
+        let mut b = Batcher::new(limits);
+        b.one_at_a_time(true);
+        b.push(1, 1, now);
+        assert!(!b.wants_more(), "a batch of one is full");
+        assert_eq!(b.cut(now, false), Some(vec![1]));
+        b.settle();
+        b.one_at_a_time(false);
+        b.push(2, 1, now);
+        assert!(b.wants_more());
+        assert_eq!(b.cut(now, false), None, "not due: room for more and not drained");
+    }
 
     fn limits(max_events: usize, max_bytes: usize) -> Limits {
         Limits { max_events, max_bytes, max_wait: Duration::from_millis(100) }

@@ -278,19 +278,7 @@ impl Engine {
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }
-        let all = futures_util::future::join_all(tasks);
-        tokio::pin!(all);
-        let results = tokio::select! {
-            results = &mut all => results,
-            () = &mut shutdown => {
-                tracing::info!("Shutdown requested; finishing in-flight batches.");
-                let _ = stop_tx.send(true);
-                all.await
-            }
-        };
-        for r in results {
-            r.map_err(|e| Error::Task(e.to_string()))??;
-        }
+        supervise(tasks, shutdown.as_mut(), &stop_tx).await?;
         report.check_accounting();
         Ok(report)
     }
@@ -371,6 +359,41 @@ impl Engine {
         }
         Ok(consumer)
     }
+}
+
+/// Waits for the projections' runners (`tasks`) to end, telling them all to stop once
+/// `shutdown` completes or one of them fails (an error, or a panic: never silence while
+/// the others go on). The first failure is the run's.
+async fn supervise(
+    tasks: Vec<tokio::task::JoinHandle<Result<()>>>,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+    stop: &watch::Sender<bool>,
+) -> Result<()> {
+    use futures_util::StreamExt;
+    let mut running: futures_util::stream::FuturesUnordered<_> = tasks.into_iter().collect();
+    let mut shutdown = shutdown;
+    let mut failed = None;
+    loop {
+        tokio::select! {
+            ended = running.next() => match ended {
+                None => break,
+                Some(Ok(Ok(()))) => {}
+                Some(ended) => {
+                    let e = ended.map_err(|e| Error::Task(e.to_string())).and_then(|r| r).err();
+                    if let (Some(e), None) = (e, &failed) {
+                        tracing::error!(error = %e, "A projection's runner failed; stopping the others.");
+                        let _ = stop.send(true);
+                        failed = Some(e);
+                    }
+                }
+            },
+            () = &mut shutdown, if !*stop.borrow() => {
+                tracing::info!("Shutdown requested; finishing in-flight batches.");
+                let _ = stop.send(true);
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// Every partition of `topics`, from the broker's metadata: what a sole reader assigns

@@ -8,7 +8,9 @@ mod checks;
 mod dependents;
 mod drift;
 mod error;
-mod fault;
+/// Fault points for the fault suite (`fault-hooks`); not an API.
+#[doc(hidden)]
+pub mod fault;
 pub mod folding;
 mod ident;
 mod known;

@@ -96,6 +96,18 @@ impl Prepared {
         self.events.is_empty()
     }
 
+    /// The plan of the events that are not poison against tables that hold nothing yet,
+    /// made in memory: how many outcomes it has, or the problem it names. What the fuzzing
+    /// of the read, decode and plan path walks without a database; not an API.
+    #[doc(hidden)]
+    pub fn plan_in_memory(&self, tables: &[Table]) -> std::result::Result<usize, String> {
+        let events: Vec<(EventRef<'_>, Effect<'_>)> =
+            self.events.iter().filter(|e| e.poison().is_none()).map(|e| (e.event(), e.effect())).collect();
+        let stored = projectionist_core::plan::Stored::default();
+        let plan = projectionist_core::plan::plan(tables, &crate::PgTypes, &stored, &events);
+        plan.map(|p| p.outcomes.len()).map_err(|e| e.problem)
+    }
+
     /// The first event that cannot be applied as it stands (or, for a problem of the whole
     /// batch, its first event): its index, and why.
     pub fn failure(&self) -> Option<(usize, &Error)> {

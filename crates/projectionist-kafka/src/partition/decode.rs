@@ -2,7 +2,7 @@
 //! are not an envelope at all are dead-lettered alone, or halt the partition, by policy.
 
 use projectionist_core::{LazyEnvelope, OnPoison};
-use projectionist_postgres::park::{SourceMessage, Undecodable};
+use projectionist_postgres::park::{Headers, SourceMessage, Undecodable};
 use rdkafka::message::{BorrowedMessage, Message};
 
 use super::{Halt, HaltKind};
@@ -38,10 +38,20 @@ impl Msg {
     /// bytes (payload and key) for the batch bounds.
     pub(crate) fn from_kafka(message: &BorrowedMessage<'_>, max_bytes: usize) -> (Self, usize) {
         let at = At { offset: message.offset(), timestamp: message.timestamp().to_millis() };
-        let (key, payload) = (message.key(), message.payload());
+        let headers = crate::headers::read(message);
+        Self::read(at, message.key(), message.payload(), headers, max_bytes)
+    }
+
+    /// A message read at `at` from its parts, as [`Msg::from_kafka`] reads them.
+    pub(crate) fn read(
+        at: At,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        headers: Headers,
+        max_bytes: usize,
+    ) -> (Self, usize) {
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
         let envelope = decode(key, payload, max_bytes);
-        let headers = crate::headers::read(message);
         let message = SourceMessage {
             offset: Some(at.offset),
             key: key.map(<[u8]>::to_vec),
@@ -49,6 +59,15 @@ impl Msg {
             headers,
         };
         (Self { at, envelope, message }, bytes)
+    }
+
+    /// The aggregate the message is about, as far as it says: its envelope's, else its key
+    /// (`?` without one).
+    pub(crate) fn aggregate(&self) -> String {
+        match &self.envelope {
+            Ok(envelope) => envelope.aggregate_id.to_string(),
+            Err(poison) => poison.aggregate.clone(),
+        }
     }
 }
 

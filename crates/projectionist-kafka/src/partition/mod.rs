@@ -16,6 +16,8 @@
 mod apply;
 mod decode;
 mod fold;
+#[cfg(test)]
+mod fuzz;
 mod halt;
 mod progress;
 pub(crate) mod shared;
@@ -41,7 +43,7 @@ use crate::retry::RetryPolicy;
 use crate::stats::{Stats, Tally};
 use crate::tp::Tp;
 use apply::Applied;
-use decode::Msg;
+use decode::{At, Msg};
 use fold::Reads;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
 use progress::MarkerRetry;
@@ -141,13 +143,24 @@ impl Checked {
     }
 }
 
-/// The batch being applied, in a task of its own.
+/// The batch being applied, in a task of its own: aborted if dropped unfinished (the
+/// partition's task ended), so that nothing commits behind a halt's back.
 struct InFlight {
     handle: JoinHandle<Applied>,
     /// Its messages.
     size: usize,
     /// Broker timestamp of its first message.
     oldest: Option<i64>,
+    /// Where its first message sits, and the aggregate it is about.
+    first: (At, String),
+    /// Its last message's offset.
+    last_offset: i64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
 }
 
 /// The task's state between two turns of its loop.
@@ -165,6 +178,9 @@ struct Task {
     markers: MarkerRetry,
     /// When its parked aggregates were last checked for a stale parking.
     swept: Instant,
+    /// Batches go one message at a time up to this offset: a batch's task failed there, and
+    /// the message at fault is being found (see `Task::panicked`).
+    isolating: Option<i64>,
 }
 
 /// Whether the loop goes on.
@@ -197,6 +213,7 @@ impl Partition {
             target: None,
             markers: MarkerRetry::new(),
             swept: Instant::now(),
+            isolating: None,
         };
         match begin {
             Begin::Run => {}
@@ -271,6 +288,7 @@ impl Task {
     fn receive(&mut self, received: Option<KafkaResult<BorrowedMessage<'_>>>) -> bool {
         match received {
             Some(Ok(message)) => {
+                projectionist_postgres::fault::point("partition-read");
                 let (msg, bytes) = Msg::from_kafka(&message, self.partition.settings.max_event_bytes);
                 self.partition.tally.read.fetch_add(1, Ordering::Relaxed);
                 self.batcher.push_read_now(msg, bytes, Instant::now);
@@ -306,8 +324,13 @@ impl Task {
         // position after the transaction markers read with it.
         let through = if drained && self.batcher.is_empty() { self.partition.position() } else { None };
         let (oldest, size) = (batch.first().and_then(|m| m.at.timestamp), batch.len());
+        let first = batch
+            .first()
+            .map(|m| (m.at, m.aggregate()))
+            .unwrap_or_else(|| (At { offset: -1, timestamp: None }, "?".into()));
+        let last_offset = batch.last().map_or(-1, |m| m.at.offset);
         let handle = tokio::spawn(self.partition.clone().apply(batch, through, orders.clone()));
-        self.in_flight = Some(InFlight { handle, size, oldest });
+        self.in_flight = Some(InFlight { handle, size, oldest, first, last_offset });
         Flow::Continue
     }
 
@@ -362,6 +385,10 @@ impl Task {
             }
             Ok(Applied::Committed { first_offset, next_offset, halt }) => {
                 self.partition.advance(first_offset, next_offset);
+                if self.isolating.is_some_and(|until| next_offset > until) {
+                    self.isolating = None;
+                    self.batcher.one_at_a_time(false);
+                }
                 self.markers.batch_committed();
                 match halt {
                     Some(halt) => self.halt(halt),
@@ -373,13 +400,43 @@ impl Task {
             Err(e) => {
                 // A panic in projection code: the batch rolled back with its transaction.
                 self.partition.tally.unapplied(in_flight.size);
-                let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
-                let reason = format!("the projection's task failed: {e}");
-                let kind = HaltKind::Error;
-                self.halt(Halt { offset, timestamp: in_flight.oldest, aggregate: "?".into(), reason, kind });
+                self.panicked(&in_flight, &e);
             }
         }
         Flow::Continue
+    }
+
+    /// The task of `batch` failed (a panic: a bug in projection code or the engine), and
+    /// nothing of it committed. A batch of one halts at its message. A larger one is read
+    /// again from the checkpoint one message at a time, so that what precedes the message at
+    /// fault applies and the halt names that message: what a skip moves past. A rebuild's
+    /// fold, whose rows in memory the panic may have left half-made, halts at its checkpoint.
+    fn panicked(&mut self, batch: &InFlight, e: &tokio::task::JoinError) {
+        let kind = HaltKind::Error;
+        if batch.size == 1 {
+            let ((at, aggregate), reason) = (batch.first.clone(), format!("the projection's task failed on it: {e}"));
+            return self.halt(Halt { offset: at.offset, timestamp: at.timestamp, aggregate, reason, kind });
+        }
+        let checkpoint = self.partition.progress.checkpoint.load(Ordering::SeqCst);
+        if self.partition.sink.holds_rows() {
+            let reason = format!("the projection's task failed on a batch of the rebuild: {e}");
+            let (offset, timestamp, aggregate) = (checkpoint.max(0), batch.oldest, "?".into());
+            return self.halt(Halt { offset, timestamp, aggregate, reason, kind });
+        }
+        let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
+        tracing::warn!(
+            projection = %self.name(),
+            %topic,
+            partition,
+            first_offset = batch.first.0.offset,
+            last_offset = batch.last_offset,
+            error = %e,
+            "A batch's task failed; nothing of it was committed. Reading it again one message at a time to apply \
+             what precedes the message at fault and halt at that message."
+        );
+        self.isolating = Some(batch.last_offset);
+        self.batcher.one_at_a_time(true);
+        self.reread_from((checkpoint >= 0).then_some(checkpoint));
     }
 
     /// The checkpoint moved under this process (a rebuild's swap or rollback, `run --reset`,
@@ -388,6 +445,22 @@ impl Task {
     /// from the start), as a newly assigned partition would. A seek drops what librdkafka
     /// had fetched past it.
     fn read_on_from(&mut self, stored: Option<i64>) {
+        let (topic, number) = (&self.partition.tp.topic, self.partition.tp.partition);
+        tracing::warn!(
+            projection = %self.name(),
+            %topic,
+            partition = number,
+            checkpoint = ?stored,
+            dropped = self.batcher.len(),
+            "The checkpoint moved under this process (a rebuild's swap or rollback, a reset, or another process); \
+             nothing of the batch was committed, reading on from the checkpoint."
+        );
+        self.reread_from(stored);
+    }
+
+    /// Reads the partition again from the checkpoint `stored` (`None`: from the start), what
+    /// is buffered dropped.
+    fn reread_from(&mut self, stored: Option<i64>) {
         let partition = &self.partition;
         let (topic, number) = (&partition.tp.topic, partition.tp.partition);
         let dropped = self.batcher.restart();
@@ -395,15 +468,6 @@ impl Task {
         partition.progress.checkpoint.store(stored.unwrap_or(-1), Ordering::SeqCst);
         partition.progress.stored.store(stored.unwrap_or(-1), Ordering::SeqCst);
         let offset = stored.map_or(rdkafka::Offset::Beginning, rdkafka::Offset::Offset);
-        tracing::warn!(
-            projection = %self.name(),
-            %topic,
-            partition = number,
-            checkpoint = ?stored,
-            dropped,
-            "The checkpoint moved under this process (a rebuild's swap or rollback, a reset, or another process); \
-             nothing of the batch was committed, reading on from the checkpoint."
-        );
         if let Err(e) = rdkafka::consumer::Consumer::seek(&*partition.consumer, topic, number, offset, SEEK_TIMEOUT) {
             // The partition cannot be read from there: it stops, and is read again from the
             // checkpoint by its next owner or run.
@@ -427,10 +491,10 @@ impl Task {
     /// Revoked, and the batch in flight outlasted [`REVOKE_GRACE`]: it is abandoned (its
     /// transaction rolls back), the next owner reads it again from the checkpoint.
     async fn abandon(&mut self) {
-        if let Some(in_flight) = self.in_flight.take() {
+        if let Some(mut in_flight) = self.in_flight.take() {
             in_flight.handle.abort();
             // Aborted (or failed), it counted nothing of its messages.
-            if in_flight.handle.await.is_err() {
+            if (&mut in_flight.handle).await.is_err() {
                 self.partition.tally.unapplied(in_flight.size);
             }
             let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);

@@ -46,6 +46,11 @@ impl Sink {
         }
     }
 
+    /// Whether it keeps rows in memory between batches (a rebuild's fold).
+    pub(super) fn holds_rows(&self) -> bool {
+        matches!(self, Self::Fold(_))
+    }
+
     /// Whether the partition looks for its stale parkings at idle moments (see
     /// `Partition::resume_stale`): not beside a fold, which keeps the versions and parkings
     /// it read in memory (writes of its own would move them under it).

@@ -178,7 +178,7 @@ impl Runner {
             let partition = self.partition(&tp, limits, read, progress.clone());
             let (stop, stopped) = watch::channel(Order::Run);
             let handle = tokio::spawn(partition.run(queue, stopped, begin));
-            self.tasks.insert(tp.clone(), Task { stop, handle, progress: progress.clone() });
+            self.tasks.insert(tp.clone(), Task { stop, handle: Some(handle), progress: progress.clone() });
             self.consumer.context().owned.lock().expect("owned lock").insert(tp, progress);
         }
         let owned = self.tasks.len() as u32;
@@ -294,7 +294,12 @@ impl Runner {
         }
         let mut checkpoints = Vec::new();
         for (tp, task) in stopping {
-            if let Err(e) = task.handle.await {
+            // A task that ended on its own was awaited and reported already.
+            let ended = match task.handle {
+                Some(handle) => handle.await.err(),
+                None => None,
+            };
+            if let Some(e) = ended {
                 tracing::error!(
                     projection = %self.name(),
                     topic = %tp.topic,

@@ -39,7 +39,8 @@ const MAX_RESUME_PASSES: usize = 16;
 /// A running partition task.
 struct Task {
     stop: watch::Sender<Order>,
-    handle: JoinHandle<()>,
+    /// `None` once the task ended on its own and was reported (see [`Runner::supervise`]).
+    handle: Option<JoinHandle<()>>,
     progress: Arc<Progress>,
 }
 
@@ -155,6 +156,7 @@ impl Runner {
                     }
                 }
                 _ = tick.tick() => {
+                    self.supervise().await;
                     // The parking gauges, counted at most once a tick whatever the batches did.
                     if self.stats.parking_changed.swap(false, std::sync::atomic::Ordering::Relaxed) {
                         crate::metrics::parked_now(&self.pool, self.projection.name());
@@ -247,6 +249,35 @@ impl Runner {
             "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
         let halt = Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error };
         crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer);
+    }
+
+    /// Partition tasks that ended on their own: only a panic ends a task that was not told to
+    /// stop. Each is a halt at its checkpoint, reported as any halt is (log, gauge, `/ready`,
+    /// the run's exit code), never silence. The partition stays assigned and halted in this
+    /// process; the next run reads it again from the checkpoint PostgreSQL holds.
+    async fn supervise(&mut self) {
+        let ended: Vec<Tp> = self
+            .tasks
+            .iter()
+            .filter(|(_, task)| task.handle.as_ref().is_some_and(JoinHandle::is_finished))
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        for tp in ended {
+            let Some(task) = self.tasks.get_mut(&tp) else { continue };
+            let Some(handle) = task.handle.take() else { continue };
+            let why = match handle.await {
+                Ok(()) => "it ended without being told to stop".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            task.progress.set_caught_up();
+            let offset = task.progress.checkpoint.load(Ordering::SeqCst).max(0);
+            let reason = format!(
+                "the partition's task ended unexpectedly ({why}); this is a bug: report it. Restart the run to \
+                 read on from the checkpoint PostgreSQL holds"
+            );
+            let halt = Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error };
+            crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer);
+        }
     }
 
     /// Every owned partition reached the high watermark it had when assigned (halted ones

@@ -16,6 +16,7 @@ mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
 mod net;
+mod supervision;
 
 use accounting::{Account, Expect};
 
