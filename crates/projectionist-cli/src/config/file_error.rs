@@ -64,7 +64,8 @@ fn leading_key(line: &str) -> Option<&str> {
         let rest = &line[end..];
         let part = match rest.chars().next()? {
             quote @ ('"' | '\'') => {
-                rest[1..].find([quote, '\\', '\n']).filter(|&i| rest[1..].as_bytes()[i] == quote as u8)? + 2
+                let close = rest[1..].find([quote, '\\', '\n'])? + 1;
+                rest[close..].starts_with(quote).then_some(close + 1)?
             }
             _ => rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-')).unwrap_or(rest.len()),
         };
