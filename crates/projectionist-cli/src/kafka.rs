@@ -79,16 +79,18 @@ pub(crate) struct KafkaArgs {
     pub file_properties: std::collections::BTreeMap<String, String>,
 }
 
-/// `KEY=VALUE`, split. The error names a key written with `:` for `=`, since what comes
-/// before the `:` cannot be the value; it repeats nothing else of the argument.
+/// `KEY=VALUE`, split. A key is a property name (letters, digits, `.`, `_`, `-`), so that
+/// an argument such as `sasl.password:SECRET=x` is refused rather than sent to librdkafka
+/// with part of the secret as its key. The error names a key written with `:` for `=`,
+/// since what comes before the `:` cannot be the value; it repeats nothing else.
 fn parse_property(s: &str) -> Result<(String, String), String> {
-    if let Some((k, v)) = s.split_once('=').filter(|(k, _)| !k.trim().is_empty()) {
-        return Ok((k.trim().to_owned(), v.to_owned()));
-    }
-    let key_len = s.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))).unwrap_or(0);
-    match s[key_len..].starts_with(':') && key_len > 0 {
-        true => Err(format!("expected KEY=VALUE; `{}` is followed by `:`", &s[..key_len])),
-        false => Err("expected KEY=VALUE".to_owned()),
+    let s = s.trim_start();
+    let key_len = s.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))).unwrap_or(s.len());
+    let (key, rest) = s.split_at(key_len);
+    match rest.trim_start().strip_prefix('=') {
+        Some(value) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ if !key.is_empty() && rest.starts_with(':') => Err(format!("expected KEY=VALUE; `{key}` is followed by `:`")),
+        _ => Err("expected KEY=VALUE".to_owned()),
     }
 }
 
@@ -157,6 +159,8 @@ mod tests {
             ("Sw0rdf1sh-cli", None),
             ("=Sw0rdf1sh-cli", None),
             (" =Sw0rdf1sh-cli", None),
+            ("sasl.password:Sw0rdf1sh=cli", Some("sasl.password")),
+            ("sasl.password Sw0rdf1sh=cli", None),
         ] {
             let err = error(arg);
             assert!(!err.contains("Sw0rdf1sh"), "{arg:?} echoed: {err}");
