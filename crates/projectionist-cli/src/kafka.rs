@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use projectionist_kafka::KafkaClientConfig;
 
+use crate::args::Unechoed;
+
 /// The heading the Kafka options are listed under in `--help`.
 pub(crate) const KAFKA_HEADING: &str = "Kafka connection";
 
@@ -67,7 +69,7 @@ pub(crate) struct KafkaArgs {
     kafka_sasl_oauthbearer_extensions: Option<String>,
     /// Any other librdkafka property, `key=value`, for every Kafka client (repeatable; wins
     /// over the options above; values never logged).
-    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property, global = true)]
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = Unechoed::new(parse_property), global = true)]
     kafka_properties: Vec<(String, String)>,
     /// Seconds to wait at start for broker metadata before failing with what went wrong.
     #[arg(long, env = "KAFKA_CONNECT_TIMEOUT_SECS", default_value_t = 30, global = true)]
@@ -77,11 +79,19 @@ pub(crate) struct KafkaArgs {
     pub file_properties: std::collections::BTreeMap<String, String>,
 }
 
+/// `KEY=VALUE`, split. A key is a property name (letters, digits, `.`, `_`, `-`), so that
+/// an argument such as `sasl.password:SECRET=x` is refused rather than sent to librdkafka
+/// with part of the secret as its key. The error names a key written with `:` for `=`,
+/// since what comes before the `:` cannot be the value; it repeats nothing else.
 fn parse_property(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-        .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| "expected KEY=VALUE".to_owned())
+    let s = s.trim_start();
+    let key_len = s.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))).unwrap_or(s.len());
+    let (key, rest) = s.split_at(key_len);
+    match rest.trim_start().strip_prefix('=') {
+        Some(value) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ if !key.is_empty() && rest.starts_with(':') => Err(format!("expected KEY=VALUE; `{key}` is followed by `:`")),
+        _ => Err("expected KEY=VALUE".to_owned()),
+    }
 }
 
 impl KafkaArgs {
@@ -125,5 +135,39 @@ impl KafkaArgs {
         let (c, timeout) = (client.clone(), Duration::from_secs(self.kafka_connect_timeout_secs.max(1)));
         tokio::task::spawn_blocking(move || c.preflight(timeout)).await.context("Kafka preflight task")??;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--kafka-property ARG`'s error as clap renders it.
+    fn error(arg: &str) -> String {
+        let argv = ["bin", "--kafka-property", arg, "status"];
+        match crate::command().try_get_matches_from(argv) {
+            Ok(_) => panic!("{arg:?} parsed"),
+            Err(e) => e.render().to_string(),
+        }
+    }
+
+    #[test]
+    fn a_malformed_property_is_refused_without_repeating_its_value() {
+        for (arg, named) in [
+            ("sasl.password:Sw0rdf1sh-cli", Some("sasl.password")),
+            ("ssl.key.password:Sw0rdf1sh-cli", Some("ssl.key.password")),
+            ("sasl.oauthbearer.client.secret:Sw0rdf1sh-cli", Some("sasl.oauthbearer.client.secret")),
+            ("sasl.password Sw0rdf1sh-cli", None),
+            ("Sw0rdf1sh-cli", None),
+            ("=Sw0rdf1sh-cli", None),
+            (" =Sw0rdf1sh-cli", None),
+            ("sasl.password:Sw0rdf1sh=cli", Some("sasl.password")),
+            ("sasl.password Sw0rdf1sh=cli", None),
+        ] {
+            let err = error(arg);
+            assert!(!err.contains("Sw0rdf1sh"), "{arg:?} echoed: {err}");
+            assert!(err.contains("--kafka-property") && err.contains("expected KEY=VALUE"), "{err}");
+            if let Some(key) = named {
+                assert!(err.contains(&format!("`{key}`")), "{arg:?} does not name its key: {err}");
+            }
+        }
     }
 }

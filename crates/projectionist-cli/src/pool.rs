@@ -49,10 +49,13 @@ pub(crate) async fn open(url: &Option<String>) -> anyhow::Result<PgPool> {
 pub(crate) async fn open_with(url: &Option<String>, max_connections: u32) -> anyhow::Result<PgPool> {
     let Some(url) = url else { bail!("no database: set DATABASE_URL or pass --database-url") };
     // The URL may hold a password: errors below never repeat it.
+    // Only a scheme's characters: whatever comes before a later `://` may be a password.
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-    if !matches!(scheme, "postgres" | "postgresql") {
+    let scheme = scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)).then_some(scheme);
+    if !matches!(scheme, Some("postgres" | "postgresql")) {
+        let scheme = scheme.filter(|s| !s.is_empty()).map_or("none".to_owned(), |s| format!("{s:?}"));
         bail!(
-            "DATABASE_URL is not a PostgreSQL URL (its scheme is {scheme:?}): expected \
+            "DATABASE_URL is not a PostgreSQL URL (its scheme is {scheme}): expected \
              postgres://USER:PASSWORD@HOST:PORT/DATABASE"
         );
     }
@@ -125,5 +128,19 @@ mod tests {
         let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
         let io = pg_connect_reason(&sqlx::Error::Io(reset));
         assert!(!io.contains("TLS") && io.contains("reset by peer"), "{io}");
+    }
+
+    #[tokio::test]
+    async fn a_database_url_that_is_refused_is_not_repeated() {
+        for url in [
+            "projectionist:Sw0rdf1sh@127.0.0.1:5432/db?options=http://x",
+            "mysql://root:Sw0rdf1sh@127.0.0.1:3306/db",
+            "postgres://u:Sw0rdf1sh@127.0.0.1:notaport/db",
+            "postgres://u:Sw0rdf1sh@127.0.0.1:5432/db?sslmode=Sw0rdf1sh",
+        ] {
+            let err = open_with(&Some(url.to_owned()), 1).await.err().map(|e| format!("{e:#}"));
+            let err = err.unwrap_or_else(|| panic!("{url} accepted"));
+            assert!(err.contains("DATABASE_URL") && !err.contains("Sw0rdf1sh"), "{url}: {err}");
+        }
     }
 }

@@ -106,7 +106,7 @@ impl KafkaClientConfig {
             .client_config_with_defaults(&[("socket.connection.setup.timeout.ms", "5000")])
             .set("group.id", "projectionist-preflight")
             .create_with_context(PreflightContext::default())
-            .map_err(|e| self.connect_error(ConnectFailure::Configuration, e.to_string()))?;
+            .map_err(|e| self.connect_error(ConnectFailure::Configuration, refused(&e)))?;
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -184,6 +184,23 @@ impl KafkaClientConfig {
             }
         }
         text
+    }
+}
+
+/// `e` as text; a property librdkafka refused is named with its value only when that is
+/// known to be harmless (rdkafka's text ends with the value, and librdkafka's may quote it).
+fn refused(e: &KafkaError) -> String {
+    match e {
+        KafkaError::ClientConfig(_, desc, key, value) if !is_shown(key) => {
+            let unknown = desc.starts_with("No such configuration property");
+            let desc = if unknown || !desc.contains(value.as_str()) {
+                desc.clone()
+            } else {
+                format!("refused the value of configuration property \"{key}\"")
+            };
+            format!("Client config error: {desc} (the value of {key} is not shown)")
+        }
+        e => e.to_string(),
     }
 }
 
@@ -432,6 +449,18 @@ mod tests {
             .with_property("sasl.password", "hunter2")
             .with_property("security.protocol", "SASL_SSL");
         assert_eq!(cfg.scrub("bad hunter2 over SASL_SSL".into()), "bad <redacted> over SASL_SSL");
+    }
+
+    #[test]
+    fn a_refused_property_is_named_without_its_value_however_short() {
+        for key in ["sasl.passwordx", "enable.sasl.oauthbearer.unsecure.jwt"] {
+            let cfg = KafkaClientConfig::new("127.0.0.1:1").with_property(key, "q7z");
+            let err = cfg.preflight(Duration::from_secs(1)).unwrap_err().to_string();
+            assert!(err.contains(key) && !err.contains("q7z"), "{err}");
+        }
+        let cfg = KafkaClientConfig::new("127.0.0.1:1").with_property("security.protocol", "q7z");
+        let err = cfg.preflight(Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(err.contains("security.protocol") && err.contains("q7z"), "a harmless value is shown: {err}");
     }
 
     /// librdkafka was built with what managed services need: OpenSSL (SSL, SCRAM) and

@@ -22,6 +22,7 @@
 //! ```
 
 mod example;
+mod file_error;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -137,7 +138,7 @@ pub(crate) struct RunOptions {
     /// `max_event_bytes`, `max_parked_aggregates`, `max_held_per_aggregate`,
     /// `dead_letter_topic`), e.g. `order_status.on_gap=halt`; repeat for more. In the file:
     /// a `[run.per_projection.order_status]` table.
-    #[arg(long = "projection-setting", value_name = "PROJECTION.SETTING=VALUE", value_parser = projection_setting)]
+    #[arg(long = "projection-setting", value_name = "PROJECTION.SETTING=VALUE", value_parser = crate::args::Unechoed::new(projection_setting))]
     #[serde(skip)]
     pub projection_settings: Vec<(String, String, String)>,
     /// The file's `[run.per_projection.NAME]` tables.
@@ -236,10 +237,11 @@ pub(crate) fn with_defaults_shown(command: clap::Command) -> clap::Command {
 }
 
 impl ConfigFile {
-    /// Reads and checks `path`; errors name the file, and the line and field at fault.
+    /// Reads and checks `path`; errors name the file, and the line and key at fault, never
+    /// a value (the `[kafka]` table may hold secrets).
     pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!(file_error::describe(path, &text, &e)))
     }
 }
 
@@ -335,22 +337,75 @@ mod tests {
         }
     }
 
-    /// The error of parsing `text` as a settings file (`ConfigFile` has no `Debug`: its
-    /// `kafka` table may hold secrets).
-    fn parse_error(text: &str) -> String {
-        match toml::from_str::<ConfigFile>(text) {
-            Ok(_) => panic!("{text:?} parsed"),
-            Err(e) => e.to_string(),
-        }
+    #[test]
+    fn unknown_fields_are_rejected_by_name_and_line() {
+        let err = load_error("[run]\nbatch_max_event = 1\n");
+        assert!(err.contains("unknown field `batch_max_event`") && err.contains("line 2"), "{err}");
+        let err = load_error("broker = \"x\"\n");
+        assert!(err.contains("unknown field `broker`"), "{err}");
+        let err = load_error("[run]\nreset = true\n");
+        assert!(err.contains("unknown field `reset`"), "a reset is asked for on the command line only: {err}");
+    }
+
+    /// The settings that may hold a secret: the `[kafka]` table's (librdkafka's and those a
+    /// Java client's file would bring) and `brokers` (a URL may hold a password).
+    const SECRET_KEYS: &[&str] = &[
+        "sasl.password",
+        "ssl.key.password",
+        "ssl.keystore.password",
+        "ssl.truststore.password",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.extensions",
+        "sasl.jaas.config",
+        "ssl.key.pem",
+        "ssl_key",
+    ];
+
+    /// Files that do not parse, each with `SECRET` where the secret stands.
+    const BROKEN: &[&str] = &[
+        "[kafka]\n\"KEY\" = SECRET\n",
+        "[kafka]\n\"KEY\": \"SECRET\"\n",
+        "[kafka]\n\"KEY\" = \"SECRET\n",
+        "[kafka]\n\"KEY\" = 'SECRET\n",
+        "[kafka]\n\"KEY\" = \"SE\\qCRET\"\n",
+        "[kafka]\n\"KEY\" = \"\"\"\nrequired\npassword=\"SE\\qCRET\";\n\"\"\"\n",
+        "[kafka]\n\"KEY\" = 4242SECRET\n",
+        "[kafka]\n\"KEY\" = \"SECRET\"\n\"KEY\" = \"SECRET\"\n",
+        "[kafka]\n\"KEY\" = 4242\n",
+        "[kafka]\n\"KEY\" = [\"SECRET\"]\n",
+        "[kafka]\n\"KEY\" = { v = \"SECRET\" }\n",
+        "kafka = \"SECRET\"\n",
+        "[kafka]\n\"KEY\" = \"SECRET\" x\n",
+    ];
+
+    /// `text`'s error as `--config` reports it.
+    fn load_error(text: &str) -> String {
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("projectionist-error-{}-{n}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let err = ConfigFile::load(&path).err().map(|e| format!("{e:#}"));
+        std::fs::remove_file(&path).unwrap();
+        err.unwrap_or_else(|| panic!("{text:?} parsed"))
     }
 
     #[test]
-    fn unknown_fields_are_rejected_by_name_and_line() {
-        let err = parse_error("[run]\nbatch_max_event = 1\n");
-        assert!(err.contains("unknown field `batch_max_event`") && err.contains("line 2"), "{err}");
-        let err = parse_error("broker = \"x\"\n");
-        assert!(err.contains("unknown field `broker`"), "{err}");
-        let err = parse_error("[run]\nreset = true\n");
-        assert!(err.contains("unknown field `reset`"), "a reset is asked for on the command line only: {err}");
+    fn a_settings_files_errors_name_the_setting_never_its_value() {
+        for key in SECRET_KEYS {
+            for broken in BROKEN {
+                let text = broken.replace("KEY", key).replace("SECRET", "Sw0rdf1sh-file");
+                let err = load_error(&text);
+                assert!(!err.contains("Sw0rdf1sh") && !err.contains("4242"), "{text:?} echoed its value: {err}");
+                assert!(err.contains("line "), "{text:?}: no line in {err}");
+                assert!(err.contains(key) || !broken.contains("KEY"), "{text:?}: {key} not named in {err}");
+            }
+        }
+        let err = load_error("brokers = \"SASL://u:Sw0rdf1sh-file@b:9092\" x\n");
+        assert!(!err.contains("Sw0rdf1sh") && err.contains("`brokers`"), "{err}");
+        let err = load_error("brokers = 4242\n");
+        assert!(!err.contains("4242") && err.contains("brokers"), "{err}");
+        let err = load_error("[run]\non_gap = \"Sw0rdf1sh-file\"\n");
+        assert!(!err.contains("Sw0rdf1sh") && err.contains("on_gap") && err.contains("unknown variant"), "{err}");
     }
 }
