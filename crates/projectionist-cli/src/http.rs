@@ -5,10 +5,14 @@
 //! saying where it stands when the timeout passes first, 400 on bad input).
 //! GET only, and the connection closes after each response: enough for scrapers and
 //! probes, and a client reading to the end of the stream gets exactly one response.
+//! Bounded: connections open at once, the time to send a request's head, a connection's
+//! life, and `/wait`s at once ([`Limits`]).
 
+mod listener;
 mod wait;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -19,7 +23,9 @@ use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use projectionist_kafka::{metrics as m, Readiness};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
+pub(crate) use listener::Limits;
 pub(crate) use wait::Waits;
 
 /// Installs the Prometheus recorder (once per process) and returns its handle.
@@ -45,12 +51,13 @@ pub(crate) fn install_recorder() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Binds `addr` and serves in the background; returns the bound address.
+/// Binds `addr` and serves in the background within `limits`; returns the bound address.
 pub(crate) async fn serve(
     addr: SocketAddr,
     handle: PrometheusHandle,
     readiness: Readiness,
     waits: Option<Waits>,
+    limits: Limits,
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -62,13 +69,9 @@ pub(crate) async fn serve(
         anyhow::anyhow!("cannot listen on {addr} for /metrics, /health and /ready: {e}{hint}")
     })?;
     let bound = listener.local_addr()?;
-    let app = router(Probes { handle, readiness, waits });
-    tokio::spawn(async move {
-        // axum pauses and retries when an accept fails, so this runs for the process's life.
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "HTTP listener stopped.");
-        }
-    });
+    let wait_slots = Arc::new(Semaphore::new(limits.waits));
+    let app = router(Probes { handle, readiness, waits, wait_slots });
+    tokio::spawn(listener::accept(listener, app, limits));
     Ok(bound)
 }
 
@@ -78,6 +81,8 @@ struct Probes {
     handle: PrometheusHandle,
     readiness: Readiness,
     waits: Option<Waits>,
+    /// One per `/wait` waiting; none left: 503.
+    wait_slots: Arc<Semaphore>,
 }
 
 fn router(probes: Probes) -> Router {
@@ -187,8 +192,15 @@ mod tests {
         let recorder = PrometheusBuilder::new().build_recorder();
         let metadata = metrics::Metadata::new(module_path!(), metrics::Level::INFO, None);
         recorder.register_counter(&metrics::Key::from_name("projectionist_probe_total"), &metadata).increment(3);
-        let addr =
-            super::serve("127.0.0.1:0".parse().unwrap(), recorder.handle(), engine.readiness(), None).await.unwrap();
+        let addr = super::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            recorder.handle(),
+            engine.readiness(),
+            None,
+            super::Limits::default(),
+        )
+        .await
+        .unwrap();
         assert_ne!(addr.port(), 0, "the bound port, not the requested one");
 
         let (status, head, body) = request(addr, "GET", "/health").await;

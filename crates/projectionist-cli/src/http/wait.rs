@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::Response;
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use projectionist_kafka::metrics as m;
 
 use super::{reply, Probes};
@@ -26,9 +26,14 @@ impl Waits {
 }
 
 /// Longest `/wait` holds a request (`timeout_ms` above it is refused).
-const MAX_WAIT: Duration = Duration::from_secs(30);
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(30);
 /// `/wait`'s timeout when the request names none.
 const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+/// Longest query string `/wait` reads.
+const MAX_QUERY: usize = 4096;
+/// Longest value of each text parameter, in bytes: a Kafka topic's name is at most 249.
+const MAX_TEXT: [(&str, usize); 4] =
+    [("topic", 249), ("projection", 1024), ("aggregate_type", 1024), ("aggregate_id", 1024)];
 
 /// `GET /wait?projection=P&topic=T&partition=N&offset=O[&timeout_ms=MS]`, or
 /// `GET /wait?projection=P&aggregate_type=A&aggregate_id=I&version=V[&timeout_ms=MS]`: 200
@@ -37,14 +42,29 @@ const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// checkpoint but not applied: 202 when the event is held behind its parked aggregate, 409
 /// when it was dead-lettered (or that dead letter discarded), the body's `fate` saying which;
 /// 504 when `timeout_ms` (default 5000, at most 30000) passes first; each with a JSON body
-/// saying where P stands or what became of the event. 400 on bad input.
-pub(super) async fn wait(State(probes): State<Probes>, Query(query): Query<HashMap<String, String>>) -> Response {
+/// saying where P stands or what became of the event. 400 on bad input (a query or a
+/// parameter too long too); 503 with `Retry-After` when too many wait already.
+pub(super) async fn wait(State(probes): State<Probes>, uri: Uri) -> Response {
     let Some(waits) = probes.waits else {
         return reply(StatusCode::NOT_FOUND, "text/plain", "no waits here: /wait is served by `run`\n".to_owned());
+    };
+    if uri.query().is_some_and(|q| q.len() > MAX_QUERY) {
+        return reply(StatusCode::BAD_REQUEST, "text/plain", format!("the query is longer than {MAX_QUERY} bytes\n"));
+    }
+    let query = match Query::<HashMap<String, String>>::try_from_uri(&uri) {
+        Ok(Query(query)) => query,
+        Err(rejection) => return rejection.into_response(),
     };
     let wanted = match Wanted::parse(&query, &waits.projections) {
         Ok(wanted) => wanted,
         Err(problem) => return reply(StatusCode::BAD_REQUEST, "text/plain", format!("{problem}\n")),
+    };
+    // Held to the end: each wait holds a task, a connection and its request.
+    let Ok(_slot) = probes.wait_slots.try_acquire() else {
+        let body = serde_json::json!({ "applied": false, "error": "too many waits at once; try again" });
+        let mut busy = reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", format!("{body}\n"));
+        busy.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return busy;
     };
     let waiter =
         match waits.waiter.get_or_try_init(|| projectionist_postgres::wait::Waiter::new(waits.pool.clone())).await {
@@ -114,6 +134,11 @@ impl Wanted {
         query: &HashMap<String, String>,
         projections: &[projectionist_postgres::SharedProjection],
     ) -> Result<Self, String> {
+        for (name, max) in MAX_TEXT {
+            if query.get(name).is_some_and(|v| v.len() > max) {
+                return Err(format!("{name} is longer than {max} bytes"));
+            }
+        }
         let text = |name: &str| query.get(name).filter(|v| !v.is_empty()).ok_or_else(|| format!("{name} is missing"));
         let number = |name: &str| -> Result<i64, String> {
             let value = text(name)?;
@@ -175,10 +200,16 @@ mod tests {
         let engine = Engine::new(pool.clone(), EngineConfig::new("localhost:9092"));
         let recorder = PrometheusBuilder::new().build_recorder();
         let waits = super::Waits::new(pool.clone(), vec![Arc::new(Probe)]);
-        let addr =
-            crate::http::serve("127.0.0.1:0".parse().unwrap(), recorder.handle(), engine.readiness(), Some(waits))
-                .await
-                .unwrap();
+        let limits = crate::http::Limits::default();
+        let addr = crate::http::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            recorder.handle(),
+            engine.readiness(),
+            Some(waits),
+            limits,
+        )
+        .await
+        .unwrap();
         let bad = [
             ("/wait", "projection is missing"),
             (
@@ -230,5 +261,48 @@ mod tests {
         projectionist_postgres::checkpoint::notify(&mut conn, "http_probe", "t", 0, 6, None).await.unwrap();
         let (status, _, body) = waiting.await.unwrap();
         assert_eq!((status, body.as_str()), (200, "{\"applied\":true,\"stands\":{\"next_offset\":6}}\n"));
+    }
+
+    /// More waits at once than the cap: those past it get 503 with `Retry-After` at once.
+    /// Parameters past their length are refused with 400 before anything waits.
+    #[sqlx::test(migrations = false)]
+    async fn waits_past_the_cap_get_503_and_overlong_parameters_400(pool: PgPool) {
+        projectionist_postgres::migrate(&pool, &[&Probe]).await.unwrap();
+        let engine = Engine::new(pool.clone(), EngineConfig::new("localhost:9092"));
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let waits = super::Waits::new(pool.clone(), vec![Arc::new(Probe)]);
+        let limits = crate::http::Limits { waits: 4, ..Default::default() };
+        let localhost = "127.0.0.1:0".parse().unwrap();
+        let addr =
+            crate::http::serve(localhost, recorder.handle(), engine.readiness(), Some(waits), limits).await.unwrap();
+        let path = "/wait?projection=http_probe&topic=t&partition=0&offset=5&timeout_ms=2000";
+        let flood: Vec<_> = (0..12).map(|_| tokio::spawn(request(addr, "GET", path))).collect();
+        let mut refused = 0;
+        for answer in flood {
+            let (status, head, body) = answer.await.unwrap();
+            match status {
+                503 => {
+                    assert!(head.contains("\r\nretry-after: 1"), "{head}");
+                    refused += 1;
+                }
+                504 => {}
+                _ => panic!("{status} {body}"),
+            }
+        }
+        assert!(refused > 0, "12 waits at once, none refused");
+
+        let long = |name: &str, len: usize| format!("{name}={}", "x".repeat(len));
+        let bad = [
+            (long("topic", 250), "topic is longer than 249 bytes"),
+            (long("aggregate_id", 1025), "aggregate_id is longer than 1024 bytes"),
+            (long("aggregate_type", 1025), "aggregate_type is longer than 1024 bytes"),
+            (long("projection", 1025), "projection is longer than 1024 bytes"),
+            (long("pad", 4096), "the query is longer than 4096 bytes"),
+        ];
+        for (param, problem) in bad {
+            let path = format!("/wait?projection=http_probe&topic=t&partition=0&offset=5&timeout_ms=100&{param}");
+            let (status, _, body) = request(addr, "GET", &path).await;
+            assert_eq!((status, body.as_str()), (400, format!("{problem}\n").as_str()), "{problem}");
+        }
     }
 }
