@@ -112,4 +112,21 @@ mod tests {
             assert!(rest.is_empty() || rest.starts_with("HTTP/1.1 408"), "{rest}");
         }
     }
+
+    /// The table of limits in docs/operations.md says what the code does.
+    #[test]
+    fn the_operations_page_states_the_limits() {
+        let page = include_str!("../../../../docs/operations.md");
+        let limits = super::Limits::default();
+        let rows = [
+            format!("| Connections open at once | {} |", limits.connections),
+            format!("| Time to send a request's line and headers | {} s |", limits.header_read.as_secs()),
+            format!("| A connection's life | {} s (the longest `/wait` and 10 s) |", limits.connection.as_secs()),
+            format!("| A request's line and headers | {} KiB |", super::MAX_HEAD / 1024),
+            format!("| `/wait` requests waiting at once | {} |", limits.waits),
+        ];
+        for row in rows {
+            assert!(page.contains(&row), "docs/operations.md lacks {row:?}");
+        }
+    }
 }
