@@ -38,8 +38,14 @@ fn the_compose_file_agrees_with_the_local_services_and_prometheus() {
     };
 
     // Same ports as scripts/services.sh.
-    assert!(services.contains("KAFKA_PORT=${KAFKA_PORT:-9092}") && ports("kafka") == ["9092:9092"]);
-    assert!(services.contains("PG_PORT=${PG_PORT:-5432}") && ports("postgres") == ["5432:5432"]);
+    assert!(services.contains("KAFKA_PORT=${KAFKA_PORT:-9092}") && ports("kafka") == ["127.0.0.1:9092:9092"]);
+    assert!(services.contains("PG_PORT=${PG_PORT:-5432}") && ports("postgres") == ["127.0.0.1:5432:5432"]);
+    // Published on loopback only: /wait reveals checkpoints and versions, the password is known.
+    for name in ["grafana", "kafka", "postgres", "projector", "prometheus"] {
+        for port in ports(name) {
+            assert!(port.starts_with("127.0.0.1:"), "{name} publishes {port} beyond loopback");
+        }
+    }
     // Same role, password and database.
     assert!(services.contains("PG_USER=projectionist") && services.contains("PG_DB=projectionist"));
     for key in ["POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"] {

@@ -5,12 +5,17 @@
 //! saying where it stands when the timeout passes first, 400 on bad input).
 //! GET only, and the connection closes after each response: enough for scrapers and
 //! probes, and a client reading to the end of the stream gets exactly one response.
+//! Bounded: connections open at once, the time to send a request's head, a connection's
+//! life, and `/wait`s at once ([`Limits`]).
 
-use std::collections::HashMap;
+mod listener;
+mod wait;
+
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -18,6 +23,10 @@ use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use projectionist_kafka::{metrics as m, Readiness};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub(crate) use listener::Limits;
+pub(crate) use wait::Waits;
 
 /// Installs the Prometheus recorder (once per process) and returns its handle.
 pub(crate) fn install_recorder() -> anyhow::Result<PrometheusHandle> {
@@ -42,12 +51,13 @@ pub(crate) fn install_recorder() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Binds `addr` and serves in the background; returns the bound address.
+/// Binds `addr` and serves in the background within `limits`; returns the bound address.
 pub(crate) async fn serve(
     addr: SocketAddr,
     handle: PrometheusHandle,
     readiness: Readiness,
     waits: Option<Waits>,
+    limits: Limits,
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -59,13 +69,9 @@ pub(crate) async fn serve(
         anyhow::anyhow!("cannot listen on {addr} for /metrics, /health and /ready: {e}{hint}")
     })?;
     let bound = listener.local_addr()?;
-    let app = router(Probes { handle, readiness, waits });
-    tokio::spawn(async move {
-        // axum pauses and retries when an accept fails, so this runs for the process's life.
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "HTTP listener stopped.");
-        }
-    });
+    let wait_slots = Arc::new(Semaphore::new(limits.waits));
+    let app = router(Probes { handle, readiness, waits, wait_slots });
+    tokio::spawn(listener::accept(listener, app, limits));
     Ok(bound)
 }
 
@@ -75,34 +81,16 @@ struct Probes {
     handle: PrometheusHandle,
     readiness: Readiness,
     waits: Option<Waits>,
+    /// One per `/wait` waiting; none left: 503.
+    wait_slots: Arc<Semaphore>,
 }
-
-/// What `/wait` answers from: the read models' database (its waiter, with its listening
-/// connection, made at the first request), and the projections it may be asked about.
-#[derive(Clone)]
-pub(crate) struct Waits {
-    pool: sqlx::PgPool,
-    waiter: std::sync::Arc<tokio::sync::OnceCell<projectionist_postgres::wait::Waiter>>,
-    projections: Vec<projectionist_postgres::SharedProjection>,
-}
-
-impl Waits {
-    pub(crate) fn new(pool: sqlx::PgPool, projections: Vec<projectionist_postgres::SharedProjection>) -> Self {
-        Self { pool, waiter: Default::default(), projections }
-    }
-}
-
-/// Longest `/wait` holds a request (`timeout_ms` above it is refused).
-const MAX_WAIT: Duration = Duration::from_secs(30);
-/// `/wait`'s timeout when the request names none.
-const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
 fn router(probes: Probes) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/ready", get(ready))
-        .route("/wait", get(wait))
+        .route("/wait", get(wait::wait))
         .fallback(unknown_path)
         .method_not_allowed_fallback(get_only)
         .with_state(probes)
@@ -126,132 +114,6 @@ async fn ready(State(probes): State<Probes>) -> Response {
         reply(StatusCode::OK, "text/plain", "ready\n".to_owned())
     } else {
         reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {state}\n"))
-    }
-}
-
-/// `GET /wait?projection=P&topic=T&partition=N&offset=O[&timeout_ms=MS]`, or
-/// `GET /wait?projection=P&aggregate_type=A&aggregate_id=I&version=V[&timeout_ms=MS]`: 200
-/// once P has applied the event at offset O of T/N (its checkpoint is past it and the event
-/// is in the read model), or the aggregate's rows stand at version V or beyond; past the
-/// checkpoint but not applied: 202 when the event is held behind its parked aggregate, 409
-/// when it was dead-lettered (or that dead letter discarded), the body's `fate` saying which;
-/// 504 when `timeout_ms` (default 5000, at most 30000) passes first; each with a JSON body
-/// saying where P stands or what became of the event. 400 on bad input.
-async fn wait(State(probes): State<Probes>, Query(query): Query<HashMap<String, String>>) -> Response {
-    let Some(waits) = probes.waits else {
-        return reply(StatusCode::NOT_FOUND, "text/plain", "no waits here: /wait is served by `run`\n".to_owned());
-    };
-    let wanted = match Wanted::parse(&query, &waits.projections) {
-        Ok(wanted) => wanted,
-        Err(problem) => return reply(StatusCode::BAD_REQUEST, "text/plain", format!("{problem}\n")),
-    };
-    let waiter =
-        match waits.waiter.get_or_try_init(|| projectionist_postgres::wait::Waiter::new(waits.pool.clone())).await {
-            Ok(waiter) => waiter,
-            Err(e) => {
-                let body = serde_json::json!({ "applied": false, "error": e.to_string() });
-                return reply(StatusCode::SERVICE_UNAVAILABLE, "application/json", format!("{body}\n"));
-            }
-        };
-    let waiting = metrics::gauge!(m::WAIT_REQUESTS);
-    waiting.increment(1.0);
-    let waited = match &wanted.at {
-        At::Offset { topic, partition, offset } => {
-            let name = wanted.projection.name();
-            waiter.wait_for_offset(name, topic, *partition, *offset, wanted.timeout).await
-        }
-        At::Version { aggregate_type, aggregate_id, version } => {
-            let projection = wanted.projection.as_ref();
-            waiter.wait_for_version(projection, aggregate_type, aggregate_id, *version, wanted.timeout).await
-        }
-    };
-    waiting.decrement(1.0);
-    use projectionist_postgres::wait::{Fate, Position};
-    use projectionist_postgres::WaitError;
-    let stands = |position: &Position| match position {
-        Position::Offset { next_offset } => serde_json::json!({ "next_offset": next_offset }),
-        Position::Version { version } => serde_json::json!({ "version": version }),
-    };
-    let (status, body) = match waited {
-        Ok(position) => (StatusCode::OK, serde_json::json!({ "applied": true, "stands": stands(&position) })),
-        // Past the checkpoint, but not in the read model: held (it may still apply) or a
-        // dead letter (it applies only if an operator retries it).
-        Err(projectionist_postgres::Error::Wait(WaitError::NotApplied { fate, .. })) => {
-            let status = match fate {
-                Fate::Parked { .. } => StatusCode::ACCEPTED,
-                Fate::DeadLettered { .. } | Fate::Discarded { .. } => StatusCode::CONFLICT,
-            };
-            let mut body = serde_json::json!({ "applied": false, "error": fate.to_string() });
-            if let (Some(body), serde_json::Value::Object(fate)) = (body.as_object_mut(), serde_json::json!(fate)) {
-                body.extend(fate);
-            }
-            (status, body)
-        }
-        Err(projectionist_postgres::Error::Wait(WaitError::Timeout { position, .. })) => (
-            StatusCode::GATEWAY_TIMEOUT,
-            serde_json::json!({ "applied": false, "stands": stands(&position), "error": "timed out" }),
-        ),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({ "applied": false, "error": e.to_string() })),
-    };
-    reply(status, "application/json", format!("{body}\n"))
-}
-
-/// A `/wait` request, checked.
-struct Wanted {
-    projection: projectionist_postgres::SharedProjection,
-    at: At,
-    timeout: Duration,
-}
-
-enum At {
-    Offset { topic: String, partition: i32, offset: i64 },
-    Version { aggregate_type: String, aggregate_id: String, version: i64 },
-}
-
-impl Wanted {
-    fn parse(
-        query: &HashMap<String, String>,
-        projections: &[projectionist_postgres::SharedProjection],
-    ) -> Result<Self, String> {
-        let text = |name: &str| query.get(name).filter(|v| !v.is_empty()).ok_or_else(|| format!("{name} is missing"));
-        let number = |name: &str| -> Result<i64, String> {
-            let value = text(name)?;
-            value
-                .parse::<i64>()
-                .ok()
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| format!("{name} must be a whole number >= 0, got {value:?}"))
-        };
-        let name = text("projection")?;
-        let projection = projections.iter().find(|p| p.name() == name).cloned().ok_or_else(|| {
-            let known: Vec<&str> = projections.iter().map(|p| p.name()).collect();
-            format!("no projection named {name:?} here; projections: {}", known.join(", "))
-        })?;
-        let at = match (query.contains_key("offset"), query.contains_key("version")) {
-            (true, false) => At::Offset {
-                topic: text("topic")?.clone(),
-                partition: i32::try_from(number("partition")?).map_err(|_| "partition is too large".to_owned())?,
-                offset: number("offset")?,
-            },
-            (false, true) => At::Version {
-                aggregate_type: text("aggregate_type")?.clone(),
-                aggregate_id: text("aggregate_id")?.clone(),
-                version: number("version")?,
-            },
-            _ => {
-                return Err(
-                    "give either topic, partition and offset, or aggregate_type, aggregate_id and version".to_owned()
-                )
-            }
-        };
-        let timeout = match query.get("timeout_ms") {
-            None => DEFAULT_WAIT,
-            Some(_) => Duration::from_millis(number("timeout_ms")? as u64),
-        };
-        if timeout > MAX_WAIT {
-            return Err(format!("timeout_ms must be at most {}", MAX_WAIT.as_millis()));
-        }
-        Ok(Self { projection, at, timeout })
     }
 }
 
@@ -289,7 +151,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A projection with no tables: enough for the engine to join a group.
-    struct Probe;
+    pub(super) struct Probe;
 
     #[projectionist_core::async_trait]
     impl Projection<sqlx::PgConnection> for Probe {
@@ -300,7 +162,7 @@ mod tests {
     }
 
     /// One request on its own connection, read to the end: the server must close it.
-    async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String, String) {
+    pub(super) async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String, String) {
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         stream.write_all(format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
         let mut response = String::new();
@@ -330,8 +192,15 @@ mod tests {
         let recorder = PrometheusBuilder::new().build_recorder();
         let metadata = metrics::Metadata::new(module_path!(), metrics::Level::INFO, None);
         recorder.register_counter(&metrics::Key::from_name("projectionist_probe_total"), &metadata).increment(3);
-        let addr =
-            super::serve("127.0.0.1:0".parse().unwrap(), recorder.handle(), engine.readiness(), None).await.unwrap();
+        let addr = super::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            recorder.handle(),
+            engine.readiness(),
+            None,
+            super::Limits::default(),
+        )
+        .await
+        .unwrap();
         assert_ne!(addr.port(), 0, "the bound port, not the requested one");
 
         let (status, head, body) = request(addr, "GET", "/health").await;
@@ -376,69 +245,5 @@ mod tests {
         stop.send(()).unwrap();
         let report = tokio::time::timeout(Duration::from_secs(30), run).await.unwrap().unwrap().unwrap();
         assert!(report.halts().is_empty(), "{:?}", report.halts());
-    }
-
-    /// `/wait`: 400 naming what is wrong, 504 with where the projection stands when the
-    /// timeout passes first, 200 once the checkpoint a batch commits is past the offset.
-    #[sqlx::test(migrations = false)]
-    async fn wait_answers_once_the_checkpoint_is_past_the_offset(pool: PgPool) {
-        projectionist_postgres::migrate(&pool, &[&Probe]).await.unwrap();
-        let engine = Engine::new(pool.clone(), EngineConfig::new("localhost:9092"));
-        let recorder = PrometheusBuilder::new().build_recorder();
-        let waits = super::Waits::new(pool.clone(), vec![Arc::new(Probe)]);
-        let addr = super::serve("127.0.0.1:0".parse().unwrap(), recorder.handle(), engine.readiness(), Some(waits))
-            .await
-            .unwrap();
-        let bad = [
-            ("/wait", "projection is missing"),
-            (
-                "/wait?projection=nope&topic=t&partition=0&offset=1",
-                "no projection named \"nope\" here; projections: http_probe",
-            ),
-            (
-                "/wait?projection=http_probe&topic=t&partition=0",
-                "give either topic, partition and offset, or aggregate_type, aggregate_id and version",
-            ),
-            (
-                "/wait?projection=http_probe&topic=t&partition=x&offset=1",
-                "partition must be a whole number >= 0, got \"x\"",
-            ),
-            (
-                "/wait?projection=http_probe&topic=t&partition=0&offset=1&timeout_ms=60000",
-                "timeout_ms must be at most 30000",
-            ),
-        ];
-        for (path, problem) in bad {
-            let (status, _, body) = request(addr, "GET", path).await;
-            assert_eq!((status, body.as_str()), (400, format!("{problem}\n").as_str()), "{path}");
-        }
-        let (status, head, body) =
-            request(addr, "GET", "/wait?projection=http_probe&topic=t&partition=0&offset=5&timeout_ms=200").await;
-        assert_eq!(status, 504, "{body}");
-        assert!(head.contains("content-type: application/json"), "{head}");
-        assert_eq!(body, "{\"applied\":false,\"error\":\"timed out\",\"stands\":{\"next_offset\":null}}\n");
-        let (status, _, body) = request(
-            addr,
-            "GET",
-            "/wait?projection=http_probe&aggregate_type=a&aggregate_id=b&version=1&timeout_ms=100",
-        )
-        .await;
-        assert_eq!(
-            (status, body.as_str()),
-            (504, "{\"applied\":false,\"error\":\"timed out\",\"stands\":{\"version\":null}}\n")
-        );
-
-        let waiting = tokio::spawn(request(
-            addr,
-            "GET",
-            "/wait?projection=http_probe&topic=t&partition=0&offset=5&timeout_ms=20000",
-        ));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!waiting.is_finished(), "offset 5 not applied yet");
-        let mut conn = pool.acquire().await.unwrap();
-        projectionist_postgres::checkpoint::store(&mut conn, "http_probe", "t", 0, None, 6).await.unwrap();
-        projectionist_postgres::checkpoint::notify(&mut conn, "http_probe", "t", 0, 6, None).await.unwrap();
-        let (status, _, body) = waiting.await.unwrap();
-        assert_eq!((status, body.as_str()), (200, "{\"applied\":true,\"stands\":{\"next_offset\":6}}\n"));
     }
 }

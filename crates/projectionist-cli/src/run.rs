@@ -132,7 +132,7 @@ pub(crate) async fn serve_metrics(
     let parsed = addr.parse().map_err(|_| anyhow::anyhow!("--metrics-addr {addr:?} is not host:port or off"))?;
     let handle = http::install_recorder()?;
     let served = if waits.is_some() { "/metrics, /health, /ready and /wait" } else { "/metrics, /health and /ready" };
-    let bound = http::serve(parsed, handle, readiness, waits).await?;
+    let bound = http::serve(parsed, handle, readiness, waits, http::Limits::default()).await?;
     tracing::info!(address = %bound, "Serving {served}.");
     Ok(())
 }
