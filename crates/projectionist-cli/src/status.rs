@@ -222,7 +222,7 @@ pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> any
     }
     match (d.payload_bytes, &d.payload_sha256) {
         (Some(bytes), Some(sha256)) => println!(
-            "payload (TRUNCATED: its first {} of {bytes} bytes; SHA-256 of the whole: {}):\n{}",
+            "payload (only its first {} of {bytes} bytes kept; SHA-256 of the whole: {}):\n{}",
             d.payload.len(),
             hex(sha256),
             shown(&d.payload)

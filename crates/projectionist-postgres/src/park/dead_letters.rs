@@ -108,6 +108,44 @@ pub async fn dead_letter(pool: &PgPool, id: i64) -> Result<Option<StoredDeadLett
         .await?)
 }
 
+/// What [`purge`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Resolved dead letters deleted: retried, or applied by a rebuild.
+    pub deleted: u64,
+    /// Discarded dead letters whose payload was dropped (their record stays).
+    pub emptied: u64,
+}
+
+/// Purges the resolved dead letters (of `projection`, or of all; resolved before `before`,
+/// or whenever), never an open one. A retried one, or one a rebuild applied, is deleted. A
+/// discarded one keeps its record, by which replays and rebuilds skip its event again, but
+/// not its payload: its length and SHA-256 are kept instead.
+pub async fn purge(pool: &PgPool, projection: Option<&str>, before: Option<DateTime<Utc>>) -> Result<Purged> {
+    const OF: &str = "($1::text IS NULL OR projection = $1) AND ($2::timestamptz IS NULL OR resolved_at < $2)";
+    let mut tx = pool.begin().await?;
+    let deleted = sqlx::query(&format!(
+        "DELETE FROM projectionist_dead_letters WHERE resolution IS NOT NULL AND resolution <> 'discarded' AND {OF}"
+    ))
+    .bind(projection)
+    .bind(before)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let emptied = sqlx::query(&format!(
+        "UPDATE projectionist_dead_letters SET payload_bytes = COALESCE(payload_bytes, octet_length(payload)), \
+         payload_sha256 = COALESCE(payload_sha256, sha256(payload)), payload = '' \
+         WHERE resolution = 'discarded' AND octet_length(payload) > 0 AND {OF}"
+    ))
+    .bind(projection)
+    .bind(before)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(Purged { deleted, emptied })
+}
+
 /// Of the events at `offsets` (index in the batch, offset) of `source`'s partition, those
 /// whose dead letter an operator discarded: their indexes.
 pub(crate) async fn discarded(
@@ -294,6 +332,48 @@ mod tests {
         assert_eq!(bytes, 10);
         assert_eq!(hex(&sha256), "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882");
         assert_eq!(stored_payload(b"", 0), (b"".as_slice(), None));
+    }
+
+    /// A purge deletes the retried letters and empties the discarded ones' payloads (their
+    /// length and hash kept), of the projection asked and resolved before the time asked;
+    /// an open letter is never touched.
+    #[sqlx::test(migrations = false)]
+    async fn a_purge_touches_resolved_dead_letters_only(pool: PgPool) {
+        crate::migrate::engine(&pool).await.expect("the engine's tables");
+        let letter = |offset: i64| DeadLetter {
+            aggregate: None,
+            topic: "t",
+            partition: 0,
+            offset: Some(offset),
+            key: None,
+            payload: b"payload",
+            headers: &[],
+            reason: "envelope",
+            error: "not an envelope".into(),
+            truncated: None,
+        };
+        let mut conn = pool.acquire().await.expect("a connection");
+        for (projection, resolution, offset) in
+            [("p", None, 0), ("p", Some("retried"), 1), ("p", Some("discarded"), 2), ("q", Some("retried"), 3)]
+        {
+            let id = insert_dead_letter(&mut conn, projection, &letter(offset)).await.unwrap();
+            sqlx::query("UPDATE projectionist_dead_letters SET resolution = $2, resolved_at = now() - interval '2 days' WHERE id = $1")
+                .bind(id)
+                .bind(resolution)
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+        }
+        let ago = |days: i64| DateTime::from_timestamp(Utc::now().timestamp() - days * 86_400, 0);
+        let (day_ago, week_ago) = (ago(1), ago(7));
+        assert_eq!(purge(&pool, Some("p"), week_ago).await.unwrap(), Purged::default(), "none that old");
+        assert_eq!(purge(&pool, Some("p"), day_ago).await.unwrap(), Purged { deleted: 1, emptied: 1 });
+        let left = dead_letters(&pool, None, true).await.unwrap();
+        let shown: Vec<_> =
+            left.iter().map(|d| (d.projection.as_str(), d.offset, d.payload.len(), d.payload_bytes)).collect();
+        assert_eq!(shown, [("p", Some(0), 7, None), ("p", Some(2), 0, Some(7)), ("q", Some(3), 7, None)]);
+        assert_eq!(purge(&pool, None, None).await.unwrap(), Purged { deleted: 1, emptied: 0 }, "q's, not p's open one");
+        assert_eq!(dead_letters(&pool, None, false).await.unwrap().len(), 1, "the open one stays");
     }
 
     /// A batch's dead letters stored in one statement are stored as one at a time stores

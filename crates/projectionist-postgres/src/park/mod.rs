@@ -18,7 +18,7 @@ mod resolve;
 pub use bounds::{bounds_in, Bounds};
 pub(crate) use bounds::{dead_letters_in, NewLetter};
 use dead_letters::Behind;
-pub use dead_letters::{dead_letter, dead_letters, dead_letters_by_id, StoredDeadLetter};
+pub use dead_letters::{dead_letter, dead_letters, dead_letters_by_id, purge, Purged, StoredDeadLetter};
 pub(crate) use dead_letters::{discarded, DEAD_LETTER_COLUMNS};
 pub use resolve::{resolve, resume_stale, skip_gap, Resolve, Resolved};
 
