@@ -178,6 +178,32 @@ pub(crate) enum DeadLettersCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Reclaim the space of resolved dead letters; open ones are never touched. Retried ones
+    /// (and those a rebuild applied) are deleted. Discarded ones keep their record, by which a
+    /// replay or rebuild skips their event again, but lose their payload (its length and
+    /// SHA-256 stay).
+    Purge {
+        /// Only this projection's.
+        #[arg(long)]
+        projection: Option<String>,
+        /// Only those resolved longer ago than this: `30d`, `12h`, `90m` or `45s`.
+        #[arg(long, value_name = "DURATION", value_parser = age)]
+        older_than: Option<std::time::Duration>,
+    },
+}
+
+/// A duration as `--older-than` takes it: a whole number of days, hours, minutes or seconds
+/// (`30d`, `12h`, `90m`, `45s`).
+fn age(text: &str) -> Result<std::time::Duration, String> {
+    let unit = |seconds: u64| text[..text.len() - 1].parse::<u64>().ok().and_then(|n| n.checked_mul(seconds));
+    let seconds = match text.chars().last() {
+        Some('d') => unit(86_400),
+        Some('h') => unit(3_600),
+        Some('m') => unit(60),
+        Some('s') => unit(1),
+        _ => None,
+    };
+    seconds.map(std::time::Duration::from_secs).ok_or_else(|| format!("{text:?}: expected e.g. 30d, 12h, 90m or 45s"))
 }
 
 #[derive(Subcommand)]
@@ -269,4 +295,20 @@ pub(crate) fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyh
         _ => {}
     }
     Ok(cli)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn an_age_is_a_whole_number_and_a_unit() {
+        assert_eq!(super::age("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(super::age("12h"), Ok(Duration::from_secs(12 * 3_600)));
+        assert_eq!(super::age("90m"), Ok(Duration::from_secs(90 * 60)));
+        assert_eq!(super::age("0s"), Ok(Duration::ZERO));
+        for wrong in ["", "d", "12", "1.5h", "-1d", "3w", "99999999999999999999d", "1dé"] {
+            assert!(super::age(wrong).is_err(), "{wrong:?}");
+        }
+    }
 }

@@ -31,7 +31,7 @@ impl App {
         Ok(())
     }
 
-    /// `dead-letters list|show|retry|discard`.
+    /// `dead-letters list|show|retry|discard|purge`.
     pub(crate) async fn dead_letters(&self, pool: &PgPool, command: DeadLettersCommand) -> anyhow::Result<()> {
         match command {
             DeadLettersCommand::List { projection, all, json } => {
@@ -56,6 +56,24 @@ impl App {
             DeadLettersCommand::Discard { id, reason } => {
                 status::engine_tables(pool).await?;
                 self.resolve(pool, id, Resolve::Discard { reason }).await?;
+            }
+            DeadLettersCommand::Purge { projection, older_than } => {
+                status::engine_tables(pool).await?;
+                let before = match older_than {
+                    Some(age) => {
+                        let now = sqlx::types::chrono::Utc::now().timestamp();
+                        let then = i64::try_from(age.as_secs()).ok().and_then(|age| now.checked_sub(age));
+                        let then = then.and_then(|then| sqlx::types::chrono::DateTime::from_timestamp(then, 0));
+                        Some(then.ok_or_else(|| anyhow::anyhow!("--older-than {age:?}: too long ago"))?)
+                    }
+                    None => None,
+                };
+                let purged = park::purge(pool, projection.as_deref(), before).await?;
+                println!(
+                    "{} resolved dead letter(s) deleted; {} discarded one(s) kept without their payload (a replay \
+                     still skips their events)",
+                    purged.deleted, purged.emptied
+                );
             }
         }
         Ok(())

@@ -82,7 +82,7 @@ pub(crate) async fn print(
     println!("{:<24} {:>16} {:>12} {:>12}", "projection", "parked", "events held", "dead letters");
     for r in registrations {
         let name = r.projection.name();
-        let (parked, held, dead) = projectionist_postgres::park::count(pool, name).await?;
+        let (parked, held, dead, _) = projectionist_postgres::park::count(pool, name).await?;
         println!("{name:<24} {parked:>16} {held:>12} {dead:>12}");
     }
     let mut rebuilds = Vec::new();
@@ -220,7 +220,15 @@ pub(crate) async fn print_dead_letter(pool: &PgPool, id: i64, json: bool) -> any
     for (name, value) in d.header_names.iter().zip(&d.header_values) {
         println!("header:     {}: {}", shown(name), value.as_deref().map_or("(null)".to_owned(), shown));
     }
-    println!("payload ({} bytes):\n{}", d.payload.len(), shown(&d.payload));
+    match (d.payload_bytes, &d.payload_sha256) {
+        (Some(bytes), Some(sha256)) => println!(
+            "payload (only its first {} of {bytes} bytes kept; SHA-256 of the whole: {}):\n{}",
+            d.payload.len(),
+            hex(sha256),
+            shown(&d.payload)
+        ),
+        _ => println!("payload ({} bytes):\n{}", d.payload.len(), shown(&d.payload)),
+    }
     println!("error:\n{}", d.error);
     if let (Some(resolution), Some(at)) = (&d.resolution, d.resolved_at) {
         println!("{resolution} at {at}: {}", d.resolution_note.as_deref().unwrap_or(""));
@@ -242,8 +250,13 @@ fn behind_it(d: &projectionist_postgres::park::StoredDeadLetter) -> &'static str
 fn shown(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_owned(),
-        Err(_) => format!("0x{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        Err(_) => format!("0x{}", hex(bytes)),
     }
+}
+
+/// Bytes as lowercase hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A dead letter as one JSON object: bytes as text when they are UTF-8, else as hex.
@@ -259,6 +272,9 @@ fn dead_letter_json(d: &projectionist_postgres::park::StoredDeadLetter) -> serde
         "key": d.key.as_deref().map(shown),
         "headers": headers,
         "payload": shown(&d.payload),
+        "payload_truncated": d.payload_bytes.is_some(),
+        "payload_bytes": d.payload_bytes.unwrap_or(d.payload.len() as i64),
+        "payload_sha256": d.payload_sha256.as_deref().map(hex),
         "aggregate_type": d.aggregate_type,
         "aggregate_id": d.aggregate_id,
         "version": d.version,

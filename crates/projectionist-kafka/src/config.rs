@@ -112,6 +112,20 @@ pub struct EngineConfig {
     /// bound.
     #[serde(default = "default_max_held_per_aggregate")]
     pub max_held_per_aggregate: u64,
+    /// Most open dead letters a projection keeps (neither retried nor discarded): a batch that
+    /// would keep more halts its partition at the message past it, naming this bound, rather
+    /// than store letters without end.
+    #[serde(default = "default_max_dead_letters")]
+    pub max_dead_letters: u64,
+    /// Most payload bytes the open dead letters of a projection keep, as stored: past it, the
+    /// partition halts as for `max_dead_letters`.
+    #[serde(default = "default_max_dead_letter_bytes")]
+    pub max_dead_letter_bytes: u64,
+    /// Most bytes of one dead letter's payload stored: a longer payload is stored as its head
+    /// (this many bytes), with its full length and SHA-256 (`dead-letters show` says so).
+    /// Unset: `max_event_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_payload_max_bytes: Option<usize>,
     /// Also produce each dead letter to this topic once its batch commits, as Kafka Connect
     /// does: the message's key, payload and headers, plus `projectionist.projection`,
     /// `.topic`, `.partition`, `.offset`, `.dead_letter_id`, `.reason` and `.error` headers.
@@ -146,6 +160,15 @@ pub struct ProjectionSettings {
     /// See [`EngineConfig::max_held_per_aggregate`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_held_per_aggregate: Option<u64>,
+    /// See [`EngineConfig::max_dead_letters`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_dead_letters: Option<u64>,
+    /// See [`EngineConfig::max_dead_letter_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_dead_letter_bytes: Option<u64>,
+    /// See [`EngineConfig::dead_letter_payload_max_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter_payload_max_bytes: Option<usize>,
     /// See [`EngineConfig::dead_letter_topic`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter_topic: Option<String>,
@@ -180,6 +203,12 @@ fn default_max_parked_aggregates() -> u64 {
 }
 fn default_max_held_per_aggregate() -> u64 {
     EngineConfig::DEFAULT_MAX_HELD_PER_AGGREGATE
+}
+fn default_max_dead_letters() -> u64 {
+    EngineConfig::DEFAULT_MAX_DEAD_LETTERS
+}
+fn default_max_dead_letter_bytes() -> u64 {
+    EngineConfig::DEFAULT_MAX_DEAD_LETTER_BYTES
 }
 
 /// What an engine may assume it has to itself, as `rebuild` does behind its lock and `run`
@@ -223,6 +252,10 @@ impl EngineConfig {
     pub const DEFAULT_MAX_PARKED_AGGREGATES: u64 = 10_000;
     /// Default of [`EngineConfig::max_held_per_aggregate`].
     pub const DEFAULT_MAX_HELD_PER_AGGREGATE: u64 = 10_000;
+    /// Default of [`EngineConfig::max_dead_letters`].
+    pub const DEFAULT_MAX_DEAD_LETTERS: u64 = 10_000;
+    /// Default of [`EngineConfig::max_dead_letter_bytes`] (256 MiB).
+    pub const DEFAULT_MAX_DEAD_LETTER_BYTES: u64 = 256 << 20;
 
     /// Defaults for the given brokers, or for a client's brokers and properties (security
     /// settings and the like).
@@ -245,6 +278,9 @@ impl EngineConfig {
             max_event_bytes: default_max_event_bytes(),
             max_parked_aggregates: default_max_parked_aggregates(),
             max_held_per_aggregate: default_max_held_per_aggregate(),
+            max_dead_letters: default_max_dead_letters(),
+            max_dead_letter_bytes: default_max_dead_letter_bytes(),
+            dead_letter_payload_max_bytes: None,
             dead_letter_topic: None,
             per_projection: BTreeMap::new(),
         }
@@ -267,6 +303,9 @@ impl EngineConfig {
             max_event_bytes,
             max_parked_aggregates,
             max_held_per_aggregate,
+            max_dead_letters,
+            max_dead_letter_bytes,
+            dead_letter_payload_max_bytes,
             dead_letter_topic,
         } = own.clone();
         config.on_gap = on_gap.unwrap_or(config.on_gap);
@@ -274,6 +313,9 @@ impl EngineConfig {
         config.max_event_bytes = max_event_bytes.unwrap_or(config.max_event_bytes);
         config.max_parked_aggregates = max_parked_aggregates.unwrap_or(config.max_parked_aggregates);
         config.max_held_per_aggregate = max_held_per_aggregate.unwrap_or(config.max_held_per_aggregate);
+        config.max_dead_letters = max_dead_letters.unwrap_or(config.max_dead_letters);
+        config.max_dead_letter_bytes = max_dead_letter_bytes.unwrap_or(config.max_dead_letter_bytes);
+        config.dead_letter_payload_max_bytes = dead_letter_payload_max_bytes.or(config.dead_letter_payload_max_bytes);
         config.dead_letter_topic = dead_letter_topic.or(config.dead_letter_topic);
         config
     }
@@ -339,6 +381,17 @@ impl EngineConfig {
         format!("{}.{projection}", self.group_id.as_deref().unwrap_or("projectionist"))
     }
 
+    /// The bounds on parking and dead letters a batch is refused past (see the fields).
+    pub(crate) fn bounds(&self) -> projectionist_postgres::park::Bounds {
+        projectionist_postgres::park::Bounds {
+            parked_aggregates: self.max_parked_aggregates,
+            held_per_aggregate: self.max_held_per_aggregate,
+            dead_letters: self.max_dead_letters,
+            dead_letter_bytes: self.max_dead_letter_bytes,
+            dead_letter_payload: self.dead_letter_payload_max_bytes.unwrap_or(self.max_event_bytes),
+        }
+    }
+
     pub(crate) fn batch_max_wait(&self) -> Duration {
         Duration::from_millis(self.batch_max_wait_ms)
     }
@@ -362,6 +415,9 @@ impl fmt::Debug for EngineConfig {
             .field("max_event_bytes", &self.max_event_bytes)
             .field("max_parked_aggregates", &self.max_parked_aggregates)
             .field("max_held_per_aggregate", &self.max_held_per_aggregate)
+            .field("max_dead_letters", &self.max_dead_letters)
+            .field("max_dead_letter_bytes", &self.max_dead_letter_bytes)
+            .field("dead_letter_payload_max_bytes", &self.dead_letter_payload_max_bytes)
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("rebuild_batch_max_events", &self.rebuild_batch_max_events)
             .field("rebuild_batch_max_bytes", &self.rebuild_batch_max_bytes)

@@ -59,6 +59,9 @@ impl DeadLetterTopic {
             headers = headers.insert(Header { key: &key, value: value.as_deref() });
         }
         let (partition, offset, id) = (d.partition.to_string(), d.offset.map(|o| o.to_string()), d.id.to_string());
+        // A payload stored as its head goes out as its head, saying so.
+        let full_bytes = d.payload_bytes.map(|n| n.to_string());
+        let sha256: Option<String> = d.payload_sha256.as_ref().map(|h| h.iter().map(|b| format!("{b:02x}")).collect());
         let ours = [
             ("projectionist.projection", Some(d.projection.as_str())),
             ("projectionist.topic", Some(d.topic.as_str())),
@@ -68,7 +71,11 @@ impl DeadLetterTopic {
             ("projectionist.reason", Some(d.reason.as_str())),
             ("projectionist.error", Some(d.error.as_str())),
         ];
-        for (key, value) in ours {
+        let truncated = [
+            ("projectionist.payload_bytes", full_bytes.as_deref()),
+            ("projectionist.payload_sha256", sha256.as_deref()),
+        ];
+        for (key, value) in ours.into_iter().chain(truncated.into_iter().filter(|(_, v)| v.is_some())) {
             headers = headers.insert(Header { key, value });
         }
         let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).payload(&d.payload).headers(headers);

@@ -38,6 +38,9 @@ pub const EVENTS_HELD_NOW: &str = "projectionist_events_held";
 /// parked behind them), and messages that are not an envelope at all. Labels: `projection`,
 /// `reason` (`envelope`, `key`, `tombstone`, `data`, `value`, `apply`, `declaration`).
 pub const DEAD_LETTERS: &str = "projectionist_dead_letters_total";
+/// Payload bytes of the projection's open dead letters, as stored (refreshed with the lag):
+/// what `max_dead_letter_bytes` bounds. Labels: `projection`.
+pub const DEAD_LETTER_BYTES_NOW: &str = "projectionist_dead_letter_bytes";
 /// Events per applied batch (histogram). Labels: `projection`.
 pub const BATCH_SIZE: &str = "projectionist_batch_size_events";
 /// Time to apply and commit one batch (histogram). Labels: `projection`.
@@ -106,6 +109,7 @@ pub fn describe() {
     describe_gauge!(AGGREGATES_PARKED_NOW, Unit::Count, "Aggregates parked now.");
     describe_gauge!(EVENTS_HELD_NOW, Unit::Count, "Events held now for parked aggregates.");
     describe_counter!(DEAD_LETTERS, Unit::Count, "Dead letters kept, by reason.");
+    describe_gauge!(DEAD_LETTER_BYTES_NOW, Unit::Bytes, "Payload bytes of the open dead letters, as stored.");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
     describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
     describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a transient database error.");
@@ -158,15 +162,16 @@ pub(crate) fn rebuild_ended(projection: &str, outcome: &'static str, swap: Optio
     metrics::counter!(REBUILDS, "projection" => projection.to_owned(), "outcome" => outcome).increment(1);
 }
 
-/// Sets [`AGGREGATES_PARKED_NOW`] and [`EVENTS_HELD_NOW`] of `projection` from the tables,
-/// in the background.
+/// Sets [`AGGREGATES_PARKED_NOW`], [`EVENTS_HELD_NOW`] and [`DEAD_LETTER_BYTES_NOW`] of
+/// `projection` from the tables, in the background.
 pub(crate) fn parked_now(pool: &projectionist_postgres::PgPool, projection: &str) {
     let (pool, projection) = (pool.clone(), projection.to_owned());
     tokio::spawn(async move {
         match projectionist_postgres::park::count(&pool, &projection).await {
-            Ok((aggregates, events, _)) => {
+            Ok((aggregates, events, _, dead_letter_bytes)) => {
                 metrics::gauge!(AGGREGATES_PARKED_NOW, "projection" => projection.clone()).set(aggregates as f64);
-                metrics::gauge!(EVENTS_HELD_NOW, "projection" => projection).set(events as f64);
+                metrics::gauge!(EVENTS_HELD_NOW, "projection" => projection.clone()).set(events as f64);
+                metrics::gauge!(DEAD_LETTER_BYTES_NOW, "projection" => projection).set(dead_letter_bytes as f64);
             }
             Err(e) => tracing::debug!(error = %e, "Cannot count the parked aggregates."),
         }

@@ -40,6 +40,9 @@ pub struct Prepared {
     /// Whether every transaction the batch is written in begins holding the swap lock (see
     /// [`Prepared::set_swap_locked`]).
     pub(crate) swap_locked: bool,
+    /// Most bytes of a dead letter's payload stored (see
+    /// [`Prepared::set_dead_letter_payload_max`]); `None`: whole.
+    pub(crate) dead_letter_payload_max: Option<usize>,
 }
 
 pub(crate) struct PreparedEvent {
@@ -257,6 +260,13 @@ impl Prepared {
     /// again.
     pub fn set_swap_locked(&mut self) {
         self.swap_locked = true;
+    }
+
+    /// Stores at most `max` bytes of a dead letter's payload: a longer one is stored as its
+    /// head, with its full length and SHA-256, and the letter says so. Unset, it is stored
+    /// whole.
+    pub fn set_dead_letter_payload_max(&mut self, max: usize) {
+        self.dead_letter_payload_max = Some(max);
     }
 
     /// The one event of a batch prepared from an event held for a parked aggregate (its

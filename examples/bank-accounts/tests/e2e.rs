@@ -581,7 +581,8 @@ async fn aborted_transactions_never_reach_the_read_model(pool: PgPool) {
 /// An operator's commands on what was held back, through the binary: `parked` lists the
 /// aggregate behind a gap and the one behind a dead letter; `dead-letters list`, `show` (the
 /// exact bytes), `retry` (still failing: a non-zero exit), `discard` and `parked skip` each
-/// resume their aggregate, whose held event then applies.
+/// resume their aggregate, whose held event then applies; `purge` then drops the discarded
+/// letter's payload, keeping its record.
 #[sqlx::test(migrations = false)]
 async fn an_operator_lists_shows_retries_discards_and_skips_what_was_held_back(pool: PgPool) {
     let env = Env::new(&pool, "held").await;
@@ -627,6 +628,12 @@ async fn an_operator_lists_shows_retries_discards_and_skips_what_was_held_back(p
 
     let (_, parked, _) = env.output(&["parked", "--json"]).await;
     assert_eq!(parked.trim(), "", "nothing parked any more");
+    let (status, said, stderr) = env.output(&["dead-letters", "purge", "--older-than", "1d"]).await;
+    assert!(status.success() && said.starts_with("0 resolved dead letter(s) deleted; 0 discarded"), "{said}{stderr}");
+    let (status, said, stderr) = env.output(&["dead-letters", "purge"]).await;
+    assert!(status.success() && said.starts_with("0 resolved dead letter(s) deleted; 1 discarded"), "{said}{stderr}");
+    let (_, shown, _) = env.output(&["dead-letters", "show", id]).await;
+    assert!(shown.contains("payload (only its first 0 of") && !shown.contains(r#""amount":"lots""#), "{shown}");
     let accounts = read_model(&pool).await;
     let at = |id: &str| accounts.get(id).map(|a| (a.balance, a.version));
     assert_eq!((at("acc-poison"), at("acc-gap"), at("acc-ok")), (Some((5, 3)), Some((7, 3)), Some((10, 2))));

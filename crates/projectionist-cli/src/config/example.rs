@@ -31,6 +31,7 @@ const SAMPLES: &[(&str, &str)] = &[
     ("projections", r#"["bank_accounts"]"#),
     ("group_id", r#""projectionist""#),
     ("group_instance_id", r#""projector-0""#),
+    ("dead_letter_payload_max_bytes", "1048576"),
     ("dead_letter_topic", r#""projectionist.dead-letters""#),
     ("pg_max_connections", "16"),
 ];

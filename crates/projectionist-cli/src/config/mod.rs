@@ -130,12 +130,25 @@ pub(crate) struct RunOptions {
     /// Most events held for one parked aggregate; past it the partition halts, naming this.
     #[arg(long, env = "PROJECTIONIST_MAX_HELD_PER_AGGREGATE")]
     pub max_held_per_aggregate: Option<u64>,
+    /// Most open dead letters a projection keeps (neither retried nor discarded); past it the
+    /// partition halts at the message, naming this.
+    #[arg(long, env = "PROJECTIONIST_MAX_DEAD_LETTERS")]
+    pub max_dead_letters: Option<u64>,
+    /// Most payload bytes a projection's open dead letters keep, as stored; past it the
+    /// partition halts at the message, naming this.
+    #[arg(long, env = "PROJECTIONIST_MAX_DEAD_LETTER_BYTES")]
+    pub max_dead_letter_bytes: Option<u64>,
+    /// Most bytes of one dead letter's payload stored: a longer one is stored as its head,
+    /// with its full length and SHA-256. Default: `max_event_bytes`.
+    #[arg(long, env = "PROJECTIONIST_DEAD_LETTER_PAYLOAD_MAX_BYTES")]
+    pub dead_letter_payload_max_bytes: Option<usize>,
     /// Also produce each dead letter to this topic (its key, payload and headers, plus
     /// `projectionist.*` headers saying where it was read and why it failed).
     #[arg(long, env = "PROJECTIONIST_DEAD_LETTER_TOPIC")]
     pub dead_letter_topic: Option<String>,
-    /// One projection's own value of one of the six settings above (`on_gap`, `on_poison`,
+    /// One projection's own value of one of the nine settings above (`on_gap`, `on_poison`,
     /// `max_event_bytes`, `max_parked_aggregates`, `max_held_per_aggregate`,
+    /// `max_dead_letters`, `max_dead_letter_bytes`, `dead_letter_payload_max_bytes`,
     /// `dead_letter_topic`), e.g. `order_status.on_gap=halt`; repeat for more. In the file:
     /// a `[run.per_projection.order_status]` table.
     #[arg(long = "projection-setting", value_name = "PROJECTION.SETTING=VALUE", value_parser = crate::args::Unechoed::new(projection_setting))]
@@ -287,7 +300,8 @@ mod tests {
 
     #[test]
     fn a_projections_own_settings_come_from_the_file_and_the_command_line() {
-        let file = "[run]\non_gap = \"park\"\n[run.per_projection.a]\non_gap = \"halt\"\nmax_held_per_aggregate = 7\n";
+        let file = "[run]\non_gap = \"park\"\nmax_dead_letters = 5\n[run.per_projection.a]\non_gap = \"halt\"\n\
+                    max_held_per_aggregate = 7\nmax_dead_letter_bytes = 100\n";
         let argv = [
             "bin",
             "run",
@@ -295,6 +309,8 @@ mod tests {
             "a.max_held_per_aggregate=9",
             "--projection-setting",
             "b.on_poison=halt",
+            "--projection-setting",
+            "b.dead_letter_payload_max_bytes=64",
         ];
         let (_, engine) = run_options(file, &argv).unwrap();
         let a = engine.for_projection("a");
@@ -302,6 +318,9 @@ mod tests {
         assert_eq!(a.on_poison, OnPoison::DeadLetter, "the engine's where unset");
         let b = engine.for_projection("b");
         assert_eq!((b.on_gap, b.on_poison), (OnGap::Park, OnPoison::Halt));
+        assert_eq!((a.max_dead_letters, a.max_dead_letter_bytes), (5, 100), "the engine's, and its own");
+        let bytes = EngineConfig::DEFAULT_MAX_DEAD_LETTER_BYTES;
+        assert_eq!((b.max_dead_letter_bytes, b.dead_letter_payload_max_bytes), (bytes, Some(64)));
         let err = run_options("", &["bin", "run", "--projection-setting", "a.on_gapp=halt"]).err().unwrap();
         assert!(format!("{err:#}").contains("unknown field `on_gapp`"), "{err:#}");
         assert!(run_options("", &["bin", "run", "--projection-setting", "on_gap=halt"]).is_err());

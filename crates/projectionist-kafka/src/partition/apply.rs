@@ -134,6 +134,7 @@ impl Partition {
         let mut prepared = self.projection.prepare_lazy(envelopes);
         let (topic, partition) = (self.tp.topic.clone(), self.tp.partition);
         prepared.set_source(Source { topic, partition, messages, undecodable });
+        prepared.set_dead_letter_payload_max(self.settings.bounds.dead_letter_payload);
         if let Some(tables) = self.checked.get(&self.pool, self.projection.as_ref()).await {
             prepared.set_checked(tables);
         }
@@ -246,9 +247,16 @@ impl Partition {
         e: &projectionist_postgres::Error,
     ) -> Halt {
         let (reason, kind) = classify(e, self.settings.retry.max_retries);
-        let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
+        let mut aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
         let checkpoint = self.progress.checkpoint.load(std::sync::atomic::Ordering::SeqCst).max(0);
-        let message = message.unwrap_or(At { offset: checkpoint, timestamp: None });
+        let mut message = message.unwrap_or(At { offset: checkpoint, timestamp: None });
+        // A bound on dead letters names its message, which may be no envelope at all.
+        if let projectionist_postgres::Error::DeadLetterBound { offset: Some(offset), aggregate: named, .. } = e {
+            if *offset != message.offset {
+                message = At { offset: *offset, timestamp: None };
+            }
+            aggregate = named.clone().unwrap_or_else(|| "-".to_owned());
+        }
         Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind }
     }
 

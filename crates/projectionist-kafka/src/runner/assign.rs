@@ -240,10 +240,7 @@ impl Runner {
                 on_poison: self.config.on_poison,
                 sole_writer: self.exclusive.sole_writer,
                 max_event_bytes: self.config.max_event_bytes,
-                bounds: projectionist_postgres::park::Bounds {
-                    parked_aggregates: self.config.max_parked_aggregates,
-                    held_per_aggregate: self.config.max_held_per_aggregate,
-                },
+                bounds: self.config.bounds(),
             },
             progress,
         }

@@ -57,6 +57,21 @@ pub enum Error {
     /// A rebuild of a projection cannot go on as asked ([`RebuildError`]).
     #[error(transparent)]
     Rebuild(#[from] RebuildError),
+    /// Keeping a message's dead letter would pass a bound on dead letters
+    /// (`max_dead_letters`, `max_dead_letter_bytes`): the partition halts at that message
+    /// rather than keep letters without end. Nothing of the batch is to be committed; the
+    /// events before it can be, without it.
+    #[error("the dead letter of the message at offset {}: {problem}", offset.map_or("-".to_owned(), |o| o.to_string()))]
+    DeadLetterBound {
+        /// How many of the batch's events precede the message (see [`Error::event_index`]).
+        index: usize,
+        /// The message's offset.
+        offset: Option<i64>,
+        /// Its aggregate, `type/id`, when its envelope names one.
+        aggregate: Option<String>,
+        /// Which bound, and what to do.
+        problem: String,
+    },
     /// A table or column name from configuration breaks the identifier rules.
     #[error("invalid identifier {ident:?}: {reason}")]
     Identifier {
@@ -187,6 +202,12 @@ impl Error {
             }
             Self::Rebuild(e) => Self::Rebuild(e.clone()),
             Self::Conflict { detail } => Self::Conflict { detail: detail.clone() },
+            Self::DeadLetterBound { index, offset, aggregate, problem } => Self::DeadLetterBound {
+                index: *index,
+                offset: *offset,
+                aggregate: aggregate.clone(),
+                problem: problem.clone(),
+            },
             other => Self::Repeated(other.to_string()),
         }
     }
@@ -194,10 +215,11 @@ impl Error {
     /// Whether the error halts a partition rather than dead-lettering its event under the
     /// policy `on_poison`: any poison under [`OnPoison::Halt`], and always a problem of the
     /// whole batch (its declarations), an unknown type the projection halts on, a bound on
-    /// parking, and a type the release that built the tables handles and this one does not.
+    /// parking or on dead letters, and a type the release that built the tables handles and
+    /// this one does not.
     pub fn halts(&self, on_poison: OnPoison) -> bool {
         on_poison == OnPoison::Halt
-            || matches!(self, Self::Declaration { .. })
+            || matches!(self, Self::Declaration { .. } | Self::DeadLetterBound { .. })
             || matches!(
                 self.event_kind(),
                 Some(EventErrorKind::UnknownType { .. } | EventErrorKind::Bound(_) | EventErrorKind::Release(_))
@@ -251,6 +273,7 @@ impl Error {
     pub fn event_index(&self) -> Option<usize> {
         match self {
             Self::Event(e) => Some(e.index),
+            Self::DeadLetterBound { index, .. } => Some(*index),
             _ => None,
         }
     }
@@ -270,6 +293,9 @@ impl Error {
     fn reindexed(self, to: impl Fn(usize) -> usize) -> Self {
         match self {
             Self::Event(e) => Self::Event(EventError { index: to(e.index), ..e }),
+            Self::DeadLetterBound { index, offset, aggregate, problem } => {
+                Self::DeadLetterBound { index: to(index), offset, aggregate, problem }
+            }
             other => other,
         }
     }

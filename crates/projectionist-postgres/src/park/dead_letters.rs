@@ -24,8 +24,13 @@ pub struct StoredDeadLetter {
     pub offset: Option<i64>,
     /// The message's key, as read.
     pub key: Option<Vec<u8>>,
-    /// The message's payload, as read.
+    /// The message's payload, as read; only its head when `payload_bytes` is set.
     pub payload: Vec<u8>,
+    /// The payload's full length, when only its head is stored (it was longer than
+    /// `dead_letter_payload_max_bytes`).
+    pub payload_bytes: Option<i64>,
+    /// The full payload's SHA-256, when only its head is stored.
+    pub payload_sha256: Option<Vec<u8>>,
     /// The message's header names, as read (bytes: a name need not be UTF-8 on the wire).
     pub header_names: Vec<Vec<u8>>,
     /// The message's header values, as read (`None`: a header without a value).
@@ -54,11 +59,23 @@ pub struct StoredDeadLetter {
     pub resolution_note: Option<String>,
 }
 
-pub(crate) const DEAD_LETTER_COLUMNS: &str = "id, projection, topic, partition, \"offset\", key, payload, \
-     COALESCE(header_name_bytes, ARRAY(SELECT convert_to(n, 'UTF8') FROM unnest(header_names) WITH ORDINALITY \
+pub(crate) const DEAD_LETTER_COLUMNS: &str = "id, projection, topic, partition, \"offset\", key, payload, payload_bytes, \
+     payload_sha256, COALESCE(header_name_bytes, ARRAY(SELECT convert_to(n, 'UTF8') FROM unnest(header_names) WITH ORDINALITY \
      AS u(n, o) ORDER BY o)) AS header_names, \
      header_values, aggregate_type, aggregate_id, version, reason, error, attempts, first_seen, last_seen, resolution, \
      resolved_at, resolution_note";
+
+/// A payload as a dead letter stores it: whole when at most `max` bytes, else its first
+/// `max` bytes, with its full length and SHA-256.
+pub(crate) fn stored_payload(payload: &[u8], max: usize) -> (&[u8], Option<(i64, Vec<u8>)>) {
+    use sha2::Digest;
+    match payload.get(..max) {
+        Some(head) if payload.len() > max => {
+            (head, Some((payload.len() as i64, sha2::Sha256::digest(payload).to_vec())))
+        }
+        _ => (payload, None),
+    }
+}
 
 /// The open dead letters (of `projection`, or of all; with `resolved`, the retried and
 /// discarded ones too), oldest first.
@@ -89,6 +106,44 @@ pub async fn dead_letter(pool: &PgPool, id: i64) -> Result<Option<StoredDeadLett
         .bind(id)
         .fetch_optional(pool)
         .await?)
+}
+
+/// What [`purge`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Resolved dead letters deleted: retried, or applied by a rebuild.
+    pub deleted: u64,
+    /// Discarded dead letters whose payload was dropped (their record stays).
+    pub emptied: u64,
+}
+
+/// Purges the resolved dead letters (of `projection`, or of all; resolved before `before`,
+/// or whenever), never an open one. A retried one, or one a rebuild applied, is deleted. A
+/// discarded one keeps its record, by which replays and rebuilds skip its event again, but
+/// not its payload: its length and SHA-256 are kept instead.
+pub async fn purge(pool: &PgPool, projection: Option<&str>, before: Option<DateTime<Utc>>) -> Result<Purged> {
+    const OF: &str = "($1::text IS NULL OR projection = $1) AND ($2::timestamptz IS NULL OR resolved_at < $2)";
+    let mut tx = pool.begin().await?;
+    let deleted = sqlx::query(&format!(
+        "DELETE FROM projectionist_dead_letters WHERE resolution IS NOT NULL AND resolution <> 'discarded' AND {OF}"
+    ))
+    .bind(projection)
+    .bind(before)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let emptied = sqlx::query(&format!(
+        "UPDATE projectionist_dead_letters SET payload_bytes = COALESCE(payload_bytes, octet_length(payload)), \
+         payload_sha256 = COALESCE(payload_sha256, sha256(payload)), payload = '' \
+         WHERE resolution = 'discarded' AND octet_length(payload) > 0 AND {OF}"
+    ))
+    .bind(projection)
+    .bind(before)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(Purged { deleted, emptied })
 }
 
 /// Of the events at `offsets` (index in the batch, offset) of `source`'s partition, those
@@ -159,7 +214,7 @@ fn headers_json(headers: &[(Vec<u8>, Option<Vec<u8>>)]) -> serde_json::Value {
 }
 
 const DEAD_LETTER_INSERT: &str = "INSERT INTO projectionist_dead_letters (projection, topic, partition, \"offset\", \
-     key, payload, header_names, header_name_bytes, header_values, aggregate_type, aggregate_id, version, reason, \
+     key, payload, payload_bytes, payload_sha256, header_names, header_name_bytes, header_values, aggregate_type, aggregate_id, version, reason, \
      error)";
 
 const DEAD_LETTER_CONFLICT: &str = "ON CONFLICT (projection, topic, partition, \"offset\") DO UPDATE \
@@ -173,7 +228,7 @@ async fn insert_dead_letter(conn: &mut PgConnection, projection: &str, d: &DeadL
     let (aggregate_type, aggregate_id, version) =
         d.aggregate.map_or((None, None, None), |(t, i, v)| (Some(t), Some(i), Some(v)));
     Ok(sqlx::query_scalar(&format!(
-        "{DEAD_LETTER_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+        "{DEAD_LETTER_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $15, $16, $7, $8, $9, $10, $11, $12, $13, $14) \
          {DEAD_LETTER_CONFLICT} RETURNING id"
     ))
     .bind(projection)
@@ -190,6 +245,8 @@ async fn insert_dead_letter(conn: &mut PgConnection, projection: &str, d: &DeadL
     .bind(version)
     .bind(d.reason)
     .bind(&d.error)
+    .bind(d.truncated.as_ref().map(|(bytes, _)| *bytes))
+    .bind(d.truncated.as_ref().map(|(_, sha256)| sha256))
     .fetch_one(&mut *conn)
     .await?)
 }
@@ -219,15 +276,18 @@ async fn insert_dead_letter_set(
     let versions: Vec<Option<i64>> = dead.iter().map(|d| d.aggregate.map(|a| a.2)).collect();
     let keys: Vec<Option<&[u8]>> = dead.iter().map(|d| d.key).collect();
     let payloads: Vec<&[u8]> = dead.iter().map(|d| d.payload).collect();
+    let full_bytes: Vec<Option<i64>> = dead.iter().map(|d| d.truncated.as_ref().map(|(n, _)| *n)).collect();
+    let sha256s: Vec<Option<&[u8]>> = dead.iter().map(|d| d.truncated.as_ref().map(|(_, h)| h.as_slice())).collect();
     let headers: Vec<serde_json::Value> = dead.iter().map(|d| headers_json(d.headers)).collect();
     // Each header list as its JSON (`[[name as text, name as hex, value as hex or null], …]`),
     // read back in order.
     let header =
         |part: &str| format!("ARRAY(SELECT {part} FROM jsonb_array_elements(h) WITH ORDINALITY AS e(x, n) ORDER BY n)");
     let stored: Vec<(i64, String, i32, i64)> = sqlx::query_as(&format!(
-        "{DEAD_LETTER_INSERT} SELECT $1, tp, pa, o, k, p, {}::text[], {}::bytea[], {}::bytea[], t, i, v, r, e \
+        "{DEAD_LETTER_INSERT} SELECT $1, tp, pa, o, k, p, pb, ps, {}::text[], {}::bytea[], {}::bytea[], t, i, v, r, e \
          FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::jsonb[], $8::text[], \
-         $9::text[], $10::bigint[], $11::text[], $12::text[]) AS a(tp, pa, o, k, p, h, t, i, v, r, e) \
+         $9::text[], $10::bigint[], $11::text[], $12::text[], $13::bigint[], $14::bytea[]) \
+         AS a(tp, pa, o, k, p, h, t, i, v, r, e, pb, ps) \
          {DEAD_LETTER_CONFLICT} RETURNING id, topic, partition, \"offset\"",
         header("x->>0"),
         header("decode(x->>1, 'hex')"),
@@ -245,6 +305,8 @@ async fn insert_dead_letter_set(
     .bind(&versions)
     .bind(&reasons)
     .bind(&errors)
+    .bind(&full_bytes)
+    .bind(&sha256s)
     .fetch_all(&mut *conn)
     .await?;
     let by_place: HashMap<(String, i32, i64), i64> = stored.into_iter().map(|(id, t, p, o)| ((t, p, o), id)).collect();
@@ -256,6 +318,63 @@ async fn insert_dead_letter_set(
 mod tests {
     use super::*;
     use crate::park::Headers;
+
+    /// A payload past the bound is stored as its head, with its full length and SHA-256;
+    /// one at the bound or under it, whole.
+    #[test]
+    fn a_payload_past_the_bound_is_stored_as_its_head() {
+        let payload = b"0123456789";
+        assert_eq!(stored_payload(payload, 10), (payload.as_slice(), None));
+        assert_eq!(stored_payload(payload, 11), (payload.as_slice(), None));
+        let (head, truncated) = stored_payload(payload, 4);
+        assert_eq!(head, b"0123");
+        let (bytes, sha256) = truncated.expect("truncated");
+        assert_eq!(bytes, 10);
+        assert_eq!(hex(&sha256), "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882");
+        assert_eq!(stored_payload(b"", 0), (b"".as_slice(), None));
+    }
+
+    /// A purge deletes the retried letters and empties the discarded ones' payloads (their
+    /// length and hash kept), of the projection asked and resolved before the time asked;
+    /// an open letter is never touched.
+    #[sqlx::test(migrations = false)]
+    async fn a_purge_touches_resolved_dead_letters_only(pool: PgPool) {
+        crate::migrate::engine(&pool).await.expect("the engine's tables");
+        let letter = |offset: i64| DeadLetter {
+            aggregate: None,
+            topic: "t",
+            partition: 0,
+            offset: Some(offset),
+            key: None,
+            payload: b"payload",
+            headers: &[],
+            reason: "envelope",
+            error: "not an envelope".into(),
+            truncated: None,
+        };
+        let mut conn = pool.acquire().await.expect("a connection");
+        for (projection, resolution, offset) in
+            [("p", None, 0), ("p", Some("retried"), 1), ("p", Some("discarded"), 2), ("q", Some("retried"), 3)]
+        {
+            let id = insert_dead_letter(&mut conn, projection, &letter(offset)).await.unwrap();
+            sqlx::query("UPDATE projectionist_dead_letters SET resolution = $2, resolved_at = now() - interval '2 days' WHERE id = $1")
+                .bind(id)
+                .bind(resolution)
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+        }
+        let ago = |days: i64| DateTime::from_timestamp(Utc::now().timestamp() - days * 86_400, 0);
+        let (day_ago, week_ago) = (ago(1), ago(7));
+        assert_eq!(purge(&pool, Some("p"), week_ago).await.unwrap(), Purged::default(), "none that old");
+        assert_eq!(purge(&pool, Some("p"), day_ago).await.unwrap(), Purged { deleted: 1, emptied: 1 });
+        let left = dead_letters(&pool, None, true).await.unwrap();
+        let shown: Vec<_> =
+            left.iter().map(|d| (d.projection.as_str(), d.offset, d.payload.len(), d.payload_bytes)).collect();
+        assert_eq!(shown, [("p", Some(0), 7, None), ("p", Some(2), 0, Some(7)), ("q", Some(3), 7, None)]);
+        assert_eq!(purge(&pool, None, None).await.unwrap(), Purged { deleted: 1, emptied: 0 }, "q's, not p's open one");
+        assert_eq!(dead_letters(&pool, None, false).await.unwrap().len(), 1, "the open one stays");
+    }
 
     /// A batch's dead letters stored in one statement are stored as one at a time stores
     /// them (headers' bytes, empty and absent values, with an aggregate and without), each
@@ -282,6 +401,7 @@ mod tests {
                     headers: h,
                     reason: "data",
                     error: format!("error {n}"),
+                    truncated: (n == 2).then(|| (100, vec![7; 32])),
                 })
                 .collect()
         };

@@ -12,10 +12,13 @@ use sqlx::{PgConnection, PgPool};
 use crate::batch::ParkedMap;
 use crate::Result;
 
+mod bounds;
 mod dead_letters;
 mod resolve;
+pub use bounds::{bounds_in, Bounds};
+pub(crate) use bounds::{dead_letters_in, NewLetter};
 use dead_letters::Behind;
-pub use dead_letters::{dead_letter, dead_letters, dead_letters_by_id, StoredDeadLetter};
+pub use dead_letters::{dead_letter, dead_letters, dead_letters_by_id, purge, Purged, StoredDeadLetter};
 pub(crate) use dead_letters::{discarded, DEAD_LETTER_COLUMNS};
 pub use resolve::{resolve, resume_stale, skip_gap, Resolve, Resolved};
 
@@ -154,13 +157,15 @@ pub async fn list(pool: &PgPool, projection: Option<&str>) -> Result<Vec<ParkedA
         .collect())
 }
 
-/// How many aggregates `projection` has parked, how many events it holds for them, and how
-/// many dead letters it has.
-pub async fn count(pool: &PgPool, projection: &str) -> Result<(i64, i64, i64)> {
-    let counts: (i64, i64, i64) = sqlx::query_as(
+/// How many aggregates `projection` has parked, how many events it holds for them, how
+/// many open dead letters it has, and their payloads' bytes as stored.
+pub async fn count(pool: &PgPool, projection: &str) -> Result<(i64, i64, i64, i64)> {
+    let counts: (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM projectionist_parked WHERE projection = $1), \
          (SELECT count(*) FROM projectionist_held WHERE projection = $1), \
-         (SELECT count(*) FROM projectionist_dead_letters WHERE projection = $1 AND resolution IS NULL)",
+         d.letters, d.bytes \
+         FROM (SELECT count(*) AS letters, COALESCE(sum(octet_length(payload)), 0)::bigint AS bytes \
+         FROM projectionist_dead_letters WHERE projection = $1 AND resolution IS NULL) AS d",
     )
     .bind(projection)
     .fetch_one(pool)
@@ -275,9 +280,20 @@ pub(crate) struct DeadLetter<'a> {
     pub headers: &'a [(Vec<u8>, Option<Vec<u8>>)],
     pub reason: &'static str,
     pub error: String,
+    /// When `payload` is only the head of the message's: its full length and SHA-256.
+    pub truncated: Option<(i64, Vec<u8>)>,
 }
 
 impl<'a> DeadLetter<'a> {
+    /// Keeps only the first `max` bytes of its payload, when it is longer: its full length
+    /// and SHA-256 are kept instead (`dead_letter_payload_max_bytes`).
+    pub(crate) fn truncate(&mut self, max: usize) {
+        let (head, truncated) = dead_letters::stored_payload(self.payload, max);
+        if truncated.is_some() {
+            (self.payload, self.truncated) = (head, truncated);
+        }
+    }
+
     /// A dead letter of `message`, read from `source`.
     pub(crate) fn of_message(
         source: &'a Source,
@@ -296,6 +312,7 @@ impl<'a> DeadLetter<'a> {
             headers: &message.headers,
             reason,
             error,
+            truncated: None,
         }
     }
 }
@@ -433,40 +450,6 @@ async fn insert_held(conn: &mut PgConnection, projection: &str, source: &Source,
         .await?;
     }
     Ok(())
-}
-
-/// The bounds on parking (`EngineConfig::max_parked_aggregates`, `max_held_per_aggregate`):
-/// a batch that would pass one is refused ([`EventErrorKind::Bound`](crate::EventErrorKind::Bound)).
-#[derive(Debug, Clone, Copy)]
-pub struct Bounds {
-    /// Aggregates parked at once, per projection.
-    pub parked_aggregates: u64,
-    /// Events held for one aggregate.
-    pub held_per_aggregate: u64,
-}
-
-/// How many aggregates `projection` has parked, and how many events it holds for each of
-/// `aggregates` (in their order): for the bounds on parking, in the batch's transaction, in
-/// one round trip whatever the batch held.
-pub async fn bounds_in(
-    conn: &mut PgConnection,
-    projection: &str,
-    aggregates: &[(&str, &str)],
-) -> Result<(i64, Vec<i64>)> {
-    let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.iter().copied().unzip();
-    let rows: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM projectionist_parked WHERE projection = $1), \
-         (SELECT count(*) FROM projectionist_held h WHERE h.projection = $1 AND h.aggregate_type = a.t \
-         AND h.aggregate_id = a.i) \
-         FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS a(t, i, n) ORDER BY a.n",
-    )
-    .bind(projection)
-    .bind(types)
-    .bind(ids)
-    .fetch_all(conn)
-    .await?;
-    let parked = rows.first().map_or(0, |(parked, _)| *parked);
-    Ok((parked, rows.into_iter().map(|(_, held)| held).collect()))
 }
 
 #[cfg(test)]

@@ -61,6 +61,13 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
     if let Some(resolution) = &d.resolution {
         return Err(problem(format!("already {resolution}")));
     }
+    if let (Resolve::Retry, Some(bytes)) = (&action, d.payload_bytes) {
+        return Err(problem(format!(
+            "only the head of its payload is stored ({} of {bytes} bytes, past dead_letter_payload_max_bytes): it \
+             cannot be applied; publish the event again and discard this one",
+            d.payload.len()
+        )));
+    }
     let resolution = match &action {
         Resolve::Retry => "retried",
         Resolve::Discard { .. } => "discarded",

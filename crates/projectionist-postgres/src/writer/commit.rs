@@ -6,7 +6,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::{write_knowing, Mode, Written};
 use crate::checkpoint::{self, Passed};
-use crate::park::{self, Bounds};
+use crate::park::{self, Bounds, NewLetter};
 use crate::{folding, Error, EventErrorKind, Folding, KnownVersions, PgProjection, Prepared, Result};
 
 /// Where a batch was read and how it commits.
@@ -105,6 +105,7 @@ async fn write_in_transaction(
     }
     let written = write_knowing(&mut tx, projection, prepared, Mode::Batch, batch.on_gap, batch.known).await?;
     check_bounds(&mut tx, name, prepared, &written.outcomes, batch.bounds).await?;
+    check_dead_letter_bounds(&mut tx, name, prepared, &written.dead_letter_ids, batch.bounds).await?;
     let gap = match written.outcomes.last() {
         Some(gap @ Outcome::Gap { .. }) => {
             Some((written.outcomes.len() - 1, format!("{gap}: the event's predecessor was never applied")))
@@ -168,4 +169,79 @@ async fn check_bounds(
         ));
     }
     Ok(())
+}
+
+/// Refuses a batch whose dead letters pass a bound: too many open, or too many of their
+/// payloads' bytes. It names the first of its messages past the bound (`letters`: the ids
+/// the batch stored), so that its partition halts there and what precedes it commits. A
+/// held event dead-lettered as its aggregate resumes counts, but halts nothing: it was
+/// kept already.
+async fn check_dead_letter_bounds(
+    tx: &mut PgConnection,
+    projection: &str,
+    prepared: &Prepared,
+    letters: &[i64],
+    bounds: Bounds,
+) -> Result<()> {
+    let Some(source) = prepared.source.as_ref().filter(|_| !letters.is_empty()) else { return Ok(()) };
+    let (before, new) = park::dead_letters_in(tx, projection, letters).await?;
+    let batch: std::collections::HashSet<i64> =
+        source.messages.iter().chain(source.undecodable.iter().map(|u| &u.message)).filter_map(|m| m.offset).collect();
+    let ours = |l: &NewLetter| {
+        l.topic == source.topic && l.partition == source.partition && l.offset.is_some_and(|o| batch.contains(&o))
+    };
+    let (mine, kept): (Vec<NewLetter>, Vec<NewLetter>) = new.into_iter().partition(ours);
+    let before = (before.0 + kept.len() as i64, before.1 + kept.iter().map(|l| l.bytes).sum::<i64>());
+    let bytes: Vec<i64> = mine.iter().map(|l| l.bytes).collect();
+    let max = (bounds.dead_letters, bounds.dead_letter_bytes);
+    let Some((at, count, total)) = first_past(before, &bytes, max) else { return Ok(()) };
+    let offset = mine[at].offset;
+    // The batch's events before the message: they commit without it.
+    let index = source.messages.iter().take_while(|m| m.offset < offset).count();
+    let own = source.messages.get(index).is_some_and(|m| m.offset == offset);
+    let aggregate = prepared.aggregate(index).filter(|_| own).map(|(t, i, _)| format!("{t}/{i}"));
+    let problem = if count as u64 > bounds.dead_letters {
+        format!(
+            "keeping it would make {count} open dead letters, over max_dead_letters ({}): resolve them \
+             (`dead-letters list`, then `retry` or `discard`; `dead-letters purge` deletes resolved ones) or raise it \
+             (--max-dead-letters)",
+            bounds.dead_letters
+        )
+    } else {
+        format!(
+            "keeping it would make {total} bytes of open dead letters, over max_dead_letter_bytes ({}): resolve them \
+             (`dead-letters list`, then `retry` or `discard`; `dead-letters purge` deletes resolved ones) or raise it \
+             (--max-dead-letter-bytes), or store less of each (--dead-letter-payload-max-bytes)",
+            bounds.dead_letter_bytes
+        )
+    };
+    Err(Error::DeadLetterBound { index, offset, aggregate, problem })
+}
+
+/// Of the dead letters `bytes` (each one's payload bytes, in offset order) kept after
+/// `before` (how many open, and their bytes), the first that passes `max` (letters,
+/// bytes): its position, and the letters and bytes it makes.
+fn first_past(before: (i64, i64), bytes: &[i64], max: (u64, u64)) -> Option<(usize, i64, i64)> {
+    let (mut count, mut total) = before;
+    for (at, n) in bytes.iter().enumerate() {
+        (count, total) = (count + 1, total + n);
+        if count as u64 > max.0 || total as u64 > max.1 {
+            return Some((at, count, total));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_past;
+
+    #[test]
+    fn the_first_letter_past_a_bound_is_named() {
+        assert_eq!(first_past((0, 0), &[10, 10], (2, 100)), None, "at the bounds");
+        assert_eq!(first_past((1, 0), &[10, 10, 10], (2, 100)), Some((1, 3, 20)), "the count");
+        assert_eq!(first_past((0, 50), &[10, 50, 1], (9, 100)), Some((1, 2, 110)), "the bytes");
+        assert_eq!(first_past((5, 0), &[1], (2, 100)), Some((0, 6, 1)), "past it already");
+        assert_eq!(first_past((5, 0), &[], (2, 100)), None, "nothing new");
+    }
 }

@@ -69,13 +69,17 @@ pub(super) async fn save(
             headers,
             reason,
             error,
+            truncated: None,
         });
     }
     for u in &source.undecodable {
         dead.push(DeadLetter::of_message(source, &u.message, None, u.reason, u.error.clone()));
     }
-    for d in &dead {
+    for d in &mut dead {
         *written.dead_letters.entry(d.reason).or_default() += 1;
+        if let Some(max) = writer.prepared.dead_letter_payload_max {
+            d.truncate(max);
+        }
     }
     let changes = &writer.changes;
     written.parked = changes.values().filter(|c| c.is_some()).count() as u64;
