@@ -3,13 +3,14 @@
 //! operator acting between batches at random — retrying and discarding the open dead letters,
 //! skipping the versions parked aggregates wait for — end with the same accounts as the
 //! stream applied event by event with those events never sent (their versions skipped, as a
-//! discard or a skip skips them). Against PostgreSQL, without Kafka.
+//! discard or a skip skips them); so do the same streams folded as a rebuild folds them,
+//! then resolved. Against PostgreSQL, without Kafka.
 
 mod common;
 
 use bank_accounts::generate::envelope;
 use bank_accounts::{AccountEvent, BankAccounts};
-use common::emptied;
+use common::{emptied, run_folded};
 use projectionist::postgres::park::{dead_letters, list, resolve, skip_gap, Resolve};
 use projectionist::postgres::{apply_batch_knowing, migrate, KnownVersions, Mode, Policy};
 use projectionist::RawEnvelope;
@@ -227,6 +228,12 @@ async fn retries_discards_and_skips_interleaved_with_batches_leave_the_model_of_
         done = [done[0] + now[0], done[1] + now[1], done[2] + now[2]];
         assert_eq!(accounts(&pool).await, want, "seed {seed}");
         assert!(list(&pool, None).await.unwrap().is_empty(), "seed {seed}: nothing left parked");
+
+        // Folded as a rebuild folds, then the operator's resolutions: the same accounts.
+        run_folded(&pool, &BankAccounts, &sent, Policy::default(), (seed + 3000, 12)).await;
+        resolve_all(&pool, &mut rng, &lost).await;
+        assert_eq!(accounts(&pool).await, want, "seed {seed}: folded");
+        assert!(list(&pool, None).await.unwrap().is_empty(), "seed {seed}: nothing left parked after the fold");
     }
     assert!(done.iter().all(|n| *n > 10), "retries, discards and skips done: {done:?}");
 }
