@@ -1,6 +1,6 @@
 //! Fault points for the fault suite (`scripts/chaos.sh`, docs/testing.md): places where a
 //! crash is worst for exactness, at which a test can have the process killed. Compiled in
-//! only with the `fault-hooks` feature; without it [`point`] is empty and costs nothing.
+//! only with the `fault-hooks` feature; without it `point` is empty and costs nothing.
 //!
 //! `PROJECTIONIST_FAULT=<point>:<n>` kills the process with SIGKILL the `n`-th time it
 //! reaches `point` (no destructor runs, nothing is flushed, no offset is committed: as the
