@@ -39,6 +39,9 @@
 #   in memory on 127.0.0.1:8181 (management 8182) with Java 21+ and a small heap, global
 #   compatibility BACKWARD; prints SCHEMA_REGISTRY_URL (its Confluent-compatible API).
 #   Stopped by the pid recorded when it was started.
+# With --python-producers: only a Python venv in the cache with Confluent's client (Avro,
+#   Protobuf, JSON Schema serializers) and the CloudEvents SDK at pinned versions
+#   (services/python-producers.txt), made once; prints PROJECTIONIST_PYTHON.
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -281,6 +284,7 @@ source "$HERE/services/apache-kafka.sh"
 source "$HERE/services/tansu.sh"
 source "$HERE/services/kafka-connect.sh"
 source "$HERE/services/apicurio-registry.sh"
+source "$HERE/services/python-producers.sh"
 
 # One invocation at a time (tests start and stop brokers through this script, in parallel).
 # What it starts in the background is started with the lock's descriptor closed (9>&-).
@@ -328,6 +332,10 @@ case ${1:-} in
         ;;
     --stop-registry)
         stop_registry
+        exit
+        ;;
+    --python-producers)
+        ensure_python_producers
         exit
         ;;
 esac
