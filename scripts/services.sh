@@ -34,6 +34,14 @@
 # With --kafka-connect: only Kafka Connect's and Debezium's JDBC sink's jars for the bench's
 #   peer arm, fetched once (prints KAFKA_CONNECT_LIBS and KAFKA_CONNECT_PLUGINS; fails saying
 #   why when Java 17 or Maven is missing).
+# With --registry or --stop-registry: only Apicurio Registry (services/apicurio-registry.sh),
+#   the schema registry of the format tests (issue 68): fetched from Maven Central once, run
+#   in memory on 127.0.0.1:8181 (management 8182) with Java 21+ and a small heap, global
+#   compatibility BACKWARD; prints SCHEMA_REGISTRY_URL (its Confluent-compatible API).
+#   Stopped by the pid recorded when it was started.
+# With --python-producers: only a Python venv in the cache with Confluent's client (Avro,
+#   Protobuf, JSON Schema serializers) and the CloudEvents SDK at pinned versions
+#   (services/python-producers.txt), made once; prints PROJECTIONIST_PYTHON.
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -275,6 +283,8 @@ ensure_tls_brokers() {
 source "$HERE/services/apache-kafka.sh"
 source "$HERE/services/tansu.sh"
 source "$HERE/services/kafka-connect.sh"
+source "$HERE/services/apicurio-registry.sh"
+source "$HERE/services/python-producers.sh"
 
 # One invocation at a time (tests start and stop brokers through this script, in parallel).
 # What it starts in the background is started with the lock's descriptor closed (9>&-).
@@ -314,6 +324,18 @@ case ${1:-} in
         ;;
     --crash-postgres)
         crash_faults_postgres
+        exit
+        ;;
+    --registry)
+        start_registry
+        exit
+        ;;
+    --stop-registry)
+        stop_registry
+        exit
+        ;;
+    --python-producers)
+        ensure_python_producers
         exit
         ;;
 esac
