@@ -10,6 +10,10 @@ eval "$(scripts/services.sh --tls)"
 export DATABASE_URL KAFKA_BROKERS PROJECTIONIST_BROKER KAFKA_TLS_BROKERS KAFKA_TLS_CA KAFKA_TLS_WRONG_CA KAFKA_TLS_CLIENT_CERT KAFKA_TLS_CLIENT_KEY KAFKA_SASL_BROKERS
 export KAFKA_SASL_TEST_USER=${KAFKA_SASL_TEST_USER:-} KAFKA_SASL_TEST_PASSWORD=${KAFKA_SASL_TEST_PASSWORD:-}
 export PG_TLS_URL=${PG_TLS_URL:-}
+# The real producers of the formats' tests (the CloudEvents SDK, Confluent's client), in a
+# venv made once; where it cannot be made, those tests say they were skipped and why.
+eval "$(scripts/services.sh --python-producers)" || echo "The Python producers cannot be installed here (above)." >&2
+export PROJECTIONIST_PYTHON=${PROJECTIONIST_PYTHON:-}
 # The TLS/SASL tests record here why they did not run when their services are missing.
 export PROJECTIONIST_SKIP_LOG="$PWD/target/skipped-tests.log"
 mkdir -p target && : >"$PROJECTIONIST_SKIP_LOG"

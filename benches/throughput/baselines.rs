@@ -115,7 +115,7 @@ pub(super) async fn inbox(pool: &PgPool, events: &[RawEnvelope]) -> f64 {
     for e in events {
         let mut tx = pool.begin().await.unwrap();
         let fresh = sqlx::query("INSERT INTO processed_messages (id) VALUES ($1) ON CONFLICT DO NOTHING")
-            .bind(e.id)
+            .bind(e.id.as_uuid())
             .execute(&mut *tx)
             .await
             .unwrap();

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
+use projectionist_core::format::{Format, Formats};
+
 use crate::{config, kafka, publish};
 
 #[derive(Parser)]
@@ -20,6 +22,14 @@ pub(crate) struct Cli {
     /// Log format on stderr (level from RUST_LOG, default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true, display_order = 100)]
     pub(crate) log_format: LogFormat,
+    /// How a topic's messages carry the envelope: `TOPIC=FORMAT`, `FORMAT` one of `envelope`
+    /// (projectionist's own JSON envelope, the default) and `cloudevents`; repeatable. The
+    /// settings file's `[topics."TOPIC"]` tables also set a format's fields.
+    #[arg(long = "topic-format", value_name = "TOPIC=FORMAT", value_parser = topic_format, global = true, display_order = 100)]
+    pub(crate) topic_formats: Vec<(String, Format)>,
+    /// The settings file's `[topics]` tables (the flag wins for a topic).
+    #[arg(skip)]
+    pub(crate) file_topics: Formats,
     // Last: its heading applies to the arguments after it.
     #[command(flatten)]
     pub(crate) kafka: kafka::KafkaArgs,
@@ -281,6 +291,7 @@ pub(crate) fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyh
         }
     }
     cli.kafka.file_properties = file.kafka;
+    cli.file_topics = file.topics;
     match (&mut cli.command, matches.subcommand()) {
         (Command::Run(args), Some(("run", run))) => {
             let mut options = file.run;
@@ -295,6 +306,24 @@ pub(crate) fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyh
         _ => {}
     }
     Ok(cli)
+}
+
+impl Cli {
+    /// How each topic's messages carry the envelope: the settings file's, the flags' over them.
+    pub(crate) fn formats(&self) -> Formats {
+        let mut formats = self.file_topics.clone();
+        formats.0.extend(self.topic_formats.iter().cloned());
+        formats
+    }
+}
+
+/// `--topic-format`'s `TOPIC=FORMAT`.
+fn topic_format(arg: &str) -> Result<(String, Format), String> {
+    let (topic, name) = arg.split_once('=').ok_or("expected TOPIC=FORMAT, e.g. orders=cloudevents")?;
+    if topic.is_empty() {
+        return Err("expected TOPIC=FORMAT: the topic is empty".into());
+    }
+    Ok((topic.to_owned(), Format::named(name)?))
 }
 
 #[cfg(test)]

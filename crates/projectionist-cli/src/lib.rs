@@ -97,8 +97,14 @@ impl App {
         }
     }
 
-    async fn execute(self, cli: Cli) -> anyhow::Result<ExitCode> {
+    async fn execute(mut self, cli: Cli) -> anyhow::Result<ExitCode> {
         let client = cli.kafka.client();
+        // Each projection reads its topics as they are said to carry the envelope: in `run`
+        // and `rebuild`, and where a held event or a dead letter is read again.
+        let formats = cli.formats();
+        for r in &mut self.registrations {
+            r.projection = projectionist_postgres::Formatted::wrap(r.projection.clone(), &formats);
+        }
         // `run` takes a stop from its first moments (see `run::Signals`).
         let signals = matches!(cli.command, Command::Run(_)).then(run::Signals::listen).transpose()?;
         let postgres_only = matches!(cli.command, Command::Parked { .. } | Command::DeadLetters(_));

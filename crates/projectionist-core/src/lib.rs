@@ -4,6 +4,7 @@ mod envelope;
 mod error;
 mod event_types;
 pub mod fold;
+pub mod format;
 mod outcome;
 pub mod plan;
 mod projection;
@@ -14,7 +15,7 @@ pub mod upcast;
 mod write;
 
 pub use async_trait::async_trait;
-pub use envelope::{data_tree, Decoded, Envelope, EventDecoder, LazyEnvelope, RawEnvelope};
+pub use envelope::{data_tree, Decoded, Envelope, EventDecoder, EventId, LazyEnvelope, RawEnvelope};
 pub use error::{ApplyError, DecodeError};
 pub use event_types::event_types;
 pub use outcome::{Outcome, OutcomeCounts};

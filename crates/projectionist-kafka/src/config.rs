@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use projectionist_core::format::{Format, Formats};
 use projectionist_core::{OnGap, OnPoison};
 
 use crate::KafkaClientConfig;
@@ -137,6 +138,14 @@ pub struct EngineConfig {
     /// is not registered makes [`crate::Engine::run`] refuse to start.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub per_projection: BTreeMap<String, ProjectionSettings>,
+    /// How each topic's messages carry the envelope, by topic, e.g. `{"orders": {"format":
+    /// "cloudevents"}}`; a topic not listed carries projectionist's own JSON envelope.
+    #[serde(default, skip_serializing_if = "formats_are_default")]
+    pub topics: Formats,
+}
+
+fn formats_are_default(formats: &Formats) -> bool {
+    formats.0.is_empty()
 }
 
 /// The settings one projection may set for itself, over the engine's (each unset one is the
@@ -283,6 +292,7 @@ impl EngineConfig {
             dead_letter_payload_max_bytes: None,
             dead_letter_topic: None,
             per_projection: BTreeMap::new(),
+            topics: Formats::default(),
         }
     }
 
@@ -318,6 +328,12 @@ impl EngineConfig {
         config.dead_letter_payload_max_bytes = dead_letter_payload_max_bytes.or(config.dead_letter_payload_max_bytes);
         config.dead_letter_topic = dead_letter_topic.or(config.dead_letter_topic);
         config
+    }
+
+    /// Reads `topic`'s messages as `format` says (see [`EngineConfig::topics`]).
+    pub fn with_topic_format(mut self, topic: impl Into<String>, format: Format) -> Self {
+        self.topics.0.insert(topic.into(), format);
+        self
     }
 
     /// Sets the consumer group id prefix: each projection consumes in

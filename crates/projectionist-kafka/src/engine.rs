@@ -272,7 +272,8 @@ impl Engine {
             let member = Member { group, consumer, rebalances };
             let (pool, config) = (self.pool.clone(), self.config.for_projection(&name));
             let dead_letter_topic = crate::dead_letters::DeadLetterTopic::from_config(&config)?;
-            let runner = Runner::new(reg.projection.clone(), pool, config, member, stats.clone(), joined.clone())
+            let projection = projectionist_postgres::Formatted::wrap(reg.projection.clone(), &self.config.topics);
+            let runner = Runner::new(projection, pool, config, member, stats.clone(), joined.clone())
                 .with_dead_letter_topic(dead_letter_topic)
                 .exclusive(self.exclusive);
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));

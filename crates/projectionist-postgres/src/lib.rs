@@ -12,6 +12,7 @@ mod error;
 #[doc(hidden)]
 pub mod fault;
 pub mod folding;
+mod formatted;
 mod ident;
 mod known;
 mod migrate;
@@ -33,6 +34,7 @@ pub use error::{
     WaitError,
 };
 pub use folding::{analyze, Folding};
+pub use formatted::Formatted;
 pub use ident::Ident;
 pub use known::KnownVersions;
 pub use migrate::{migrate, migrate_with, MigrateOptions, HISTORY_TABLE};

@@ -5,6 +5,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use projectionist_core::format::Formats;
 use projectionist_core::{
     validate_projection_name, ApplyError, Envelope, LazyEnvelope, OnUnknownType, Outcome, Projection, RawEnvelope,
     Table, Upcaster,
@@ -46,6 +47,13 @@ pub trait PgProjection: Send + Sync + 'static {
         conn: &mut PgConnection,
         envelope: &(dyn Any + Send + Sync),
     ) -> std::result::Result<Outcome, ApplyError>;
+    /// How its topics' messages carry the envelope (none listed: projectionist's own JSON
+    /// envelope on every topic); what reads a held event or a dead letter again reads it
+    /// with. Set with [`Formatted`](crate::Formatted).
+    fn formats(&self) -> &Formats {
+        static ENVELOPE: std::sync::OnceLock<Formats> = std::sync::OnceLock::new();
+        ENVELOPE.get_or_init(Formats::default)
+    }
 }
 
 #[async_trait]

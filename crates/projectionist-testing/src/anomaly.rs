@@ -144,7 +144,7 @@ async fn run(
 }
 
 fn fresh_id(event: &RawEnvelope) -> RawEnvelope {
-    RawEnvelope { id: uuid::Uuid::new_v4(), ..event.clone() }
+    RawEnvelope { id: uuid::Uuid::new_v4().into(), ..event.clone() }
 }
 
 fn duplicated(events: &[RawEnvelope], rng: &mut StdRng) -> Vec<RawEnvelope> {
@@ -255,10 +255,10 @@ mod tests {
         let mut first_seen = Vec::new();
         for e in &out {
             if !first_seen.contains(&e.id) {
-                first_seen.push(e.id);
+                first_seen.push(e.id.clone());
             }
         }
-        assert_eq!(first_seen, events.iter().map(|e| e.id).collect::<Vec<_>>());
+        assert_eq!(first_seen, events.iter().map(|e| e.id.clone()).collect::<Vec<_>>());
         assert!(out.iter().all(|e| events.contains(e)), "duplicates are exact copies");
     }
 
@@ -268,7 +268,7 @@ mod tests {
         let out = Variant::FreshIds.deliver(&events, &mut StdRng::seed_from_u64(1));
         for (a, b) in events.iter().zip(&out) {
             assert_ne!(a.id, b.id);
-            assert_eq!(RawEnvelope { id: a.id, ..b.clone() }, *a);
+            assert_eq!(RawEnvelope { id: a.id.clone(), ..b.clone() }, *a);
         }
     }
 }

@@ -37,7 +37,10 @@ pub fn with_redeliveries(events: &[RawEnvelope], duplicates: f64, resent: f64, s
             timed.push((at, e.clone()));
         }
         if rng.gen_bool(resent.clamp(0.0, 1.0)) {
-            timed.push((rng.gen_range(i as f64 + 0.1..n + 1.0), RawEnvelope { id: uuid::Uuid::new_v4(), ..e.clone() }));
+            timed.push((
+                rng.gen_range(i as f64 + 0.1..n + 1.0),
+                RawEnvelope { id: uuid::Uuid::new_v4().into(), ..e.clone() },
+            ));
         }
     }
     timed.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -498,7 +498,7 @@ mod tests {
                         assert_eq!(e, original);
                         duplicates += 1;
                     } else {
-                        assert_eq!(RawEnvelope { id: original.id, ..e.clone() }, *original);
+                        assert_eq!(RawEnvelope { id: original.id.clone(), ..e.clone() }, *original);
                         resent += 1;
                     }
                 }
@@ -507,13 +507,13 @@ mod tests {
         // The first deliveries are the stream, in its order (versions in order per account).
         assert_eq!(firsts.len(), events.len());
         for (got, want) in firsts.iter().zip(&events) {
-            assert_eq!(RawEnvelope { id: want.id, ..(*got).clone() }, *want);
+            assert_eq!(RawEnvelope { id: want.id.clone(), ..(*got).clone() }, *want);
         }
         let n = events.len() as f64;
         assert!((duplicates as f64 - 0.2 * n).abs() < 0.05 * n, "{duplicates} duplicates of {n} events");
         assert!((resent as f64 - 0.1 * n).abs() < 0.05 * n, "{resent} re-sent of {n} events");
         // Every event id is new but for the duplicates.
-        let ids: BTreeSet<_> = delivered.iter().map(|e| e.id).collect();
+        let ids: BTreeSet<_> = delivered.iter().map(|e| e.id.clone()).collect();
         assert_eq!(ids.len(), delivered.len() - duplicates);
     }
 

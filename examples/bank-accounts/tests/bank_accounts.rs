@@ -16,7 +16,7 @@ fn opened(id: &str) -> RawEnvelope {
 async fn a_redelivered_deposit_is_counted_once(pool: PgPool) {
     let deposit = envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 500 });
     // Re-sent by the producer with a fresh event id: the gate keys on the version, not the id.
-    let resent = RawEnvelope { id: uuid::Uuid::new_v4(), ..deposit.clone() };
+    let resent = RawEnvelope { id: uuid::Uuid::new_v4().into(), ..deposit.clone() };
     ProjectionTest::new(pool, BankAccounts)
         .given([opened("acc-1")])
         .when([deposit.clone(), deposit, resent])
@@ -144,7 +144,7 @@ async fn a_late_state_transfer_record_is_stale(pool: PgPool) {
         envelope("acc-1", 2, &AccountEvent::MoneyDeposited { amount: 500 }),
         envelope("acc-1", 3, &AccountEvent::MoneyWithdrawn { amount: 200 }),
     ];
-    let resent = RawEnvelope { id: uuid::Uuid::new_v4(), ..events[1].clone() };
+    let resent = RawEnvelope { id: uuid::Uuid::new_v4().into(), ..events[1].clone() };
     let states =
         bank_accounts::generate::state_transfer(&[events[0].clone(), events[1].clone(), events[2].clone(), resent]);
     ProjectionTest::new(pool, bank_accounts::states::AccountStates)

@@ -68,8 +68,22 @@ pub(crate) fn example() -> String {
         comment(&mut out, &said);
         out.push_str("# [run.per_projection.order_status]\n# on_gap = \"halt\"\n");
     }
+    out.push_str(TOPICS);
     out
 }
+
+/// The `[topics]` tables: how a topic's messages carry the envelope.
+const TOPICS: &str = r#"
+# How a topic's messages carry the envelope (--topic-format TOPIC=FORMAT wins for a topic).
+# A topic not listed carries projectionist's own JSON envelope ("envelope"). CloudEvents, in
+# structured or binary mode, names the attributes that hold the aggregate's id (without it:
+# the message key), type and version; these are the defaults:
+# [topics."orders"]
+# format = "cloudevents"
+# aggregate_id = "subject"
+# aggregate_type = "aggregatetype"
+# version = "sequence"
+"#;
 
 /// Whether the file takes the option `id` (the command line's own, such as `--reset`, are
 /// refused there by name).

@@ -49,6 +49,9 @@ pub(crate) struct ConfigFile {
     /// Settings of `run`.
     #[serde(default)]
     pub run: RunOptions,
+    /// How each topic's messages carry the envelope, by topic (`--topic-format` wins).
+    #[serde(default)]
+    pub topics: projectionist_core::format::Formats,
 }
 
 /// Default of `--metrics-addr`.
@@ -324,6 +327,24 @@ mod tests {
         let err = run_options("", &["bin", "run", "--projection-setting", "a.on_gapp=halt"]).err().unwrap();
         assert!(format!("{err:#}").contains("unknown field `on_gapp`"), "{err:#}");
         assert!(run_options("", &["bin", "run", "--projection-setting", "on_gap=halt"]).is_err());
+    }
+
+    #[test]
+    fn topic_formats_come_from_the_file_and_the_command_line() {
+        use projectionist_core::format::Format;
+        let file = "[topics.orders]\nformat = \"cloudevents\"\nversion = \"seq\"\n[topics.payments]\nformat = \"cloudevents\"\n";
+        let path = std::env::temp_dir().join(format!("projectionist-topics-{}.toml", std::process::id()));
+        std::fs::write(&path, file).unwrap();
+        let argv = ["bin", "--config", path.to_str().unwrap(), "--topic-format", "payments=envelope", "status"];
+        let matches = crate::command().try_get_matches_from(argv).unwrap();
+        let cli = crate::with_config_file(crate::Cli::from_arg_matches(&matches).unwrap(), &matches).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let formats = cli.formats();
+        let Format::CloudEvents(orders) = formats.of("orders") else { panic!("{formats:?}") };
+        assert_eq!(orders.version, "seq", "the file's fields");
+        assert_eq!(formats.of("payments"), &Format::Envelope, "the command line wins");
+        let bad = crate::command().try_get_matches_from(["bin", "--topic-format", "orders=avro", "status"]);
+        assert!(bad.unwrap_err().to_string().contains("envelope or cloudevents"));
     }
 
     #[test]

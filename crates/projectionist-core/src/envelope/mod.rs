@@ -10,9 +10,11 @@ use uuid::Uuid;
 use crate::error::DecodeError;
 
 mod decoder;
+pub(crate) mod id;
 mod wire;
 
 pub use decoder::EventDecoder;
+pub use id::EventId;
 use wire::{from_slice, json_kind, lazy_from_slice, Checked, Wire};
 
 /// An envelope whose payload is still JSON: every envelope field has been validated,
@@ -28,8 +30,9 @@ use wire::{from_slice, json_kind, lazy_from_slice, Checked, Wire};
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RawEnvelope {
-    /// Producer-minted unique event id. Not used for deduplication: the version is.
-    pub id: Uuid,
+    /// Producer-minted unique event id, kept as given. Not used for deduplication: the
+    /// version is.
+    pub id: EventId,
     /// Kind of aggregate that emitted the event, e.g. `account`.
     pub aggregate_type: String,
     /// Aggregate identity; also the Kafka message key.
@@ -51,8 +54,8 @@ pub struct RawEnvelope {
 /// An envelope carrying a typed event `E` (the projection's serde enum, tagged by `type`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Envelope<E> {
-    /// Producer-minted unique event id.
-    pub id: Uuid,
+    /// Producer-minted unique event id, kept as given.
+    pub id: EventId,
     /// Kind of aggregate that emitted the event.
     pub aggregate_type: String,
     /// Aggregate identity; also the Kafka message key.
@@ -75,7 +78,7 @@ impl Envelope<()> {
     #[cfg(test)]
     pub(crate) fn for_test(aggregate_type: &str, id: &str, version: i64) -> Self {
         Envelope {
-            id: Uuid::nil(),
+            id: Uuid::nil().into(),
             aggregate_type: aggregate_type.into(),
             aggregate_id: id.into(),
             version,
@@ -136,7 +139,7 @@ impl RawEnvelope {
             _ => panic!("event must serialise to an object tagged by `type`"),
         };
         Self {
-            id: Uuid::new_v4(),
+            id: Uuid::new_v4().into(),
             aggregate_type: aggregate_type.to_owned(),
             aggregate_id: aggregate_id.to_owned(),
             version,
@@ -173,7 +176,7 @@ impl RawEnvelope {
         }
         let event = decoder.data(&self.event_type, &self.data)?;
         Ok(Some(Envelope {
-            id: self.id,
+            id: self.id.clone(),
             aggregate_type: self.aggregate_type.clone(),
             aggregate_id: self.aggregate_id.clone(),
             version: self.version,
@@ -194,7 +197,7 @@ impl RawEnvelope {
 #[derive(Debug, Clone)]
 pub struct LazyEnvelope {
     /// As [`RawEnvelope::id`].
-    pub id: Uuid,
+    pub id: EventId,
     /// As [`RawEnvelope::aggregate_type`].
     pub aggregate_type: String,
     /// As [`RawEnvelope::aggregate_id`].
@@ -213,9 +216,9 @@ pub struct LazyEnvelope {
 
 impl PartialEq for LazyEnvelope {
     fn eq(&self, other: &Self) -> bool {
-        (self.id, &self.aggregate_type, &self.aggregate_id, self.version, &self.event_type, self.occurred_at)
+        (&self.id, &self.aggregate_type, &self.aggregate_id, self.version, &self.event_type, self.occurred_at)
             == (
-                other.id,
+                &other.id,
                 &other.aggregate_type,
                 &other.aggregate_id,
                 other.version,
@@ -232,9 +235,30 @@ impl LazyEnvelope {
     /// does (same errors), keeping `data` as text.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
         let c = lazy_from_slice(bytes)?;
-        let (id, aggregate_type, aggregate_id, version) = (c.id, c.aggregate_type, c.aggregate_id, c.version);
+        let (id, aggregate_type, aggregate_id, version) = (c.id.into(), c.aggregate_type, c.aggregate_id, c.version);
         let (event_type, occurred_at, data, metadata) = (c.event_type, c.occurred_at, c.data, c.metadata);
         Ok(Self { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata })
+    }
+
+    /// The envelope as [`LazyEnvelope::from_slice`] would take it, or the error naming the
+    /// field it would refuse: what a format that builds an envelope from other fields (see
+    /// [`crate::format`]) checks it with.
+    pub fn checked(self) -> Result<Self, DecodeError> {
+        for (field, value) in [("aggregate_type", &self.aggregate_type), ("aggregate_id", &self.aggregate_id)] {
+            if let Some(problem) = wire::key_problem(value) {
+                return Err(DecodeError::field(field, problem));
+            }
+        }
+        if self.version < 1 {
+            return Err(DecodeError::field("version", format!("must be >= 1, got {}", self.version)));
+        }
+        if self.event_type.trim().is_empty() {
+            return Err(DecodeError::field("type", "must not be empty"));
+        }
+        if !wire::is_a_value(self.data.get()) {
+            return Err(data_tree(&self.data).err().unwrap_or_else(|| DecodeError::field("data", "nested too deep")));
+        }
+        Ok(self)
     }
 
     /// The envelope with its data read into a `Value` tree. An envelope read by
@@ -281,7 +305,7 @@ impl<E: Serialize> Envelope<E> {
             _ => Value::Object(Map::new()),
         };
         RawEnvelope {
-            id: self.id,
+            id: self.id.clone(),
             aggregate_type: self.aggregate_type.clone(),
             aggregate_id: self.aggregate_id.clone(),
             version: self.version,

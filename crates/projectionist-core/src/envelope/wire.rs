@@ -188,6 +188,7 @@ impl Checked<Value> {
         let (id, aggregate_type, aggregate_id, version) =
             (self.id, self.aggregate_type, self.aggregate_id, self.version);
         let (event_type, occurred_at, data, metadata) = (self.event_type, self.occurred_at, self.data, self.metadata);
+        let id = id.into();
         RawEnvelope { id, aggregate_type, aggregate_id, version, event_type, occurred_at, data, metadata }
     }
 }
@@ -366,7 +367,7 @@ impl<'de: 'a, 'a> Visitor<'de> for ScalarVisitor<'a> {
 
 /// Why `s` cannot be an aggregate's type or id, if it cannot: empty (or blank), or not a key
 /// the engine can store.
-fn key_problem(s: &str) -> Option<String> {
+pub(super) fn key_problem(s: &str) -> Option<String> {
     if s.trim().is_empty() {
         return Some("must not be empty".to_owned());
     }

@@ -1,9 +1,10 @@
 //! Messages as the partition task holds them, and a batch's envelopes decoded: those that
 //! are not an envelope at all are dead-lettered alone, or halt the partition, by policy.
 
+use projectionist_core::format::{Format, Message};
 use projectionist_core::{LazyEnvelope, OnPoison};
 use projectionist_postgres::park::{Headers, SourceMessage, Undecodable};
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::{BorrowedMessage, Message as _};
 
 use super::{Halt, HaltKind};
 
@@ -36,22 +37,22 @@ pub(crate) struct Poison {
 impl Msg {
     /// The message decoded (a payload over `max_bytes` is poison, unparsed), and its size in
     /// bytes (payload and key) for the batch bounds.
-    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>, max_bytes: usize) -> (Self, usize) {
+    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>, format: &Format, max_bytes: usize) -> (Self, usize) {
         let at = At { offset: message.offset(), timestamp: message.timestamp().to_millis() };
         let headers = crate::headers::read(message);
-        Self::read(at, message.key(), message.payload(), headers, max_bytes)
+        Self::read(at, (message.key(), message.payload(), headers), format, max_bytes)
     }
 
-    /// A message read at `at` from its parts, as [`Msg::from_kafka`] reads them.
+    /// A message read at `at` from its parts (key, payload, headers), as
+    /// [`Msg::from_kafka`] reads them: its envelope as `format` carries it.
     pub(crate) fn read(
         at: At,
-        key: Option<&[u8]>,
-        payload: Option<&[u8]>,
-        headers: Headers,
+        (key, payload, headers): (Option<&[u8]>, Option<&[u8]>, Headers),
+        format: &Format,
         max_bytes: usize,
     ) -> (Self, usize) {
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
-        let envelope = decode(key, payload, max_bytes);
+        let envelope = decode(key, payload, &headers, format, max_bytes);
         let message = SourceMessage {
             offset: Some(at.offset),
             key: key.map(<[u8]>::to_vec),
@@ -108,7 +109,13 @@ pub(crate) fn split(batch: Vec<Msg>, on_poison: OnPoison) -> Split {
     split
 }
 
-fn decode(key: Option<&[u8]>, payload: Option<&[u8]>, max_bytes: usize) -> Result<LazyEnvelope, Poison> {
+fn decode(
+    key: Option<&[u8]>,
+    payload: Option<&[u8]>,
+    headers: &Headers,
+    format: &Format,
+    max_bytes: usize,
+) -> Result<LazyEnvelope, Poison> {
     let poison = |kind: &'static str, reason: String| Poison {
         aggregate: key.map_or_else(|| "?".to_owned(), |k| String::from_utf8_lossy(k).into_owned()),
         kind,
@@ -119,8 +126,11 @@ fn decode(key: Option<&[u8]>, payload: Option<&[u8]>, max_bytes: usize) -> Resul
         let reason = format!("payload of {} bytes is over max_event_bytes ({max_bytes}); not parsed", payload.len());
         return Err(poison("oversized", reason));
     }
-    let envelope =
-        LazyEnvelope::from_slice(payload).map_err(|e| poison("envelope", format!("undecodable envelope: {e}")))?;
+    let message = Message { key, value: payload, headers };
+    let envelope = format.read(&message).map_err(|e| match format {
+        Format::Envelope => poison("envelope", format!("undecodable envelope: {e}")),
+        other => poison("envelope", format!("undecodable {} message: {e}", other.name())),
+    })?;
     match key {
         Some(key) if key != envelope.aggregate_id.as_bytes() => Err(poison(
             "key",
@@ -151,7 +161,7 @@ mod tests {
         let (key, payload) = (key.as_bytes(), payload.as_bytes());
         let message =
             SourceMessage { offset: Some(offset), key: Some(key.to_vec()), payload: payload.to_vec(), headers: vec![] };
-        Msg { at, envelope: decode(Some(key), Some(payload), 1 << 20), message }
+        Msg { at, envelope: decode(Some(key), Some(payload), &vec![], &Format::Envelope, 1 << 20), message }
     }
 
     fn envelope(id: &str, version: u64) -> String {
@@ -198,10 +208,19 @@ mod tests {
         assert!(halt.reason.contains("differs from aggregate_id"), "{}", halt.reason);
         let at = At { offset: 6, timestamp: None };
         let message = SourceMessage { offset: Some(6), key: Some(b"x".to_vec()), ..SourceMessage::default() };
-        let tombstone = Msg { at, envelope: decode(Some(b"x"), None, 1 << 20), message: message.clone() };
+        let tombstone = Msg {
+            at,
+            envelope: decode(Some(b"x"), None, &vec![], &Format::Envelope, 1 << 20),
+            message: message.clone(),
+        };
         let big = envelope("x", 1);
-        let oversized = Msg { at, envelope: decode(Some(b"x"), Some(big.as_bytes()), 10), message: message.clone() };
-        let keyless = Msg { at, envelope: decode(None, Some(big.as_bytes()), 1 << 20), message };
+        let oversized = Msg {
+            at,
+            envelope: decode(Some(b"x"), Some(big.as_bytes()), &vec![], &Format::Envelope, 10),
+            message: message.clone(),
+        };
+        let keyless =
+            Msg { at, envelope: decode(None, Some(big.as_bytes()), &vec![], &Format::Envelope, 1 << 20), message };
         let set_aside = split(vec![tombstone, oversized, keyless], OnPoison::DeadLetter);
         let reasons: Vec<&str> = set_aside.undecodable.iter().map(|u| u.reason).collect();
         assert_eq!(reasons, ["tombstone", "oversized", "key"]);

@@ -5,6 +5,7 @@
 //!
 //! Bounded for CI: `PROPTEST_CASES` cases (default below); set it higher to fuzz for longer.
 
+use projectionist_core::format::Format;
 use projectionist_core::{Envelope, OnPoison, Projection, Table, Writes};
 use projectionist_postgres::park::Headers;
 use projectionist_postgres::{PgConnection, PgProjection};
@@ -156,7 +157,7 @@ proptest! {
             .enumerate()
             .map(|(offset, (key, payload, headers))| {
                 let at = At { offset: offset as i64, timestamp: None };
-                Msg::read(at, key.as_deref(), payload.as_deref(), headers.clone(), max_bytes).0
+                Msg::read(at, (key.as_deref(), payload.as_deref(), headers.clone()), &Format::Envelope, max_bytes).0
             })
             .collect();
         let halted = split(messages.clone(), OnPoison::Halt);

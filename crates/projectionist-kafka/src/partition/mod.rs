@@ -100,6 +100,8 @@ pub(crate) struct Partition {
     /// Its batches' bounds.
     pub limits: Limits,
     pub settings: Settings,
+    /// How its topic's messages carry the envelope.
+    pub format: projectionist_core::format::Format,
 }
 
 /// How a projection's partitions work: the same for each of them.
@@ -289,7 +291,8 @@ impl Task {
         match received {
             Some(Ok(message)) => {
                 projectionist_postgres::fault::point("partition-read");
-                let (msg, bytes) = Msg::from_kafka(&message, self.partition.settings.max_event_bytes);
+                let partition = &self.partition;
+                let (msg, bytes) = Msg::from_kafka(&message, &partition.format, partition.settings.max_event_bytes);
                 self.partition.tally.read.fetch_add(1, Ordering::Relaxed);
                 self.batcher.push_read_now(msg, bytes, Instant::now);
                 true

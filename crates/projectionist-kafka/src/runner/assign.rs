@@ -243,6 +243,7 @@ impl Runner {
                 bounds: self.config.bounds(),
             },
             progress,
+            format: self.projection.formats().of(&tp.topic).clone(),
         }
     }
 

@@ -233,6 +233,17 @@ impl HeldRow {
     pub fn headers(&self) -> Headers {
         self.headers.0.iter().map(|(name, hex)| (name.bytes(), hex.as_deref().map(from_hex))).collect()
     }
+
+    /// The envelope it holds, read as its topic's format in `formats` says.
+    pub(crate) fn envelope(
+        &self,
+        formats: &projectionist_core::format::Formats,
+    ) -> std::result::Result<projectionist_core::LazyEnvelope, projectionist_core::DecodeError> {
+        let headers = self.headers();
+        let message =
+            projectionist_core::format::Message { key: self.key.as_deref(), value: &self.payload, headers: &headers };
+        formats.read(&self.topic, &message)
+    }
 }
 
 /// Headers as `projectionist_held.headers` keeps them: `[[name, value as hex or null], …]`

@@ -4,10 +4,11 @@
 //! parking gone stale (its version applied on another partition). Each in one transaction
 //! with the events held behind it applied in version order.
 
-use projectionist_core::{LazyEnvelope, OnGap, Outcome, OutcomeCounts, Table};
+use projectionist_core::format::Message;
+use projectionist_core::{OnGap, Outcome, OutcomeCounts, Table};
 use sqlx::{PgConnection, PgPool};
 
-use super::{HeldRow, Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
+use super::{Headers, HeldRow, Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
 use crate::writer::{self, Mode, Written};
 use crate::{Error, Ident, Result};
 use crate::{PgProjection, Prepared};
@@ -102,14 +103,17 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
     .bind(format!("dead letter {id} being {resolution}"))
     .fetch_optional(&mut *tx)
     .await?;
+    let headers: Headers = d.header_names.iter().cloned().zip(d.header_values.iter().cloned()).collect();
     let mut prepared = match &action {
-        Resolve::Retry => match LazyEnvelope::from_slice(&d.payload) {
-            Ok(envelope) => projection.prepare_lazy(vec![envelope]),
-            Err(e) => return Err(problem(format!("its payload is still not an envelope: {e}"))),
-        },
+        Resolve::Retry => {
+            let message = Message { key: d.key.as_deref(), value: &d.payload, headers: &headers };
+            match projection.formats().read(&d.topic, &message) {
+                Ok(envelope) => projection.prepare_lazy(vec![envelope]),
+                Err(e) => return Err(problem(format!("its payload is still not an envelope: {e}"))),
+            }
+        }
         Resolve::Discard { .. } => Prepared::skipping(aggregate_type, aggregate_id, version),
     };
-    let headers = d.header_names.iter().cloned().zip(d.header_values.iter().cloned()).collect();
     let message = SourceMessage { offset: d.offset, key: d.key.clone(), payload: d.payload.clone(), headers };
     let (topic, partition) = (d.topic.clone(), d.partition);
     prepared.set_source(Source { topic, partition, messages: vec![message], undecodable: Vec::new() });
@@ -266,7 +270,7 @@ pub async fn resume_stale(pool: &PgPool, projection: &dyn PgProjection, topic: &
     let stale = query.fetch_all(pool).await?;
     for row in &stale {
         // Not an envelope: left to the drain (which dead-letters it) when the aggregate resumes.
-        let Ok(envelope) = LazyEnvelope::from_slice(&row.payload) else { continue };
+        let Ok(envelope) = row.envelope(projection.formats()) else { continue };
         let mut prepared = projection.prepare_lazy(vec![envelope]);
         let message = SourceMessage {
             offset: row.offset,

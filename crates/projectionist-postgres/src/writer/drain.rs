@@ -2,7 +2,7 @@
 //! order with the batch's own events of that aggregate parked before it resumed, as one
 //! event at a time would.
 
-use projectionist_core::{LazyEnvelope, Outcome};
+use projectionist_core::Outcome;
 use sqlx::types::chrono::Utc;
 use sqlx::PgConnection;
 
@@ -109,7 +109,7 @@ impl Writer<'_> {
             occurred_at: Utc::now(),
             step: Step::Poison(error),
         };
-        match LazyEnvelope::from_slice(&row.payload) {
+        match row.envelope(self.projection.formats()) {
             Ok(raw) => match self.prepared.held_poison.get(&row.id) {
                 Some(found) => poison(raw.aggregate_type, raw.aggregate_id, raw.version, found.clone_of_batch()),
                 None => {

@@ -1,0 +1,110 @@
+//! How a topic's messages carry the envelope's fields: projectionist's own JSON envelope (the
+//! default), or CloudEvents in either mode of its Kafka binding ([`cloudevents`]). A format
+//! reads a message's key, value and headers into a [`LazyEnvelope`], or says which field it
+//! could not find and where it looked.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{DecodeError, LazyEnvelope};
+
+pub mod cloudevents;
+
+pub use cloudevents::CloudEvents;
+
+/// A message's parts, as a format reads them.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    /// The message key.
+    pub key: Option<&'a [u8]>,
+    /// The message value.
+    pub value: &'a [u8],
+    /// The message headers: each name's bytes and its value (`None`: a header without one).
+    pub headers: &'a [(Vec<u8>, Option<Vec<u8>>)],
+}
+
+impl<'a> Message<'a> {
+    /// The value of the first header named `name`, when there is one with a value.
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.headers.iter().find(|(n, _)| n.as_slice() == name.as_bytes()).and_then(|(_, v)| v.as_deref())
+    }
+}
+
+/// How a topic's messages carry the envelope.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "format", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Format {
+    /// projectionist's own JSON envelope as the value (see [`crate::RawEnvelope`]).
+    #[default]
+    Envelope,
+    /// CloudEvents, structured or binary mode, told apart by the message's headers.
+    #[serde(rename = "cloudevents")]
+    CloudEvents(CloudEvents),
+}
+
+impl Format {
+    /// The envelope `message` carries, or why it carries none.
+    pub fn read(&self, message: &Message<'_>) -> Result<LazyEnvelope, DecodeError> {
+        match self {
+            Self::Envelope => LazyEnvelope::from_slice(message.value),
+            Self::CloudEvents(fields) => fields.read(message),
+        }
+    }
+
+    /// The format's name, as configured.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Envelope => "envelope",
+            Self::CloudEvents(_) => "cloudevents",
+        }
+    }
+
+    /// The format named `name` with its default fields (`envelope`, `cloudevents`).
+    pub fn named(name: &str) -> Result<Self, String> {
+        match name {
+            "envelope" => Ok(Self::Envelope),
+            "cloudevents" => Ok(Self::CloudEvents(CloudEvents::default())),
+            other => Err(format!("no format named {other:?}: envelope or cloudevents")),
+        }
+    }
+}
+
+/// The format of each topic (a topic not listed carries projectionist's own envelope).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Formats(pub BTreeMap<String, Format>);
+
+impl Formats {
+    /// The format of `topic`.
+    pub fn of(&self, topic: &str) -> &Format {
+        static ENVELOPE: Format = Format::Envelope;
+        self.0.get(topic).unwrap_or(&ENVELOPE)
+    }
+
+    /// The envelope `message`, read on `topic`, carries (see [`Format::read`]).
+    pub fn read(&self, topic: &str, message: &Message<'_>) -> Result<LazyEnvelope, DecodeError> {
+        self.of(topic).read(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_format_is_configured_by_name_and_a_topic_not_listed_carries_the_envelope() {
+        let formats: Formats = serde_json::from_value(serde_json::json!({
+            "orders": { "format": "cloudevents", "version": "seq" },
+            "accounts": { "format": "envelope" },
+        }))
+        .unwrap();
+        let Format::CloudEvents(fields) = formats.of("orders") else { panic!("{formats:?}") };
+        assert_eq!((fields.version.as_str(), fields.aggregate_id.as_str()), ("seq", "subject"));
+        assert_eq!((formats.of("accounts"), formats.of("other")), (&Format::Envelope, &Format::Envelope));
+        assert_eq!(Format::named("cloudevents").unwrap().name(), "cloudevents");
+        assert!(Format::named("avro").unwrap_err().contains("envelope or cloudevents"));
+        let unknown = serde_json::from_value::<Formats>(serde_json::json!({ "t": { "format": "x" } }));
+        assert!(unknown.is_err());
+    }
+}

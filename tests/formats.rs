@@ -1,0 +1,129 @@
+//! Topics whose messages carry the envelope in another format than projectionist's own,
+//! written by that format's real producer, against the broker at KAFKA_BROKERS and a fresh
+//! database per test.
+
+#[path = "common/kafka.rs"]
+mod kafka;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+
+use bank_accounts::generate::{self, ExpectedAccount};
+use bank_accounts::BankAccounts;
+use kafka::{brokers, config, rand_test_topic, run};
+use projectionist::format::Format;
+use projectionist::kafka::{topics, Engine};
+use projectionist::postgres::migrate;
+use projectionist::RawEnvelope;
+use sqlx::PgPool;
+
+/// The interpreter of the Python producers (`scripts/services.sh --python-producers`), or
+/// the reason the test cannot run, recorded as the test command records skips.
+fn python(test: &str) -> Option<String> {
+    let python = std::env::var("PROJECTIONIST_PYTHON").ok().filter(|p| !p.is_empty());
+    if python.is_none() {
+        let reason = "PROJECTIONIST_PYTHON is not set: scripts/services.sh --python-producers makes it";
+        eprintln!("SKIPPED {test}: {reason}");
+        if let Ok(path) = std::env::var("PROJECTIONIST_SKIP_LOG") {
+            let mut log = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+            writeln!(log, "{test}: {reason}").unwrap();
+        }
+    }
+    python
+}
+
+/// Publishes `events` to `topic` as CloudEvents, through the official SDK
+/// (`tests/tools/cloudevents_produce.py`: even messages structured, odd ones binary).
+fn publish_cloudevents(python: &str, topic: &str, events: &[RawEnvelope]) {
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/cloudevents_produce.py");
+    let mut child = std::process::Command::new(python)
+        .args([tool, &brokers(), topic])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("the Python producer starts");
+    let mut stdin = child.stdin.take().unwrap();
+    for event in events {
+        stdin.write_all(&event.to_json()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success(), "cloudevents_produce.py to {topic}");
+}
+
+async fn read_model(pool: &PgPool) -> BTreeMap<String, ExpectedAccount> {
+    let rows: Vec<(String, String, i64, String, i64)> =
+        sqlx::query_as("SELECT account_id, owner, balance, status, version FROM bank_accounts ORDER BY account_id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(id, owner, balance, status, version)| (id, ExpectedAccount { owner, balance, status, version }))
+        .collect()
+}
+
+/// The bank stream, with duplicates and re-sends mixed in, published as CloudEvents by the
+/// CloudEvents SDK in both modes of its Kafka binding, ids that are not UUIDs: the read model
+/// is the one the stream's oracle computes, nothing is dead-lettered, and a replay from
+/// offset zero changes nothing. Without the topic's format, the same messages are dead
+/// letters naming why.
+#[sqlx::test(migrations = false)]
+async fn cloudevents_written_by_the_sdk_in_both_modes_project_exactly(pool: PgPool) {
+    let Some(python) = python("cloudevents_written_by_the_sdk_in_both_modes_project_exactly") else { return };
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let events = projectionist_testing::with_redeliveries(&generate::stream(30, 12, 68), 0.1, 0.05, 68);
+    let topic = rand_test_topic("cloudevents");
+    topics::create_topics(&brokers(), &[topic.as_str()], 2, 1).await.unwrap();
+    publish_cloudevents(&python, &topic, &events);
+
+    let cloudevents = Format::named("cloudevents").unwrap();
+    let formatted = config().with_topic_format(&topic, cloudevents.clone());
+    let report = run(Engine::new(pool.clone(), formatted).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
+    assert!(letters.is_empty(), "{letters:#?}");
+    let want = generate::expected(&events);
+    assert_eq!(read_model(&pool).await, want);
+
+    let replay = config().with_topic_format(&topic, cloudevents).with_from_beginning(true);
+    let report = run(Engine::new(pool.clone(), replay).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    assert_eq!(read_model(&pool).await, want, "a replay from offset zero changes nothing");
+    assert_eq!(report.projections[0].1.outcomes().applied, 0, "a replay applies nothing again");
+
+    // An aggregate's events out of order: the one that comes early is held, in its
+    // format, and read again as the topic's format says once its predecessor arrives.
+    let e = |v, event| generate::envelope("acc-ce-gap", v, &event);
+    let opened = e(1, bank_accounts::AccountEvent::AccountOpened { owner: "o".into() });
+    let (two, three) = (
+        bank_accounts::AccountEvent::MoneyDeposited { amount: 2 },
+        bank_accounts::AccountEvent::MoneyDeposited { amount: 3 },
+    );
+    publish_cloudevents(&python, &topic, &[opened, e(3, three)]);
+    let cloudevents = Format::named("cloudevents").unwrap();
+    let formatted = config().with_topic_format(&topic, cloudevents.clone());
+    let report = run(Engine::new(pool.clone(), formatted).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    assert_eq!(projectionist::postgres::park::list(&pool, None).await.unwrap().len(), 1, "v3 held, waiting for v2");
+    publish_cloudevents(&python, &topic, &[e(2, two)]);
+    let formatted = config().with_topic_format(&topic, cloudevents);
+    let report = run(Engine::new(pool.clone(), formatted).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let late: (i64, i64) = sqlx::query_as("SELECT balance, version FROM bank_accounts WHERE account_id = 'acc-ce-gap'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(late, (5, 3), "the held event applied as the format reads it");
+    assert!(projectionist::postgres::park::list(&pool, None).await.unwrap().is_empty(), "nothing left parked");
+    let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
+    assert!(letters.is_empty(), "{letters:#?}");
+
+    // Read as projectionist's own envelope, they are not one: dead letters, named.
+    projectionist::postgres::reset(&pool, &BankAccounts).await.unwrap();
+    let plain = config().with_from_beginning(true);
+    let report = run(Engine::new(pool.clone(), plain).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
+    assert!(!letters.is_empty());
+    assert!(letters.iter().all(|d| d.error.contains("undecodable envelope")), "{:?}", letters[0].error);
+}
