@@ -1,6 +1,6 @@
 //! Arbitrary messages through the whole path a partition takes them before PostgreSQL: read
-//! (key, payload, header names and values as bytes), decoded, split, projected and planned
-//! in memory. Whatever the bytes, nothing panics, and every message is accounted for: an
+//! (key, payload, header names and values as bytes), decoded as the JSON envelope or as
+//! CloudEvents, split, projected and planned in memory. Whatever the bytes, nothing panics, and every message is accounted for: an
 //! envelope to apply, or one set aside as a dead letter with its exact bytes.
 //!
 //! Bounded for CI: `PROPTEST_CASES` cases (default below); set it higher to fuzz for longer.
@@ -119,9 +119,25 @@ fn payload(id: String) -> impl Strategy<Value = Option<Vec<u8>>> {
     ]
 }
 
-/// Header names and values as bytes: not UTF-8, empty, NUL inside, without a value.
+/// Header names and values as bytes: not UTF-8, empty, NUL inside, without a value; and
+/// those CloudEvents' binary mode reads, with any value.
 fn headers() -> impl Strategy<Value = Headers> {
-    let name = prop::collection::vec(any::<u8>(), 0..8);
+    let ce = prop::sample::select(
+        &[
+            "ce_specversion",
+            "ce_id",
+            "ce_type",
+            "ce_time",
+            "ce_subject",
+            "ce_sequence",
+            "ce_aggregatetype",
+            "content-type",
+        ][..],
+    );
+    let name = prop_oneof![
+        2 => prop::collection::vec(any::<u8>(), 0..8),
+        1 => ce.prop_map(|n| n.as_bytes().to_vec()),
+    ];
     let value = prop::option::of(prop::collection::vec(any::<u8>(), 0..8));
     prop::collection::vec((name, value), 0..4)
 }
@@ -151,13 +167,15 @@ proptest! {
     fn any_messages_are_read_decoded_and_planned_without_a_panic_and_each_is_accounted_for(
         batch in prop::collection::vec(message(), 1..8),
         max_bytes in prop_oneof![Just(1usize << 20), 16usize..256],
+        cloudevents in any::<bool>(),
     ) {
+        let format = if cloudevents { Format::named("cloudevents").unwrap() } else { Format::Envelope };
         let messages: Vec<Msg> = batch
             .iter()
             .enumerate()
             .map(|(offset, (key, payload, headers))| {
                 let at = At { offset: offset as i64, timestamp: None };
-                Msg::read(at, (key.as_deref(), payload.as_deref(), headers.clone()), &Format::Envelope, max_bytes).0
+                Msg::read(at, (key.as_deref(), payload.as_deref(), headers.clone()), &format, max_bytes).0
             })
             .collect();
         let halted = split(messages.clone(), OnPoison::Halt);
