@@ -83,6 +83,11 @@ const TOPICS: &str = r#"
 # aggregate_id = "subject"
 # aggregate_type = "aggregatetype"
 # version = "sequence"
+# Axon Framework's Kafka messages; the event type is the payload's simple class name, or
+# its full name with event_type = "full":
+# [topics."bank-events"]
+# format = "axon"
+# event_type = "simple"
 "#;
 
 /// Whether the file takes the option `id` (the command line's own, such as `--reset`, are

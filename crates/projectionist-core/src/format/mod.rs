@@ -1,5 +1,6 @@
 //! How a topic's messages carry the envelope's fields: projectionist's own JSON envelope (the
-//! default), or CloudEvents in either mode of its Kafka binding ([`cloudevents`]). A format
+//! default), CloudEvents in either mode of its Kafka binding ([`cloudevents`]), or Axon
+//! Framework's Kafka messages ([`axon`]). A format
 //! reads a message's key, value and headers into a [`LazyEnvelope`], or says which field it
 //! could not find and where it looked.
 
@@ -9,8 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{DecodeError, LazyEnvelope};
 
+pub mod axon;
 pub mod cloudevents;
 
+pub use axon::{Axon, AxonType};
 pub use cloudevents::CloudEvents;
 
 /// A message's parts, as a format reads them.
@@ -41,6 +44,8 @@ pub enum Format {
     /// CloudEvents, structured or binary mode, told apart by the message's headers.
     #[serde(rename = "cloudevents")]
     CloudEvents(CloudEvents),
+    /// Axon Framework's Kafka messages (`axon-message-*` headers, a JSON payload).
+    Axon(Axon),
 }
 
 impl Format {
@@ -49,6 +54,7 @@ impl Format {
         match self {
             Self::Envelope => LazyEnvelope::from_slice(message.value),
             Self::CloudEvents(fields) => fields.read(message),
+            Self::Axon(axon) => axon.read(message),
         }
     }
 
@@ -57,15 +63,17 @@ impl Format {
         match self {
             Self::Envelope => "envelope",
             Self::CloudEvents(_) => "cloudevents",
+            Self::Axon(_) => "axon",
         }
     }
 
-    /// The format named `name` with its default fields (`envelope`, `cloudevents`).
+    /// The format named `name` with its default fields (`envelope`, `cloudevents`, `axon`).
     pub fn named(name: &str) -> Result<Self, String> {
         match name {
             "envelope" => Ok(Self::Envelope),
             "cloudevents" => Ok(Self::CloudEvents(CloudEvents::default())),
-            other => Err(format!("no format named {other:?}: envelope or cloudevents")),
+            "axon" => Ok(Self::Axon(Axon::default())),
+            other => Err(format!("no format named {other:?}: envelope, cloudevents or axon")),
         }
     }
 }
@@ -103,7 +111,7 @@ mod tests {
         assert_eq!((fields.version.as_str(), fields.aggregate_id.as_str()), ("seq", "subject"));
         assert_eq!((formats.of("accounts"), formats.of("other")), (&Format::Envelope, &Format::Envelope));
         assert_eq!(Format::named("cloudevents").unwrap().name(), "cloudevents");
-        assert!(Format::named("avro").unwrap_err().contains("envelope or cloudevents"));
+        assert!(Format::named("avro").unwrap_err().contains("envelope, cloudevents or axon"));
         let unknown = serde_json::from_value::<Formats>(serde_json::json!({ "t": { "format": "x" } }));
         assert!(unknown.is_err());
     }
