@@ -186,3 +186,51 @@ async fn axon_messages_project_exactly(pool: PgPool) {
         }
     }
 }
+
+/// The bank stream laid out as an outbox relay might write it — keyed by aggregate id, the
+/// event id and type in headers, version, time and data inside the value — read through a
+/// general mapping: the read model is the oracle's; a message lacking its version is a dead
+/// letter naming where the version was looked for.
+#[sqlx::test(migrations = false)]
+async fn a_general_mapping_reads_each_field_where_it_says(pool: PgPool) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let events = projectionist_testing::with_redeliveries(&generate::stream(20, 10, 70), 0.1, 0.05, 70);
+    let topic = rand_test_topic("mapped");
+    topics::create_topics(&brokers(), &[topic.as_str()], 2, 1).await.unwrap();
+    let producer: FutureProducer = rdkafka::ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let mut values: Vec<(String, String, Vec<u8>)> = events
+        .iter()
+        .map(|e| {
+            let value = serde_json::json!({ "v": e.version, "at": e.occurred_at, "payload": e.data });
+            (e.aggregate_id.clone(), e.event_type.clone(), serde_json::to_vec(&value).unwrap())
+        })
+        .collect();
+    values.push((
+        "acc-no-version".into(),
+        "AccountOpened".into(),
+        br#"{"at":"2026-11-21T10:00:00Z","payload":{}}"#.to_vec(),
+    ));
+    for (n, (key, event_type, value)) in values.iter().enumerate() {
+        let id = format!("outbox-{n}");
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: "id", value: Some(id.as_bytes()) })
+            .insert(Header { key: "eventType", value: Some(event_type.as_bytes()) });
+        let record = FutureRecord::to(&topic).key(key).payload(value).headers(headers);
+        producer.send(record, std::time::Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    }
+    let mapped: Format = serde_json::from_value(serde_json::json!({
+        "format": "mapped", "id": "header:id", "aggregate_id": "key", "aggregate_type": "const:account",
+        "version": "value:/v", "type": "header:eventType", "occurred_at": "value:/at", "data": "value:/payload",
+    }))
+    .unwrap();
+    let config = config().with_topic_format(&topic, mapped);
+    let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    assert_eq!(read_model(&pool).await, generate::expected(&events));
+    let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    let error = &letters[0].error;
+    assert!(error.contains("field `version`: missing: looked for in value:/v"), "{error}");
+}

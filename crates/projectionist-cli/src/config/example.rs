@@ -88,6 +88,16 @@ const TOPICS: &str = r#"
 # [topics."bank-events"]
 # format = "axon"
 # event_type = "simple"
+# Each field where you say (key, header:NAME, value, value:/json/pointer, const:TEXT):
+# [topics."orders.outbox"]
+# format = "mapped"
+# id = "header:id"
+# aggregate_id = "key"
+# aggregate_type = "const:order"
+# version = "value:/version"
+# type = "header:eventType"
+# occurred_at = "value:/occurred_at"
+# data = "value:/payload"
 "#;
 
 /// Whether the file takes the option `id` (the command line's own, such as `--reset`, are

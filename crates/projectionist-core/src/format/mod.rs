@@ -1,6 +1,6 @@
 //! How a topic's messages carry the envelope's fields: projectionist's own JSON envelope (the
-//! default), CloudEvents in either mode of its Kafka binding ([`cloudevents`]), or Axon
-//! Framework's Kafka messages ([`axon`]). A format
+//! default), CloudEvents in either mode of its Kafka binding ([`cloudevents`]), Axon
+//! Framework's Kafka messages ([`axon`]), or each field where a mapping says ([`mapped`]). A format
 //! reads a message's key, value and headers into a [`LazyEnvelope`], or says which field it
 //! could not find and where it looked.
 
@@ -12,9 +12,11 @@ use crate::{DecodeError, LazyEnvelope};
 
 pub mod axon;
 pub mod cloudevents;
+pub mod mapped;
 
 pub use axon::{Axon, AxonType};
 pub use cloudevents::CloudEvents;
+pub use mapped::{Mapped, Source};
 
 /// A message's parts, as a format reads them.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +48,8 @@ pub enum Format {
     CloudEvents(CloudEvents),
     /// Axon Framework's Kafka messages (`axon-message-*` headers, a JSON payload).
     Axon(Axon),
+    /// Each field where the mapping says: the key, a header, a JSON pointer, a constant.
+    Mapped(Mapped),
 }
 
 impl Format {
@@ -55,6 +59,7 @@ impl Format {
             Self::Envelope => LazyEnvelope::from_slice(message.value),
             Self::CloudEvents(fields) => fields.read(message),
             Self::Axon(axon) => axon.read(message),
+            Self::Mapped(mapped) => mapped.read(message),
         }
     }
 
@@ -64,6 +69,7 @@ impl Format {
             Self::Envelope => "envelope",
             Self::CloudEvents(_) => "cloudevents",
             Self::Axon(_) => "axon",
+            Self::Mapped(_) => "mapped",
         }
     }
 
@@ -73,7 +79,12 @@ impl Format {
             "envelope" => Ok(Self::Envelope),
             "cloudevents" => Ok(Self::CloudEvents(CloudEvents::default())),
             "axon" => Ok(Self::Axon(Axon::default())),
-            other => Err(format!("no format named {other:?}: envelope, cloudevents or axon")),
+            "mapped" => Err("mapped has no defaults: say where each field is in the settings file's \
+                             [topics.\"TOPIC\"] table (format = \"mapped\")"
+                .into()),
+            other => {
+                Err(format!("no format named {other:?}: envelope, cloudevents or axon (mapped in the settings file)"))
+            }
         }
     }
 }

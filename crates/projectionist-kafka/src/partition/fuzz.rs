@@ -1,6 +1,7 @@
 //! Arbitrary messages through the whole path a partition takes them before PostgreSQL: read
-//! (key, payload, header names and values as bytes), decoded as the JSON envelope or as
-//! CloudEvents, split, projected and planned in memory. Whatever the bytes, nothing panics, and every message is accounted for: an
+//! (key, payload, header names and values as bytes), decoded in each format (the JSON
+//! envelope, CloudEvents, Axon's, a general mapping), split, projected and planned in
+//! memory. Whatever the bytes, nothing panics, and every message is accounted for: an
 //! envelope to apply, or one set aside as a dead letter with its exact bytes.
 //!
 //! Bounded for CI: `PROPTEST_CASES` cases (default below); set it higher to fuzz for longer.
@@ -167,9 +168,18 @@ proptest! {
     fn any_messages_are_read_decoded_and_planned_without_a_panic_and_each_is_accounted_for(
         batch in prop::collection::vec(message(), 1..8),
         max_bytes in prop_oneof![Just(1usize << 20), 16usize..256],
-        cloudevents in any::<bool>(),
+        format in 0..4u8,
     ) {
-        let format = if cloudevents { Format::named("cloudevents").unwrap() } else { Format::Envelope };
+        let format = match format {
+            0 => Format::Envelope,
+            1 => Format::named("cloudevents").unwrap(),
+            2 => Format::named("axon").unwrap(),
+            _ => serde_json::from_value(serde_json::json!({
+                "format": "mapped", "id": "header:ce_id", "aggregate_id": "key", "aggregate_type": "value:/aggregate_type",
+                "version": "value:/version", "type": "header:ce_type", "occurred_at": "value:/occurred_at", "data": "value:/data",
+            }))
+            .unwrap(),
+        };
         let messages: Vec<Msg> = batch
             .iter()
             .enumerate()
