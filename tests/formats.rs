@@ -91,6 +91,22 @@ async fn cloudevents_written_by_the_sdk_in_both_modes_project_exactly(pool: PgPo
     assert_eq!(read_model(&pool).await, want, "a replay from offset zero changes nothing");
     assert_eq!(report.projections[0].1.outcomes().applied, 0, "a replay applies nothing again");
 
+    // A rebuild reads the topic in its format too, folding it into tables of its own: the
+    // same read model, swapped in.
+    let folded = std::sync::atomic::AtomicU64::default();
+    let rebuilding = config().with_topic_format(&topic, Format::named("cloudevents").unwrap());
+    let rebuilt = projectionist::kafka::rebuild::rebuild(
+        &pool,
+        rebuilding,
+        Arc::new(BankAccounts),
+        vec![topic.clone()],
+        &folded,
+        std::future::pending(),
+    );
+    let rebuilt = tokio::time::timeout(std::time::Duration::from_secs(120), rebuilt).await.expect("in time").unwrap();
+    assert!(matches!(rebuilt, projectionist::kafka::rebuild::Rebuilt::Swapped { .. }));
+    assert_eq!(read_model(&pool).await, want, "the rebuilt read model");
+
     // An aggregate's events out of order: the one that comes early is held, in its
     // format, and read again as the topic's format says once its predecessor arrives.
     let e = |v, event| generate::envelope("acc-ce-gap", v, &event);
