@@ -250,3 +250,39 @@ async fn a_general_mapping_reads_each_field_where_it_says(pool: PgPool) {
     let error = &letters[0].error;
     assert!(error.contains("field `version`: missing: looked for in value:/v"), "{error}");
 }
+
+/// A CloudEvent whose data does not fit its type is a dead letter with its exact bytes; a
+/// retry reads it again as a CloudEvent (through the projection as the engine registers it,
+/// `Formatted`), not as projectionist's envelope.
+#[sqlx::test(migrations = false)]
+async fn a_cloudevents_dead_letter_is_retried_in_its_format(pool: PgPool) {
+    use projectionist::postgres::park::{dead_letters, resolve, Resolve};
+    let Some(python) = python("a_cloudevents_dead_letter_is_retried_in_its_format") else { return };
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let e = |v, event| generate::envelope("acc-ce-bad", v, &event);
+    let mut bad = e(2, bank_accounts::AccountEvent::MoneyDeposited { amount: 1 });
+    bad.data = serde_json::json!({ "amount": "a lot" });
+    let topic = rand_test_topic("cloudevents-letter");
+    topics::create_topics(&brokers(), &[topic.as_str()], 1, 1).await.unwrap();
+    publish_cloudevents(
+        &python,
+        &topic,
+        &[e(1, bank_accounts::AccountEvent::AccountOpened { owner: "o".into() }), bad],
+    );
+    let cloudevents = Format::named("cloudevents").unwrap();
+    let config = config().with_topic_format(&topic, cloudevents.clone());
+    let report = run(Engine::new(pool.clone(), config).register(Arc::new(BankAccounts), [topic.clone()])).await;
+    assert!(report.halts().is_empty(), "{:?}", report.halts());
+    let letters = dead_letters(&pool, None, false).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    assert!(letters[0].error.contains("amount"), "{}", letters[0].error);
+
+    let plain = resolve(&pool, &BankAccounts, letters[0].id, Resolve::Retry).await.unwrap_err();
+    assert!(plain.to_string().contains("still not an envelope"), "read as the JSON envelope: {plain}");
+    let formats = projectionist::format::Formats([(topic.clone(), cloudevents)].into_iter().collect());
+    let formatted = projectionist::postgres::Formatted::wrap(Arc::new(BankAccounts), &formats);
+    let retried = resolve(&pool, formatted.as_ref(), letters[0].id, Resolve::Retry).await.unwrap();
+    assert_eq!(retried.outcome, projectionist::Outcome::DeadLettered, "read as a CloudEvent, its data still refused");
+    let error = retried.error.unwrap_or_default();
+    assert!(error.contains("amount"), "{error}");
+}
