@@ -51,8 +51,8 @@ pub trait PgProjection: Send + Sync + 'static {
     /// envelope on every topic); what reads a held event or a dead letter again reads it
     /// with. Set with [`Formatted`](crate::Formatted).
     fn formats(&self) -> &Formats {
-        static ENVELOPE: std::sync::OnceLock<Formats> = std::sync::OnceLock::new();
-        ENVELOPE.get_or_init(Formats::default)
+        static ENVELOPE: Formats = Formats(std::collections::BTreeMap::new());
+        &ENVELOPE
     }
 }
 
