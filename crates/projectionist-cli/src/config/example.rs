@@ -88,6 +88,18 @@ const TOPICS: &str = r#"
 # [topics."bank-events"]
 # format = "axon"
 # event_type = "simple"
+# Debezium's outbox event router: the aggregate id as the key, the payload as the value, the
+# event id in the header "id", the rest where table.fields.additional.placement puts it;
+# these are the defaults (add a version column to the outbox table and place it):
+# [topics."outbox.events"]
+# format = "debezium"
+# id = "header:id"
+# aggregate_id = "key"
+# aggregate_type = "header:aggregateType"
+# version = "header:version"
+# type = "header:eventType"
+# occurred_at = "header:occurredAt"
+# data = "value"
 # Each field where you say (key, header:NAME, value, value:/json/pointer, const:TEXT):
 # [topics."orders.outbox"]
 # format = "mapped"
@@ -135,7 +147,7 @@ mod tests {
     use super::*;
 
     /// `examples/projectionist.toml` is what `config example` prints: regenerate it with
-    /// `cargo run -p bank-accounts -- config example > examples/projectionist.toml`.
+    /// `cargo run -p bank-accounts --bin bank-accounts -- config example > examples/projectionist.toml`.
     #[test]
     fn the_example_file_is_the_generated_one() {
         let file = include_str!("../../../../examples/projectionist.toml");

@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(orders.version, "seq", "the file's fields");
         assert_eq!(formats.of("payments"), &Format::Envelope, "the command line wins");
         let bad = crate::command().try_get_matches_from(["bin", "--topic-format", "orders=avro", "status"]);
-        assert!(bad.unwrap_err().to_string().contains("envelope, cloudevents or axon"));
+        assert!(bad.unwrap_err().to_string().contains("envelope, cloudevents, axon or debezium"));
     }
 
     #[test]

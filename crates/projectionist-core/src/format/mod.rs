@@ -1,6 +1,6 @@
 //! How a topic's messages carry the envelope's fields: projectionist's own JSON envelope (the
 //! default), CloudEvents in either mode of its Kafka binding ([`cloudevents`]), Axon
-//! Framework's Kafka messages ([`axon`]), or each field where a mapping says ([`mapped`]). A format
+//! Framework's Kafka messages ([`axon`]), Debezium's outbox event router ([`debezium`]), or each field where a mapping says ([`mapped`]). A format
 //! reads a message's key, value and headers into a [`LazyEnvelope`], or says which field it
 //! could not find and where it looked.
 
@@ -12,10 +12,12 @@ use crate::{DecodeError, LazyEnvelope};
 
 pub mod axon;
 pub mod cloudevents;
+pub mod debezium;
 pub mod mapped;
 
 pub use axon::{Axon, AxonType};
 pub use cloudevents::CloudEvents;
+pub use debezium::Debezium;
 pub use mapped::{Mapped, Source};
 
 /// A message's parts, as a format reads them.
@@ -48,6 +50,9 @@ pub enum Format {
     CloudEvents(CloudEvents),
     /// Axon Framework's Kafka messages (`axon-message-*` headers, a JSON payload).
     Axon(Axon),
+    /// Debezium's outbox event router: the aggregate id as the key, the payload as the value,
+    /// the rest in headers.
+    Debezium(Debezium),
     /// Each field where the mapping says: the key, a header, a JSON pointer, a constant.
     Mapped(Mapped),
 }
@@ -59,6 +64,7 @@ impl Format {
             Self::Envelope => LazyEnvelope::from_slice(message.value),
             Self::CloudEvents(fields) => fields.read(message),
             Self::Axon(axon) => axon.read(message),
+            Self::Debezium(debezium) => debezium.read(message),
             Self::Mapped(mapped) => mapped.read(message),
         }
     }
@@ -69,22 +75,25 @@ impl Format {
             Self::Envelope => "envelope",
             Self::CloudEvents(_) => "cloudevents",
             Self::Axon(_) => "axon",
+            Self::Debezium(_) => "debezium",
             Self::Mapped(_) => "mapped",
         }
     }
 
-    /// The format named `name` with its default fields (`envelope`, `cloudevents`, `axon`).
+    /// The format named `name` with its default fields (`envelope`, `cloudevents`, `axon`,
+    /// `debezium`).
     pub fn named(name: &str) -> Result<Self, String> {
         match name {
             "envelope" => Ok(Self::Envelope),
             "cloudevents" => Ok(Self::CloudEvents(CloudEvents::default())),
             "axon" => Ok(Self::Axon(Axon::default())),
+            "debezium" => Ok(Self::Debezium(Debezium::default())),
             "mapped" => Err("mapped has no defaults: say where each field is in the settings file's \
                              [topics.\"TOPIC\"] table (format = \"mapped\")"
                 .into()),
-            other => {
-                Err(format!("no format named {other:?}: envelope, cloudevents or axon (mapped in the settings file)"))
-            }
+            other => Err(format!(
+                "no format named {other:?}: envelope, cloudevents, axon or debezium (mapped in the settings file)"
+            )),
         }
     }
 }
@@ -122,7 +131,7 @@ mod tests {
         assert_eq!((fields.version.as_str(), fields.aggregate_id.as_str()), ("seq", "subject"));
         assert_eq!((formats.of("accounts"), formats.of("other")), (&Format::Envelope, &Format::Envelope));
         assert_eq!(Format::named("cloudevents").unwrap().name(), "cloudevents");
-        assert!(Format::named("avro").unwrap_err().contains("envelope, cloudevents or axon"));
+        assert!(Format::named("avro").unwrap_err().contains("envelope, cloudevents, axon or debezium"));
         let unknown = serde_json::from_value::<Formats>(serde_json::json!({ "t": { "format": "x" } }));
         assert!(unknown.is_err());
     }

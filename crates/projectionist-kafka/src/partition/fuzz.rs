@@ -168,12 +168,13 @@ proptest! {
     fn any_messages_are_read_decoded_and_planned_without_a_panic_and_each_is_accounted_for(
         batch in prop::collection::vec(message(), 1..8),
         max_bytes in prop_oneof![Just(1usize << 20), 16usize..256],
-        format in 0..4u8,
+        format in 0..5u8,
     ) {
         let format = match format {
             0 => Format::Envelope,
             1 => Format::named("cloudevents").unwrap(),
             2 => Format::named("axon").unwrap(),
+            3 => Format::named("debezium").unwrap(),
             _ => serde_json::from_value(serde_json::json!({
                 "format": "mapped", "id": "header:ce_id", "aggregate_id": "key", "aggregate_type": "value:/aggregate_type",
                 "version": "value:/version", "type": "header:ce_type", "occurred_at": "value:/occurred_at", "data": "value:/data",
