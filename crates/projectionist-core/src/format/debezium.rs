@@ -12,6 +12,8 @@
 //! that is a JSON string is unquoted, and a value that is a JSON string holding a JSON object
 //! or array is read as that object or array.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use super::{Mapped, Message, Source};
@@ -82,10 +84,10 @@ const VERSION_HINT: &str = "the outbox table has no version column by default: a
                             table.fields.additional.placement=version:header:version";
 
 /// A key `JsonConverter` wrote as a JSON string, unquoted; any other key as it is.
-fn unquoted(key: &[u8]) -> Vec<u8> {
+pub(crate) fn unquoted(key: &[u8]) -> Cow<'_, [u8]> {
     match serde_json::from_slice::<String>(key) {
-        Ok(text) if key.first() == Some(&b'"') => text.into_bytes(),
-        _ => key.to_vec(),
+        Ok(text) if key.first() == Some(&b'"') => Cow::Owned(text.into_bytes()),
+        _ => Cow::Borrowed(key),
     }
 }
 

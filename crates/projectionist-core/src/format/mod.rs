@@ -4,6 +4,7 @@
 //! reads a message's key, value and headers into a [`LazyEnvelope`], or says which field it
 //! could not find and where it looked.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -66,6 +67,15 @@ impl Format {
             Self::Axon(axon) => axon.read(message),
             Self::Debezium(debezium) => debezium.read(message),
             Self::Mapped(mapped) => mapped.read(message),
+        }
+    }
+
+    /// The aggregate id a message's `key` names, as this format writes keys: the key itself,
+    /// or for `debezium` a key Kafka Connect's `JsonConverter` quoted, unquoted.
+    pub fn key_of<'k>(&self, key: &'k [u8]) -> Cow<'k, [u8]> {
+        match self {
+            Self::Debezium(_) => debezium::unquoted(key),
+            _ => Cow::Borrowed(key),
         }
     }
 

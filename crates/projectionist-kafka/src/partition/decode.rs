@@ -131,12 +131,12 @@ fn decode(
         Format::Envelope => poison("envelope", format!("undecodable envelope: {e}")),
         other => poison("envelope", format!("undecodable {} message: {e}", other.name())),
     })?;
-    match key {
-        Some(key) if key != envelope.aggregate_id.as_bytes() => Err(poison(
+    match key.map(|key| format.key_of(key)) {
+        Some(key) if *key != *envelope.aggregate_id.as_bytes() => Err(poison(
             "key",
             format!(
                 "message key {:?} differs from aggregate_id {:?}: per-aggregate ordering is not guaranteed",
-                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(&key),
                 envelope.aggregate_id
             ),
         )),
@@ -225,5 +225,23 @@ mod tests {
         let reasons: Vec<&str> = set_aside.undecodable.iter().map(|u| u.reason).collect();
         assert_eq!(reasons, ["tombstone", "oversized", "key"]);
         assert!(set_aside.undecodable[1].error.contains("over max_event_bytes (10)"));
+    }
+
+    #[test]
+    fn a_key_is_compared_with_the_aggregate_as_its_format_writes_keys() {
+        let headers: Headers = [("id", "e-1"), ("eventType", "Opened"), ("aggregateType", "account"), ("version", "1")]
+            .into_iter()
+            .chain([("occurredAt", "2026-01-01T00:00:00Z")])
+            .map(|(n, v)| (n.as_bytes().to_vec(), Some(v.as_bytes().to_vec())))
+            .collect();
+        let debezium = Format::named("debezium").unwrap();
+        let quoted = decode(Some(br#""acc-1""#), Some(b"{}"), &headers, &debezium, 1 << 20);
+        assert_eq!(quoted.map(|e| e.aggregate_id.to_string()), Ok("acc-1".to_owned()), "JsonConverter's key");
+        let from_a_header: Format = serde_json::from_value(serde_json::json!({
+            "format": "debezium", "aggregate_id": "header:aggregateType"
+        }))
+        .unwrap();
+        let other = decode(Some(br#""acc-1""#), Some(b"{}"), &headers, &from_a_header, 1 << 20);
+        assert!(other.unwrap_err().reason.contains("differs from aggregate_id"));
     }
 }
