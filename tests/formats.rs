@@ -4,6 +4,8 @@
 
 #[path = "common/kafka.rs"]
 mod kafka;
+#[path = "common/producers.rs"]
+mod producers;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -12,10 +14,10 @@ use std::sync::Arc;
 use bank_accounts::generate::{self, ExpectedAccount};
 use bank_accounts::BankAccounts;
 use kafka::{brokers, config, rand_test_topic, run};
+use producers::{publish_axon, publish_cloudevents};
 use projectionist::format::Format;
 use projectionist::kafka::{topics, Engine};
 use projectionist::postgres::migrate;
-use projectionist::RawEnvelope;
 use sqlx::PgPool;
 
 /// The interpreter of the Python producers (`scripts/services.sh --python-producers`), or
@@ -31,24 +33,6 @@ fn python(test: &str) -> Option<String> {
         }
     }
     python
-}
-
-/// Publishes `events` to `topic` as CloudEvents, through the official SDK
-/// (`tests/tools/cloudevents_produce.py`: even messages structured, odd ones binary).
-fn publish_cloudevents(python: &str, topic: &str, events: &[RawEnvelope]) {
-    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/cloudevents_produce.py");
-    let mut child = std::process::Command::new(python)
-        .args([tool, &brokers(), topic])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("the Python producer starts");
-    let mut stdin = child.stdin.take().unwrap();
-    for event in events {
-        stdin.write_all(&event.to_json()).unwrap();
-        stdin.write_all(b"\n").unwrap();
-    }
-    drop(stdin);
-    assert!(child.wait().unwrap().success(), "cloudevents_produce.py to {topic}");
 }
 
 async fn read_model(pool: &PgPool) -> BTreeMap<String, ExpectedAccount> {
@@ -74,7 +58,7 @@ async fn cloudevents_written_by_the_sdk_in_both_modes_project_exactly(pool: PgPo
     let events = projectionist_testing::with_redeliveries(&generate::stream(30, 12, 68), 0.1, 0.05, 68);
     let topic = rand_test_topic("cloudevents");
     topics::create_topics(&brokers(), &[topic.as_str()], 2, 1).await.unwrap();
-    publish_cloudevents(&python, &topic, &events);
+    publish_cloudevents(&python, &brokers(), &topic, &events);
 
     let cloudevents = Format::named("cloudevents").unwrap();
     let formatted = config().with_topic_format(&topic, cloudevents.clone());
@@ -115,13 +99,13 @@ async fn cloudevents_written_by_the_sdk_in_both_modes_project_exactly(pool: PgPo
         bank_accounts::AccountEvent::MoneyDeposited { amount: 2 },
         bank_accounts::AccountEvent::MoneyDeposited { amount: 3 },
     );
-    publish_cloudevents(&python, &topic, &[opened, e(3, three)]);
+    publish_cloudevents(&python, &brokers(), &topic, &[opened, e(3, three)]);
     let cloudevents = Format::named("cloudevents").unwrap();
     let formatted = config().with_topic_format(&topic, cloudevents.clone());
     let report = run(Engine::new(pool.clone(), formatted).register(Arc::new(BankAccounts), [topic.clone()])).await;
     assert!(report.halts().is_empty(), "{:?}", report.halts());
     assert_eq!(projectionist::postgres::park::list(&pool, None).await.unwrap().len(), 1, "v3 held, waiting for v2");
-    publish_cloudevents(&python, &topic, &[e(2, two)]);
+    publish_cloudevents(&python, &brokers(), &topic, &[e(2, two)]);
     let formatted = config().with_topic_format(&topic, cloudevents);
     let report = run(Engine::new(pool.clone(), formatted).register(Arc::new(BankAccounts), [topic.clone()])).await;
     assert!(report.halts().is_empty(), "{:?}", report.halts());
@@ -144,41 +128,6 @@ async fn cloudevents_written_by_the_sdk_in_both_modes_project_exactly(pool: PgPo
     assert!(letters.iter().all(|d| d.error.contains("undecodable envelope")), "{:?}", letters[0].error);
 }
 
-/// Publishes `events` to `topic` as Axon Framework's Kafka extension writes them
-/// (`DefaultKafkaMessageConverter` with a JSON serializer): the data as the value, keyed by
-/// the aggregate id, and `axon-message-*` headers, the sequence and the timestamp as 8-byte
-/// big-endian integers, the sequence counted from 0.
-async fn publish_axon(topic: &str, events: &[RawEnvelope]) {
-    use rdkafka::message::{Header, OwnedHeaders};
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let producer: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
-    for e in events {
-        let (id, class) = (e.id.to_string(), format!("com.example.bank.{}", e.event_type));
-        let (millis, seq) = (e.occurred_at.timestamp_millis().to_be_bytes(), (e.version - 1).to_be_bytes());
-        let headers = OwnedHeaders::new()
-            .insert(text("axon-message-id", &id))
-            .insert(text("axon-message-type", &class))
-            .insert(Header { key: "axon-message-revision", value: None::<&[u8]> })
-            .insert(Header { key: "axon-message-timestamp", value: Some(&millis[..]) })
-            .insert(text("axon-message-aggregate-id", &e.aggregate_id))
-            .insert(text("axon-message-aggregate-type", &e.aggregate_type))
-            .insert(Header { key: "axon-message-aggregate-seq", value: Some(&seq[..]) })
-            .insert(text("axon-metadata-traceId", "t-1"));
-        let value = serde_json::to_vec(&e.data).unwrap();
-        let record = FutureRecord::to(topic).key(&e.aggregate_id).payload(&value).headers(headers);
-        producer.send(record, std::time::Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
-    }
-}
-
-/// A text header.
-fn text<'a>(key: &'a str, value: &'a str) -> rdkafka::message::Header<'a, &'a [u8]> {
-    rdkafka::message::Header { key, value: Some(value.as_bytes()) }
-}
-
 /// The bank stream, with duplicates and re-sends, as Axon's Kafka messages: the read model is
 /// the one the stream's oracle computes (Axon's sequence 0 is version 1), nothing is
 /// dead-lettered, and a replay applies nothing again.
@@ -188,7 +137,7 @@ async fn axon_messages_project_exactly(pool: PgPool) {
     let events = projectionist_testing::with_redeliveries(&generate::stream(30, 12, 69), 0.1, 0.05, 69);
     let topic = rand_test_topic("axon");
     topics::create_topics(&brokers(), &[topic.as_str()], 2, 1).await.unwrap();
-    publish_axon(&topic, &events).await;
+    publish_axon(&brokers(), &topic, &events).await;
     let axon = Format::named("axon").unwrap();
     for replay in [false, true] {
         let config = config().with_topic_format(&topic, axon.clone()).with_from_beginning(replay);
@@ -266,6 +215,7 @@ async fn a_cloudevents_dead_letter_is_retried_in_its_format(pool: PgPool) {
     topics::create_topics(&brokers(), &[topic.as_str()], 1, 1).await.unwrap();
     publish_cloudevents(
         &python,
+        &brokers(),
         &topic,
         &[e(1, bank_accounts::AccountEvent::AccountOpened { owner: "o".into() }), bad],
     );

@@ -23,7 +23,7 @@ pub(crate) struct Cli {
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true, display_order = 100)]
     pub(crate) log_format: LogFormat,
     /// How a topic's messages carry the envelope: `TOPIC=FORMAT`, `FORMAT` one of `envelope`
-    /// (projectionist's own JSON envelope, the default), `cloudevents` and `axon`; repeatable. The
+    /// (projectionist's own JSON envelope, the default), `cloudevents`, `axon` and `debezium`; repeatable. The
     /// settings file's `[topics."TOPIC"]` tables also set a format's fields.
     #[arg(long = "topic-format", value_name = "TOPIC=FORMAT", value_parser = topic_format, global = true, display_order = 100)]
     pub(crate) topic_formats: Vec<(String, Format)>,

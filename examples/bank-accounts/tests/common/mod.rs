@@ -2,6 +2,8 @@
 //! the read model as the generator's expectation, a plain HTTP GET, and the skip record.
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod cli;
+
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
