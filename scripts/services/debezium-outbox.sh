@@ -130,6 +130,8 @@ publication.autocreate.mode=filtered
 table.include.list=$table
 snapshot.mode=initial
 tombstones.on.delete=false
+# No __debezium.context.* headers (connector name, task, run id) beside the router's.
+extended.headers.enabled=false
 # Connect makes the topic if it is missing (the broker does not make topics on its own).
 topic.creation.default.partitions=${OUTBOX_PARTITIONS:-1}
 topic.creation.default.replication.factor=1
