@@ -39,9 +39,10 @@
 #   in memory on 127.0.0.1:8181 (management 8182) with Java 21+ and a small heap, global
 #   compatibility BACKWARD; prints SCHEMA_REGISTRY_URL (its Confluent-compatible API).
 #   Stopped by the pid recorded when it was started.
-# With --outbox-postgres: only the outbox chain's PostgreSQL cluster (projectionist_outbox, on
-#   5436, wal_level=logical; role projectionist with REPLICATION), created once, started if
-#   stopped; prints OUTBOX_PG_URL. Its outbox table: services/outbox.sql.
+# With --outbox-postgres or --stop-outbox-postgres: only the outbox chain's PostgreSQL cluster
+#   (projectionist_outbox, on 5436, wal_level=logical; role projectionist with REPLICATION),
+#   created once, started if stopped (prints OUTBOX_PG_URL), or stopped. Its outbox table:
+#   services/outbox.sql.
 # With --start-connect NAME, --stop-connect NAME, --kill-connect NAME or --drop-connect NAME:
 #   one Kafka Connect worker of the outbox chain (services/debezium-outbox.sh): Debezium's
 #   PostgreSQL source with its outbox event router, reading $OUTBOX_TABLE (public.outbox) of
@@ -49,7 +50,8 @@
 #   $KAFKA_BROKERS, through slot and publication outbox_NAME, its offsets in a file under
 #   $STATE_DIR/outbox/NAME. Start waits for the task to run and prints OUTBOX_CONNECT_PID,
 #   OUTBOX_CONNECT_URL and OUTBOX_CONNECT_LOG; stop (TERM) and kill (KILL, a crash) use the
-#   recorded pid; drop stops it and forgets its slot, publication and offsets.
+#   recorded pid; drop stops it and forgets its slot, publication and offsets. More settings
+#   and the messages' shape: the head of services/debezium-outbox.sh.
 # With --python-producers: only a Python venv in the cache with Confluent's client (Avro,
 #   Protobuf, JSON Schema serializers) and the CloudEvents SDK at pinned versions
 #   (services/python-producers.txt), made once; prints PROJECTIONIST_PYTHON.
@@ -352,6 +354,10 @@ case ${1:-} in
         ;;
     --outbox-postgres)
         start_outbox_postgres
+        exit
+        ;;
+    --stop-outbox-postgres)
+        stop_outbox_postgres
         exit
         ;;
     --start-connect)

@@ -21,6 +21,15 @@
 #   headers id (the row's uuid), eventType (type), aggregateType (aggregatetype),
 #          version (decimal), occurredAt (occurred_at, RFC 3339 in UTC, microseconds)
 #   timestamp when Debezium read the change (not stable across re-sends: use occurredAt)
+# A re-sent message is the same but for its timestamp. The first start of a worker takes the
+# rows already in the table too (snapshot.mode=initial; in the table's order, not the
+# commits'), then streams each committed insert in commit order.
+#
+# Settings of --start-connect (environment): OUTBOX_DB (projectionist), OUTBOX_TABLE
+# (public.outbox), OUTBOX_TOPIC (the name), OUTBOX_PARTITIONS (1: when Connect makes the
+# topic; one the caller made is used as it is), OUTBOX_OFFSET_FLUSH_MS (1000: how often
+# offsets are saved, so what a kill re-sends), OUTBOX_CONNECT_PORT (a free one from 18083),
+# KAFKA_BROKERS (127.0.0.1:9092), OUTBOX_CONNECT_HEAP (256m).
 
 DEBEZIUM_VERSION=3.6.1.Final
 OUTBOX_PG_PORT=${OUTBOX_PG_PORT:-5436}
@@ -57,6 +66,13 @@ SQL
         as_postgres createdb -p "$OUTBOX_PG_PORT" -O "$PG_USER" "$PG_DB"
     fi
     echo "export OUTBOX_PG_URL=postgres://$PG_USER:$PG_USER@$PG_HOST:$OUTBOX_PG_PORT/$PG_DB"
+}
+
+# Stops the outbox cluster (a fast shutdown), if it runs.
+stop_outbox_postgres() {
+    pg_isready -q -h "$PG_HOST" -p "$OUTBOX_PG_PORT" 2>/dev/null || return 0
+    log "Stopping PostgreSQL cluster projectionist_outbox."
+    as_root pg_ctlcluster --skip-systemctl-redirect "$(pg_version)" projectionist_outbox stop -m fast >&2
 }
 
 # The worker's jars and the connector's plugin folder, fetched once.
@@ -166,6 +182,7 @@ start_outbox_connect() { # name
         write_outbox_connect_config "$name" "$dir" "$port"
         log "Starting Kafka Connect ($name: ${OUTBOX_DB:-$PG_DB}.${OUTBOX_TABLE:-public.outbox} → ${OUTBOX_TOPIC:-$name}; REST $KAFKA_HOST:$port; log $dir/connect.log)."
         echo "=== start $(date -Is)" >>"$dir/connect.log"
+        : >"$dir/connect.out"
         nohup setsid java "-Xmx$OUTBOX_CONNECT_HEAP" -Xms64m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
             "-Dlog4j.configuration=file:$dir/log4j.properties" -cp "$KAFKA_CONNECT_LIBS/*" \
             org.apache.kafka.connect.cli.ConnectStandalone "$dir/worker.properties" "$dir/connector.properties" \
@@ -185,7 +202,7 @@ outbox_task_state() { # name port
 
 # Waits until the task is RUNNING; on failure says why, names the log and stops the worker.
 wait_outbox_connect() { # name pid port
-    local name=$1 pid=$2 port=$3 dir=$STATE_DIR/outbox/$1 state=
+    local name=$1 pid=$2 port=$3 dir=$STATE_DIR/outbox/$1 state= since
     for _ in $(seq 1 360); do
         state=$(outbox_task_state "$name" "$port")
         [ "$state" = RUNNING ] && { log "Kafka Connect ($name, pid $pid) runs its connector."; return 0; }
@@ -195,7 +212,8 @@ wait_outbox_connect() { # name pid port
     done
     log "Kafka Connect ($name) did not run its connector (task ${state:-not started in 180 s}); see $dir/connect.log" \
         "and $dir/connect.out. Its last errors:"
-    grep -E 'ERROR|Exception' "$dir/connect.log" "$dir/connect.out" 2>/dev/null | tail -n 10 >&2
+    since=$(grep -n '^=== start' "$dir/connect.log" | tail -n 1 | cut -d: -f1)
+    { tail -n +"${since:-1}" "$dir/connect.log"; cat "$dir/connect.out"; } 2>/dev/null | grep -E 'ERROR|Exception' | tail -n 10 >&2
     kill -0 "$pid" 2>/dev/null && { log "Stopping it (pid $pid)."; kill -TERM "$pid"; }
     return 1
 }
@@ -235,6 +253,8 @@ drop_outbox_connect() { # name
         if as_postgres psql -tA -p "$OUTBOX_PG_PORT" -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1; then
             as_postgres psql -q -p "$OUTBOX_PG_PORT" -d "$db" -c "DROP PUBLICATION IF EXISTS outbox_$name" >&2
         fi
+    else
+        log "The outbox cluster is down: replication slot outbox_$name is left (drop it with the cluster up)."
     fi
     rm -rf "$dir"
 }
