@@ -39,6 +39,19 @@
 #   in memory on 127.0.0.1:8181 (management 8182) with Java 21+ and a small heap, global
 #   compatibility BACKWARD; prints SCHEMA_REGISTRY_URL (its Confluent-compatible API).
 #   Stopped by the pid recorded when it was started.
+# With --outbox-postgres or --stop-outbox-postgres: only the outbox chain's PostgreSQL cluster
+#   (projectionist_outbox, on 5436, wal_level=logical; role projectionist with REPLICATION),
+#   created once, started if stopped (prints OUTBOX_PG_URL), or stopped. Its outbox table:
+#   services/outbox.sql.
+# With --start-connect NAME, --stop-connect NAME, --kill-connect NAME or --drop-connect NAME:
+#   one Kafka Connect worker of the outbox chain (services/debezium-outbox.sh): Debezium's
+#   PostgreSQL source with its outbox event router, reading $OUTBOX_TABLE (public.outbox) of
+#   database $OUTBOX_DB (projectionist) on 5436 into topic $OUTBOX_TOPIC (NAME) of
+#   $KAFKA_BROKERS, through slot and publication outbox_NAME, its offsets in a file under
+#   $STATE_DIR/outbox/NAME. Start waits for the task to run and prints OUTBOX_CONNECT_PID,
+#   OUTBOX_CONNECT_URL and OUTBOX_CONNECT_LOG; stop (TERM) and kill (KILL, a crash) use the
+#   recorded pid; drop stops it and forgets its slot, publication and offsets. More settings
+#   and the messages' shape: the head of services/debezium-outbox.sh.
 # With --python-producers: only a Python venv in the cache with Confluent's client (Avro,
 #   Protobuf, JSON Schema serializers) and the CloudEvents SDK at pinned versions
 #   (services/python-producers.txt), made once; prints PROJECTIONIST_PYTHON.
@@ -285,6 +298,7 @@ source "$HERE/services/tansu.sh"
 source "$HERE/services/kafka-connect.sh"
 source "$HERE/services/apicurio-registry.sh"
 source "$HERE/services/python-producers.sh"
+source "$HERE/services/debezium-outbox.sh"
 
 # One invocation at a time (tests start and stop brokers through this script, in parallel).
 # What it starts in the background is started with the lock's descriptor closed (9>&-).
@@ -336,6 +350,31 @@ case ${1:-} in
         ;;
     --python-producers)
         ensure_python_producers
+        exit
+        ;;
+    --outbox-postgres)
+        start_outbox_postgres
+        exit
+        ;;
+    --stop-outbox-postgres)
+        stop_outbox_postgres
+        exit
+        ;;
+    --start-connect)
+        start_outbox_connect "${2:?which worker}"
+        exit
+        ;;
+    --stop-connect)
+        stop_outbox_connect "${2:?which worker}"
+        exit
+        ;;
+    --kill-connect)
+        kill_outbox_connect "${2:?which worker}"
+        exit
+        ;;
+    --drop-connect)
+        outbox_name "${2:?which worker}"
+        drop_outbox_connect "$2"
         exit
         ;;
 esac
