@@ -4,7 +4,7 @@
 //! `table.fields.additional.placement` puts it; the defaults here are headers:
 //!
 //! ```text
-//! table.fields.additional.placement=type:header:eventType,aggregatetype:header:aggregateType,version:header:version,occurredat:header:occurredAt
+//! table.fields.additional.placement=type:header:eventType,aggregatetype:header:aggregateType,version:header:version,occurred_at:header:occurredAt
 //! ```
 //!
 //! The outbox table has no version column by default: add one (`version bigint not null`)
