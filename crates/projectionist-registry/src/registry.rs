@@ -26,7 +26,7 @@ enum Entry {
 
 #[derive(Debug)]
 enum Compiled {
-    Avro(AvroSchema),
+    Avro(Box<AvroSchema>),
     Protobuf(ProtoSchema),
     /// JSON Schema: the payload is read as JSON, not validated against the schema.
     Json,
@@ -192,7 +192,7 @@ fn compile(fetched: &Fetched, references: &[(String, String)]) -> Result<Compile
     match fetched.schema_type.as_deref().unwrap_or("AVRO") {
         "AVRO" => {
             let texts: Vec<String> = references.iter().map(|(_, text)| text.clone()).collect();
-            AvroSchema::parse(&fetched.schema, &texts).map(Compiled::Avro)
+            AvroSchema::parse(&fetched.schema, &texts).map(|s| Compiled::Avro(Box::new(s)))
         }
         "PROTOBUF" => ProtoSchema::compile(&fetched.schema, references).map(Compiled::Protobuf),
         "JSON" => Ok(Compiled::Json),

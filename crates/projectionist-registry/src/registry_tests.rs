@@ -9,7 +9,7 @@ const PROTO: &str = "syntax = \"proto3\";\nmessage A { int64 n = 1; message B { 
 fn registry() -> Registry {
     let registry = Registry::new(&RegistryConfig::new("http://127.0.0.1:9/ccompat")).unwrap();
     let entries = [
-        (1, Entry::Ready(Arc::new(Compiled::Avro(AvroSchema::parse(AVRO, &[]).unwrap())))),
+        (1, Entry::Ready(Arc::new(Compiled::Avro(Box::new(AvroSchema::parse(AVRO, &[]).unwrap()))))),
         (2, Entry::Ready(Arc::new(Compiled::Protobuf(ProtoSchema::compile(PROTO, &[]).unwrap())))),
         (3, Entry::Ready(Arc::new(Compiled::Json))),
         (4, Entry::Unknown),
