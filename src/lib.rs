@@ -3,7 +3,7 @@
 //! ## This crate
 //!
 //! The facade: the core types at the top level, the PostgreSQL side as [`postgres`], the
-//! Kafka runtime as [`kafka`]; with cargo features, the command line of a projection binary
+//! Kafka runtime as [`kafka`], the schema registry's client as [`registry`]; with cargo features, the command line of a projection binary
 //! as `cli` (feature `cli`) and the test kit as `testing` (feature `testing`).
 
 #[cfg(feature = "cli")]
@@ -11,6 +11,7 @@ pub use projectionist_cli as cli;
 pub use projectionist_core::*;
 pub use projectionist_kafka as kafka;
 pub use projectionist_postgres as postgres;
+pub use projectionist_registry as registry;
 #[cfg(feature = "testing")]
 pub use projectionist_testing as testing;
 

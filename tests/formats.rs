@@ -229,7 +229,7 @@ async fn a_cloudevents_dead_letter_is_retried_in_its_format(pool: PgPool) {
 
     let plain = resolve(&pool, &BankAccounts, letters[0].id, Resolve::Retry).await.unwrap_err();
     assert!(plain.to_string().contains("still not an envelope"), "read as the JSON envelope: {plain}");
-    let formats = projectionist::format::Formats([(topic.clone(), cloudevents)].into_iter().collect());
+    let formats = projectionist::format::Formats::new().with(topic.clone(), cloudevents);
     let formatted = projectionist::postgres::Formatted::wrap(Arc::new(BankAccounts), &formats);
     let retried = resolve(&pool, formatted.as_ref(), letters[0].id, Resolve::Retry).await.unwrap();
     assert_eq!(retried.outcome, projectionist::Outcome::DeadLettered, "read as a CloudEvent, its data still refused");

@@ -1,5 +1,6 @@
 //! The real producers of the formats projectionist reads (issue 68), shared by the format
 //! tests of the root crate and of the bank-accounts example (`#[path]` modules).
+#![allow(dead_code)] // each including test uses a part
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -65,4 +66,23 @@ pub fn tool(name: &str) -> PathBuf {
     let dirs = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors();
     let mut found = dirs.map(|dir| dir.join("tests/tools").join(name)).filter(|path| path.exists());
     found.next().unwrap_or_else(|| panic!("tests/tools/{name} above {}", env!("CARGO_MANIFEST_DIR")))
+}
+
+/// Publishes `events` to `topic` as Avro through Confluent's own `AvroSerializer`, with the
+/// schema `version` (1, 2 or 3; each adds a field with a default) registered at `registry`
+/// (`tests/tools/avro_produce.py`).
+pub fn publish_avro(python: &str, brokers: &str, topic: &str, registry: &str, version: u8, events: &[RawEnvelope]) {
+    let mut child = std::process::Command::new(python)
+        .arg(tool("avro_produce.py"))
+        .args([brokers, topic, registry, &version.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("the Python producer starts");
+    let mut stdin = child.stdin.take().unwrap();
+    for event in events {
+        stdin.write_all(&event.to_json()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success(), "avro_produce.py to {topic}");
 }

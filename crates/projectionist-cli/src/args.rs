@@ -30,6 +30,8 @@ pub(crate) struct Cli {
     /// The settings file's `[topics]` tables (the flag wins for a topic).
     #[arg(skip)]
     pub(crate) file_topics: Formats,
+    #[command(flatten)]
+    pub(crate) registry: crate::registry::RegistryArgs,
     // Last: its heading applies to the arguments after it.
     #[command(flatten)]
     pub(crate) kafka: kafka::KafkaArgs,
@@ -292,6 +294,7 @@ pub(crate) fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyh
     }
     cli.kafka.file_properties = file.kafka;
     cli.file_topics = file.topics;
+    cli.registry.file = file.registry;
     match (&mut cli.command, matches.subcommand()) {
         (Command::Run(args), Some(("run", run))) => {
             let mut options = file.run;
@@ -309,11 +312,15 @@ pub(crate) fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyh
 }
 
 impl Cli {
-    /// How each topic's messages carry the envelope: the settings file's, the flags' over them.
-    pub(crate) fn formats(&self) -> Formats {
+    /// How each topic's messages carry the envelope: the settings file's, the flags' over
+    /// them; and the schema registry's client, if one is configured.
+    pub(crate) fn formats(&self) -> anyhow::Result<Formats> {
         let mut formats = self.file_topics.clone();
-        formats.0.extend(self.topic_formats.iter().cloned());
-        formats
+        formats.extend(self.topic_formats.iter().cloned());
+        Ok(match self.registry.schemas()? {
+            Some(schemas) => formats.with_schemas(schemas),
+            None => formats,
+        })
     }
 }
 

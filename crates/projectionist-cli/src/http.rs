@@ -224,7 +224,7 @@ mod tests {
             (
                 503,
                 "not ready: partitions assigned: false, broker answers: true, postgres answers: true, waiting for postgres: false, \
-                 partitions halted: 0\n"
+                 waiting for the schema registry: false, partitions halted: 0\n"
             ),
             "not ready before the engine runs"
         );

@@ -29,6 +29,7 @@ mod pool;
 mod progress;
 mod publish;
 mod rebuild;
+mod registry;
 mod run;
 mod status;
 
@@ -101,7 +102,7 @@ impl App {
         let client = cli.kafka.client();
         // Each projection reads its topics as they are said to carry the envelope: in `run`
         // and `rebuild`, and where a held event or a dead letter is read again.
-        let formats = cli.formats();
+        let formats = cli.formats()?;
         for r in &mut self.registrations {
             r.projection = projectionist_postgres::Formatted::wrap(r.projection.clone(), &formats);
         }

@@ -30,6 +30,22 @@ pub enum DecodeError {
         /// Why it failed, in the upcaster's words.
         reason: String,
     },
+    /// A key or value in Confluent's wire format whose schema is not fetched yet. Not poison:
+    /// the engine fetches the schema (waiting out the registry) and reads the message again.
+    #[error("schema id {id} is not fetched yet")]
+    SchemaPending {
+        /// The schema id the message names.
+        id: u32,
+    },
+    /// A key or value in Confluent's wire format that the registry has no schema for, or that
+    /// does not fit its schema.
+    #[error("schema id {id}: {problem}")]
+    Schema {
+        /// The schema id the message names.
+        id: u32,
+        /// What is wrong, naming the field where the decoder says.
+        problem: String,
+    },
     /// The event type is one the projection handles but its `data` does not fit.
     #[error("field `{field}` of event type {event_type}: {reason}")]
     Data {

@@ -145,7 +145,7 @@ pub struct EngineConfig {
 }
 
 fn formats_are_default(formats: &Formats) -> bool {
-    formats.0.is_empty()
+    formats.is_empty()
 }
 
 /// The settings one projection may set for itself, over the engine's (each unset one is the
@@ -332,7 +332,14 @@ impl EngineConfig {
 
     /// Reads `topic`'s messages as `format` says (see [`EngineConfig::topics`]).
     pub fn with_topic_format(mut self, topic: impl Into<String>, format: Format) -> Self {
-        self.topics.0.insert(topic.into(), format);
+        self.topics.insert(topic, format);
+        self
+    }
+
+    /// Reads keys and values in Confluent's wire format (Avro, Protobuf, JSON Schema) with
+    /// the schemas `schemas` fetches, e.g. a `projectionist_registry::Registry`.
+    pub fn with_schemas(mut self, schemas: std::sync::Arc<dyn projectionist_core::format::Schemas>) -> Self {
+        self.topics = self.topics.with_schemas(schemas);
         self
     }
 

@@ -76,6 +76,8 @@ pub struct ReadyState {
     /// Some partition (or checkpoint read) waits for PostgreSQL to come back: unreachable,
     /// restarting or read-only. It resumes by itself.
     pub waiting_for_postgres: bool,
+    /// Some partition waits for the schema registry to answer. It resumes by itself.
+    pub waiting_for_registry: bool,
     /// Partitions halted in this process: they stay halted until it restarts.
     pub partitions_halted: usize,
 }
@@ -87,6 +89,7 @@ impl ReadyState {
             && self.broker_answers
             && self.postgres_answers
             && !self.waiting_for_postgres
+            && !self.waiting_for_registry
             && self.partitions_halted == 0
     }
 }
@@ -96,11 +99,12 @@ impl fmt::Display for ReadyState {
         write!(
             f,
             "partitions assigned: {}, broker answers: {}, postgres answers: {}, waiting for postgres: {}, \
-            partitions halted: {}",
+            waiting for the schema registry: {}, partitions halted: {}",
             self.partitions_assigned,
             self.broker_answers,
             self.postgres_answers,
             self.waiting_for_postgres,
+            self.waiting_for_registry,
             self.partitions_halted
         )
     }
@@ -128,6 +132,11 @@ impl Readiness {
         self.stats.iter().any(|s| s.waiting_for_postgres())
     }
 
+    /// Some partition of some projection waits for the schema registry to answer.
+    pub fn waiting_for_registry(&self) -> bool {
+        self.stats.iter().any(|s| s.waiting_for_registry())
+    }
+
     /// Partitions halted in this process, over all projections.
     pub fn partitions_halted(&self) -> usize {
         self.stats.iter().map(|s| s.partitions_halted()).sum()
@@ -140,6 +149,7 @@ impl Readiness {
             broker_answers: self.broker_answers(),
             postgres_answers: self.postgres_answers().await,
             waiting_for_postgres: self.waiting_for_postgres(),
+            waiting_for_registry: self.waiting_for_registry(),
             partitions_halted: self.partitions_halted(),
         }
     }

@@ -75,6 +75,8 @@ pub const PARTITIONS_HALTED: &str = "projectionist_partitions_halted";
 /// for PostgreSQL to come back — unreachable, restarting, read-only — else 0. Applying
 /// resumes by itself; `/ready` answers 503 meanwhile. Labels: `projection`.
 pub const POSTGRES_WAITING: &str = "projectionist_postgres_waiting";
+/// Gauge: 1 while a partition of the projection waits for the schema registry, else 0.
+pub const REGISTRY_WAITING: &str = "projectionist_registry_waiting";
 /// PostgreSQL pool connections. Labels: `state` (`in_use`, `idle`).
 pub const PG_POOL_CONNECTIONS: &str = "projectionist_pg_pool_connections";
 /// `/wait` requests waiting now for a projection to apply an event (read your writes).
@@ -133,6 +135,7 @@ pub fn describe() {
     describe_counter!(REBALANCES, Unit::Count, "Partition assignments and revocations.");
     describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");
     describe_gauge!(POSTGRES_WAITING, "1 while a partition waits for PostgreSQL to come back, else 0.");
+    describe_gauge!(REGISTRY_WAITING, "1 while a partition waits for the schema registry to answer, else 0.");
     describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
     describe_gauge!(WAIT_REQUESTS, Unit::Count, "/wait requests waiting for a projection to apply an event.");
     describe_gauge!(REBUILD_MESSAGES_DONE, Unit::Count, "Messages a rebuild's shadow has applied so far.");
@@ -233,4 +236,5 @@ pub(crate) fn batch_committed(
 pub(crate) fn zero_alert_gauges(projection: &str) {
     metrics::gauge!(PARTITIONS_HALTED, "projection" => projection.to_owned()).set(0.0);
     metrics::gauge!(POSTGRES_WAITING, "projection" => projection.to_owned()).set(0.0);
+    metrics::gauge!(REGISTRY_WAITING, "projection" => projection.to_owned()).set(0.0);
 }

@@ -1,7 +1,8 @@
-//! Waiting out PostgreSQL: what a partition applying a batch, or a runner reading
-//! checkpoints, reports while the environment keeps failing — the projection's waiting
-//! gauge and readiness ([`crate::Stats::waiting_for_postgres`]), and a log line when the
-//! wait begins and then now and then, not on every attempt.
+//! Waiting out the environment: what a partition applying a batch, or a runner reading
+//! checkpoints, reports while PostgreSQL (or the schema registry) keeps failing — the
+//! projection's waiting gauge and readiness ([`crate::Stats::waiting_for_postgres`],
+//! [`crate::Stats::waiting_for_registry`]), and a log line when the wait begins and then now
+//! and then, not on every attempt.
 
 use std::fmt::Display;
 use std::sync::Arc;
@@ -14,10 +15,18 @@ use crate::stats::Stats;
 /// Least time between two log lines about one wait.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(15);
 
-/// One wait for PostgreSQL, begun by the first failure it waits out. While it lasts the
-/// projection counts as waiting; dropping it ends the wait (success, a stop, or a failure
-/// that is not the environment's).
+/// What a wait is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Awaited {
+    Postgres,
+    Registry,
+}
+
+/// One wait for PostgreSQL (or the registry), begun by the first failure it waits out. While
+/// it lasts the projection counts as waiting; dropping it ends the wait (success, a stop, or
+/// a failure that is not the environment's).
 pub(crate) struct Outage {
+    awaited: Awaited,
     stats: Arc<Stats>,
     projection: String,
     since: Option<Instant>,
@@ -26,30 +35,44 @@ pub(crate) struct Outage {
 
 impl Outage {
     pub(crate) fn new(stats: Arc<Stats>, projection: &str) -> Self {
-        Self { stats, projection: projection.to_owned(), since: None, log: Throttle::new(LOG_EVERY) }
+        Self::of(Awaited::Postgres, stats, projection)
+    }
+
+    /// A wait for `awaited`.
+    pub(crate) fn of(awaited: Awaited, stats: Arc<Stats>, projection: &str) -> Self {
+        Self { awaited, stats, projection: projection.to_owned(), since: None, log: Throttle::new(LOG_EVERY) }
     }
 
     /// A failure of the environment, about to be retried after `retrying.delay`.
     pub(crate) fn failed(&mut self, error: &dyn Display, retrying: Retrying) {
         let since = *self.since.get_or_insert_with(|| {
-            waiting(&self.stats, &self.projection, 1);
+            waiting(self.awaited, &self.stats, &self.projection, 1);
             Instant::now()
         });
         if self.log.due() {
-            tracing::warn!(
-                attempt = retrying.attempt,
-                waited_s = since.elapsed().as_secs(),
-                next_attempt_ms = retrying.delay.as_millis() as u64,
-                error = %error,
-                "Waiting for PostgreSQL; applying resumes by itself."
-            );
+            let (attempt, waited_s) = (retrying.attempt, since.elapsed().as_secs());
+            let next_attempt_ms = retrying.delay.as_millis() as u64;
+            match self.awaited {
+                Awaited::Postgres => tracing::warn!(
+                    attempt, waited_s, next_attempt_ms, error = %error,
+                    "Waiting for PostgreSQL; applying resumes by itself."
+                ),
+                Awaited::Registry => tracing::warn!(
+                    attempt, waited_s, next_attempt_ms, error = %error,
+                    "Waiting for the schema registry; reading resumes by itself."
+                ),
+            }
         }
     }
 
     /// The work succeeded: logs the wait's end, if there was one.
     pub(crate) fn over(&self) {
         if let Some(since) = self.since {
-            tracing::info!(waited_s = since.elapsed().as_secs(), "PostgreSQL answers again; applying resumed.");
+            let waited_s = since.elapsed().as_secs();
+            match self.awaited {
+                Awaited::Postgres => tracing::info!(waited_s, "PostgreSQL answers again; applying resumed."),
+                Awaited::Registry => tracing::info!(waited_s, "The schema registry answers again; reading resumed."),
+            }
         }
     }
 }
@@ -57,17 +80,21 @@ impl Outage {
 impl Drop for Outage {
     fn drop(&mut self) {
         if self.since.is_some() {
-            waiting(&self.stats, &self.projection, -1);
+            waiting(self.awaited, &self.stats, &self.projection, -1);
         }
     }
 }
 
 /// Counts a wait in or out and sets the gauge under the same lock, so the gauge never
 /// lags the count.
-fn waiting(stats: &Stats, projection: &str, change: isize) {
-    let mut n = stats.waiting.lock().expect("waiting lock");
+fn waiting(awaited: Awaited, stats: &Stats, projection: &str, change: isize) {
+    let (count, gauge) = match awaited {
+        Awaited::Postgres => (&stats.waiting, m::POSTGRES_WAITING),
+        Awaited::Registry => (&stats.waiting_registry, m::REGISTRY_WAITING),
+    };
+    let mut n = count.lock().expect("waiting lock");
     *n = n.saturating_add_signed(change);
-    metrics::gauge!(m::POSTGRES_WAITING, "projection" => projection.to_owned()).set(if *n > 0 { 1.0 } else { 0.0 });
+    metrics::gauge!(gauge, "projection" => projection.to_owned()).set(if *n > 0 { 1.0 } else { 0.0 });
 }
 
 /// Says when something repeated is worth saying again: the first time, then at most once

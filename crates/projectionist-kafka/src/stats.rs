@@ -50,6 +50,8 @@ pub struct Stats {
     /// Waits for PostgreSQL under way: partitions applying a batch and checkpoint reads on
     /// assignment (see [`crate::outage`]).
     pub(crate) waiting: Mutex<usize>,
+    /// Waits for the schema registry under way: partitions fetching the schemas of a batch.
+    pub(crate) waiting_registry: Mutex<usize>,
     /// What became of the messages each partition read, over all its assignments in this
     /// process.
     partitions: Mutex<BTreeMap<Tp, Arc<Tally>>>,
@@ -181,6 +183,12 @@ impl Stats {
     /// waiting for PostgreSQL to come back (it resumes by itself).
     pub fn waiting_for_postgres(&self) -> bool {
         *self.waiting.lock().expect("waiting lock") > 0
+    }
+
+    /// Whether some partition of the projection waits for the schema registry to answer (it
+    /// resumes by itself).
+    pub fn waiting_for_registry(&self) -> bool {
+        *self.waiting_registry.lock().expect("waiting lock") > 0
     }
 
     /// Partitions halted in this process (they stay halted until it restarts).

@@ -21,7 +21,7 @@ impl Formatted {
     /// `projection` reading its topics as `formats` says; as it is when `formats` lists
     /// none.
     pub fn wrap(projection: SharedProjection, formats: &Formats) -> SharedProjection {
-        if formats.0.is_empty() {
+        if formats.is_empty() {
             return projection;
         }
         std::sync::Arc::new(Self { projection, formats: formats.clone() })

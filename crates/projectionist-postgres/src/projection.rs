@@ -51,7 +51,7 @@ pub trait PgProjection: Send + Sync + 'static {
     /// envelope on every topic); what reads a held event or a dead letter again reads it
     /// with. Set with [`Formatted`](crate::Formatted).
     fn formats(&self) -> &Formats {
-        static ENVELOPE: Formats = Formats(std::collections::BTreeMap::new());
+        static ENVELOPE: Formats = Formats::new();
         &ENVELOPE
     }
 }

@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod protobuf;
 mod registry;
+mod schemas;
 pub mod wire;
 
 pub use config::RegistryConfig;

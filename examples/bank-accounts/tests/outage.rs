@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::proxy::Proxy;
 use common::{brokers, http_get, rand_test_topic, read_model, Serving, BIN};
 
 use std::sync::Arc;
@@ -20,49 +21,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
 /// Longer than the retry budget the tests configure (2 retries, 50 ms then 100 ms) by far.
 const OUTAGE: Duration = Duration::from_secs(6);
-
-/// A TCP proxy in front of PostgreSQL that can be taken down and brought back.
-struct Proxy {
-    port: u16,
-    down: watch::Sender<bool>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (down, _) = watch::channel(false);
-        let is_down = down.subscribe();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else { continue };
-                let mut is_down = is_down.clone();
-                if *is_down.borrow_and_update() {
-                    continue; // dropped: closed at once
-                }
-                let upstream = upstream.clone();
-                tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(upstream).await else { return };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = is_down.wait_for(|down| *down) => {}
-                    }
-                });
-            }
-        });
-        Self { port, down }
-    }
-
-    /// Takes PostgreSQL away (every connection closed, new ones refused) or brings it back.
-    fn set_down(&self, down: bool) {
-        self.down.send_replace(down);
-    }
-}
 
 /// The test database's connection options, through `proxy`.
 fn through(pool: &PgPool, proxy: &Proxy) -> PgConnectOptions {

@@ -110,6 +110,17 @@ const TOPICS: &str = r#"
 # type = "header:eventType"
 # occurred_at = "value:/occurred_at"
 # data = "value:/payload"
+
+# The schema registry of keys and values in Confluent's wire format (Avro, Protobuf, JSON
+# Schema), read into JSON with the writer's schema; off unless a URL is given (the
+# --schema-registry-* options win). Keep the password in the environment
+# (SCHEMA_REGISTRY_PASSWORD), not in this file.
+# [registry]
+# url = "http://127.0.0.1:8081"
+# username = "api-key"
+# ca_file = "/etc/ssl/registry-ca.pem"
+# client_identity_file = "/etc/ssl/registry-client.pem"
+# timeout_ms = 10000
 "#;
 
 /// Whether the file takes the option `id` (the command line's own, such as `--reset`, are

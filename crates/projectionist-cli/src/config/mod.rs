@@ -52,6 +52,10 @@ pub(crate) struct ConfigFile {
     /// How each topic's messages carry the envelope, by topic (`--topic-format` wins).
     #[serde(default)]
     pub topics: projectionist_core::format::Formats,
+    /// The schema registry of payloads in Confluent's wire format (the `--schema-registry-*`
+    /// options win, each for its own setting).
+    #[serde(default)]
+    pub registry: Option<projectionist_registry::RegistryConfig>,
 }
 
 /// Default of `--metrics-addr`.
@@ -339,7 +343,7 @@ mod tests {
         let matches = crate::command().try_get_matches_from(argv).unwrap();
         let cli = crate::with_config_file(crate::Cli::from_arg_matches(&matches).unwrap(), &matches).unwrap();
         std::fs::remove_file(&path).unwrap();
-        let formats = cli.formats();
+        let formats = cli.formats().unwrap();
         let Format::CloudEvents(orders) = formats.of("orders") else { panic!("{formats:?}") };
         assert_eq!(orders.version, "seq", "the file's fields");
         assert_eq!(formats.of("payments"), &Format::Envelope, "the command line wins");

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,11 +16,13 @@ pub mod axon;
 pub mod cloudevents;
 pub mod debezium;
 pub mod mapped;
+pub mod schemas;
 
 pub use axon::{Axon, AxonType};
 pub use cloudevents::CloudEvents;
 pub use debezium::Debezium;
 pub use mapped::{Mapped, Source};
+pub use schemas::{Decoded, Reader, SchemaError, Schemas};
 
 /// A message's parts, as a format reads them.
 #[derive(Debug, Clone, Copy)]
@@ -108,21 +111,104 @@ impl Format {
     }
 }
 
-/// The format of each topic (a topic not listed carries projectionist's own envelope).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Formats(pub BTreeMap<String, Format>);
+/// The format of each topic (a topic not listed carries projectionist's own envelope), and
+/// the schemas of payloads in Confluent's wire format, if a registry is configured. Written
+/// in settings as a table of topics.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(from = "BTreeMap<String, Format>", into = "BTreeMap<String, Format>")]
+pub struct Formats {
+    topics: BTreeMap<String, Format>,
+    schemas: Option<Arc<dyn Schemas>>,
+}
 
 impl Formats {
+    /// No topic listed, no registry: every topic carries projectionist's own envelope.
+    pub const fn new() -> Self {
+        Self { topics: BTreeMap::new(), schemas: None }
+    }
+
+    /// These formats, `topic`'s being `format`.
+    pub fn with(mut self, topic: impl Into<String>, format: Format) -> Self {
+        self.insert(topic, format);
+        self
+    }
+
+    /// Sets `topic`'s format.
+    pub fn insert(&mut self, topic: impl Into<String>, format: Format) {
+        self.topics.insert(topic.into(), format);
+    }
+
+    /// These formats, decoding payloads in Confluent's wire format with `schemas`.
+    pub fn with_schemas(mut self, schemas: Arc<dyn Schemas>) -> Self {
+        self.schemas = Some(schemas);
+        self
+    }
+
+    /// The registry's schemas, if one is configured.
+    pub fn schemas(&self) -> Option<&Arc<dyn Schemas>> {
+        self.schemas.as_ref()
+    }
+
+    /// The topics listed, with their formats.
+    pub fn topics(&self) -> &BTreeMap<String, Format> {
+        &self.topics
+    }
+
+    /// Whether every topic carries projectionist's own JSON envelope, and no registry is set.
+    pub fn is_empty(&self) -> bool {
+        self.topics.is_empty() && self.schemas.is_none()
+    }
+
     /// The format of `topic`.
     pub fn of(&self, topic: &str) -> &Format {
         static ENVELOPE: Format = Format::Envelope;
-        self.0.get(topic).unwrap_or(&ENVELOPE)
+        self.topics.get(topic).unwrap_or(&ENVELOPE)
     }
 
-    /// The envelope `message`, read on `topic`, carries (see [`Format::read`]).
+    /// How `topic`'s messages are read: its format and the registry's schemas.
+    pub fn reader(&self, topic: &str) -> Reader {
+        Reader { format: self.of(topic).clone(), schemas: self.schemas.clone() }
+    }
+
+    /// The envelope `message`, read on `topic`, carries (see [`Reader::read`]).
     pub fn read(&self, topic: &str, message: &Message<'_>) -> Result<LazyEnvelope, DecodeError> {
-        self.of(topic).read(message)
+        self.reader(topic).read(message)
+    }
+}
+
+impl PartialEq for Formats {
+    fn eq(&self, other: &Self) -> bool {
+        let same_schemas = match (&self.schemas, &other.schemas) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        self.topics == other.topics && same_schemas
+    }
+}
+
+impl Eq for Formats {}
+
+impl From<BTreeMap<String, Format>> for Formats {
+    fn from(topics: BTreeMap<String, Format>) -> Self {
+        Self { topics, schemas: None }
+    }
+}
+
+impl From<Formats> for BTreeMap<String, Format> {
+    fn from(formats: Formats) -> Self {
+        formats.topics
+    }
+}
+
+impl Extend<(String, Format)> for Formats {
+    fn extend<I: IntoIterator<Item = (String, Format)>>(&mut self, topics: I) {
+        self.topics.extend(topics);
+    }
+}
+
+impl FromIterator<(String, Format)> for Formats {
+    fn from_iter<I: IntoIterator<Item = (String, Format)>>(topics: I) -> Self {
+        Self::from(topics.into_iter().collect::<BTreeMap<_, _>>())
     }
 }
 

@@ -68,6 +68,9 @@ impl Partition {
         let offsets: Vec<i64> = messages.iter().map(|m| m.at.offset).collect();
         let first_offset = messages.first().map_or(0, |m| m.at.offset);
         let last_offset = messages.last().map_or(0, |m| m.at.offset);
+        let Some(messages) = self.with_schemas(messages, order.clone()).await else {
+            return Applied::Abandoned;
+        };
         let (mut prepared, places, mut halt) = self.prepare(messages).await;
         let mut end = prepared.len();
         if let Some((index, failure)) = prepared.failures().find(|(_, e)| self.halts(e)) {

@@ -1,8 +1,9 @@
 //! Messages as the partition task holds them, and a batch's envelopes decoded: those that
 //! are not an envelope at all are dead-lettered alone, or halt the partition, by policy.
 
-use projectionist_core::format::{Format, Message};
-use projectionist_core::{LazyEnvelope, OnPoison};
+use projectionist_core::format::schemas::schema_id;
+use projectionist_core::format::{Message, Reader};
+use projectionist_core::{DecodeError, LazyEnvelope, OnPoison};
 use projectionist_postgres::park::{Headers, SourceMessage, Undecodable};
 use rdkafka::message::{BorrowedMessage, Message as _};
 
@@ -26,40 +27,67 @@ pub(crate) struct Msg {
     pub message: SourceMessage,
 }
 
-/// A message that cannot be applied: its key (or `?`), what kind and why.
+/// A message that cannot be applied: its key (or `?`), what kind and why. A message whose
+/// schema is not fetched yet (`pending`) is not poison: it is read again once it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Poison {
     aggregate: String,
     kind: &'static str,
     reason: String,
+    pub pending: Option<u32>,
 }
 
 impl Msg {
     /// The message decoded (a payload over `max_bytes` is poison, unparsed), and its size in
     /// bytes (payload and key) for the batch bounds.
-    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>, format: &Format, max_bytes: usize) -> (Self, usize) {
+    pub(crate) fn from_kafka(message: &BorrowedMessage<'_>, reader: &Reader, max_bytes: usize) -> (Self, usize) {
         let at = At { offset: message.offset(), timestamp: message.timestamp().to_millis() };
         let headers = crate::headers::read(message);
-        Self::read(at, (message.key(), message.payload(), headers), format, max_bytes)
+        Self::read(at, (message.key(), message.payload(), headers), reader, max_bytes)
     }
 
     /// A message read at `at` from its parts (key, payload, headers), as
-    /// [`Msg::from_kafka`] reads them: its envelope as `format` carries it.
+    /// [`Msg::from_kafka`] reads them: its envelope as `reader` reads it. A key or value in
+    /// Confluent's wire format is kept as what it held (text, JSON), so that what parking
+    /// holds and dead letters keep reads again without the registry.
     pub(crate) fn read(
         at: At,
         (key, payload, headers): (Option<&[u8]>, Option<&[u8]>, Headers),
-        format: &Format,
+        reader: &Reader,
         max_bytes: usize,
     ) -> (Self, usize) {
         let bytes = key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len);
-        let envelope = decode(key, payload, &headers, format, max_bytes);
+        let (envelope, plain_key, plain_value) = match decode(key, payload, &headers, reader, max_bytes) {
+            Ok((envelope, key, value)) => (Ok(envelope), key, value),
+            Err(poison) => (Err(poison), None, None),
+        };
         let message = SourceMessage {
             offset: Some(at.offset),
-            key: key.map(<[u8]>::to_vec),
-            payload: payload.map(<[u8]>::to_vec).unwrap_or_default(),
+            key: plain_key.or_else(|| key.map(<[u8]>::to_vec)),
+            payload: plain_value.or_else(|| payload.map(<[u8]>::to_vec)).unwrap_or_default(),
             headers,
         };
         (Self { at, envelope, message }, bytes)
+    }
+
+    /// The schema this message waits for, if its key or value is in the wire format and
+    /// the schema was not fetched when it was read.
+    pub(crate) fn pending(&self) -> Option<u32> {
+        self.envelope.as_ref().err().and_then(|poison| poison.pending)
+    }
+
+    /// The schemas a message that waits (see [`Msg::pending`]) needs: its key's and its
+    /// value's, as reading stops at the first not fetched.
+    pub(crate) fn schemas_needed(&self) -> impl Iterator<Item = u32> + '_ {
+        let ids =
+            self.pending().map(|_| [self.message.key.as_deref().and_then(schema_id), schema_id(&self.message.payload)]);
+        ids.into_iter().flatten().flatten()
+    }
+
+    /// The message read again (its schemas fetched since), at the same place.
+    pub(crate) fn reread(self, reader: &Reader, max_bytes: usize) -> Self {
+        let SourceMessage { key, payload, headers, .. } = self.message;
+        Self::read(self.at, (key.as_deref(), Some(&payload), headers), reader, max_bytes).0
     }
 
     /// The aggregate the message is about, as far as it says: its envelope's, else its key
@@ -109,17 +137,21 @@ pub(crate) fn split(batch: Vec<Msg>, on_poison: OnPoison) -> Split {
     split
 }
 
+/// The envelope, and what a wire-format key and value held.
+type Read = (LazyEnvelope, Option<Vec<u8>>, Option<Vec<u8>>);
+
 fn decode(
     key: Option<&[u8]>,
     payload: Option<&[u8]>,
     headers: &Headers,
-    format: &Format,
+    reader: &Reader,
     max_bytes: usize,
-) -> Result<LazyEnvelope, Poison> {
+) -> Result<Read, Poison> {
     let poison = |kind: &'static str, reason: String| Poison {
         aggregate: key.map_or_else(|| "?".to_owned(), |k| String::from_utf8_lossy(k).into_owned()),
         kind,
         reason,
+        pending: None,
     };
     let payload = payload.ok_or_else(|| poison("tombstone", "message has no payload (tombstone)".into()))?;
     if payload.len() > max_bytes {
@@ -127,11 +159,20 @@ fn decode(
         return Err(poison("oversized", reason));
     }
     let message = Message { key, value: payload, headers };
-    let envelope = format.read(&message).map_err(|e| match format {
-        Format::Envelope => poison("envelope", format!("undecodable envelope: {e}")),
-        other => poison("envelope", format!("undecodable {} message: {e}", other.name())),
+    let decoded = reader.decode(&message).map_err(|e| match (e, &reader.format) {
+        (DecodeError::SchemaPending { id }, _) => {
+            Poison { pending: Some(id), ..poison("schema", format!("schema id {id} is not fetched")) }
+        }
+        (e @ DecodeError::Schema { .. }, _) => poison("schema", format!("undecodable payload: {e}")),
+        (e, projectionist_core::format::Format::Envelope) => poison("envelope", format!("undecodable envelope: {e}")),
+        (e, other) => poison("envelope", format!("undecodable {} message: {e}", other.name())),
     })?;
-    match key.map(|key| format.key_of(key)) {
+    let envelope = decoded.envelope;
+    let key = match (&decoded.key, key) {
+        (Some(plain), _) => Some(std::borrow::Cow::Borrowed(plain.as_slice())),
+        (None, key) => key.map(|key| reader.format.key_of(key)),
+    };
+    match key {
         Some(key) if *key != *envelope.aggregate_id.as_bytes() => Err(poison(
             "key",
             format!(
@@ -140,7 +181,7 @@ fn decode(
                 envelope.aggregate_id
             ),
         )),
-        Some(_) => Ok(envelope),
+        Some(_) => Ok((envelope, decoded.key, decoded.value)),
         None => Err(poison(
             "key",
             format!(
@@ -155,13 +196,18 @@ fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use projectionist_core::format::Format;
 
     fn msg(offset: i64, key: &str, payload: &str) -> Msg {
         let at = At { offset, timestamp: Some(offset) };
         let (key, payload) = (key.as_bytes(), payload.as_bytes());
         let message =
             SourceMessage { offset: Some(offset), key: Some(key.to_vec()), payload: payload.to_vec(), headers: vec![] };
-        Msg { at, envelope: decode(Some(key), Some(payload), &vec![], &Format::Envelope, 1 << 20), message }
+        Msg {
+            at,
+            envelope: decode(Some(key), Some(payload), &vec![], &Reader::default(), 1 << 20).map(|r| r.0),
+            message,
+        }
     }
 
     fn envelope(id: &str, version: u64) -> String {
@@ -210,17 +256,20 @@ mod tests {
         let message = SourceMessage { offset: Some(6), key: Some(b"x".to_vec()), ..SourceMessage::default() };
         let tombstone = Msg {
             at,
-            envelope: decode(Some(b"x"), None, &vec![], &Format::Envelope, 1 << 20),
+            envelope: decode(Some(b"x"), None, &vec![], &Reader::default(), 1 << 20).map(|r| r.0),
             message: message.clone(),
         };
         let big = envelope("x", 1);
         let oversized = Msg {
             at,
-            envelope: decode(Some(b"x"), Some(big.as_bytes()), &vec![], &Format::Envelope, 10),
+            envelope: decode(Some(b"x"), Some(big.as_bytes()), &vec![], &Reader::default(), 10).map(|r| r.0),
             message: message.clone(),
         };
-        let keyless =
-            Msg { at, envelope: decode(None, Some(big.as_bytes()), &vec![], &Format::Envelope, 1 << 20), message };
+        let keyless = Msg {
+            at,
+            envelope: decode(None, Some(big.as_bytes()), &vec![], &Reader::default(), 1 << 20).map(|r| r.0),
+            message,
+        };
         let set_aside = split(vec![tombstone, oversized, keyless], OnPoison::DeadLetter);
         let reasons: Vec<&str> = set_aside.undecodable.iter().map(|u| u.reason).collect();
         assert_eq!(reasons, ["tombstone", "oversized", "key"]);
@@ -234,14 +283,41 @@ mod tests {
             .chain([("occurredAt", "2026-01-01T00:00:00Z")])
             .map(|(n, v)| (n.as_bytes().to_vec(), Some(v.as_bytes().to_vec())))
             .collect();
-        let debezium = Format::named("debezium").unwrap();
+        let debezium = Reader { format: Format::named("debezium").unwrap(), schemas: None };
         let quoted = decode(Some(br#""acc-1""#), Some(b"{}"), &headers, &debezium, 1 << 20);
-        assert_eq!(quoted.map(|e| e.aggregate_id.to_string()), Ok("acc-1".to_owned()), "JsonConverter's key");
-        let from_a_header: Format = serde_json::from_value(serde_json::json!({
+        assert_eq!(quoted.map(|(e, ..)| e.aggregate_id.to_string()), Ok("acc-1".to_owned()), "JsonConverter's key");
+        let format = serde_json::from_value(serde_json::json!({
             "format": "debezium", "aggregate_id": "header:aggregateType"
-        }))
-        .unwrap();
+        }));
+        let from_a_header = Reader { format: format.unwrap(), schemas: None };
         let other = decode(Some(br#""acc-1""#), Some(b"{}"), &headers, &from_a_header, 1 << 20);
         assert!(other.unwrap_err().reason.contains("differs from aggregate_id"));
+    }
+
+    /// A registry that has fetched nothing yet.
+    #[derive(Debug)]
+    struct Unfetched;
+
+    #[async_trait::async_trait]
+    impl projectionist_core::format::Schemas for Unfetched {
+        fn decode(&self, bytes: &[u8]) -> Result<serde_json::Value, projectionist_core::format::SchemaError> {
+            Err(projectionist_core::format::SchemaError::NotFetched(schema_id(bytes).unwrap_or_default()))
+        }
+
+        async fn fetch(&self, _: &[u32]) -> Result<(), projectionist_core::format::SchemaError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_message_waiting_for_its_schemas_needs_its_keys_and_its_values() {
+        let reader = Reader { format: Format::Envelope, schemas: Some(std::sync::Arc::new(Unfetched)) };
+        let (key, value) = ([&[0, 0, 0, 0, 1][..], b"a-1"].concat(), [&[0, 0, 0, 0, 2][..], b"{}"].concat());
+        let at = At { offset: 3, timestamp: None };
+        let (waiting, _) = Msg::read(at, (Some(&key), Some(&value), vec![]), &reader, 1 << 20);
+        assert_eq!(waiting.pending(), Some(1), "reading stops at the key");
+        assert_eq!(waiting.schemas_needed().collect::<Vec<_>>(), [1, 2]);
+        let (plain, _) = Msg::read(at, (Some(b"a-1"), Some(&value), vec![]), &reader, 1 << 20);
+        assert_eq!(plain.schemas_needed().collect::<Vec<_>>(), [2]);
     }
 }

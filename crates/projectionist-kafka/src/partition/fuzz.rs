@@ -181,12 +181,13 @@ proptest! {
             }))
             .unwrap(),
         };
+        let reader = projectionist_core::format::Reader { format, schemas: None };
         let messages: Vec<Msg> = batch
             .iter()
             .enumerate()
             .map(|(offset, (key, payload, headers))| {
                 let at = At { offset: offset as i64, timestamp: None };
-                Msg::read(at, (key.as_deref(), payload.as_deref(), headers.clone()), &format, max_bytes).0
+                Msg::read(at, (key.as_deref(), payload.as_deref(), headers.clone()), &reader, max_bytes).0
             })
             .collect();
         let halted = split(messages.clone(), OnPoison::Halt);

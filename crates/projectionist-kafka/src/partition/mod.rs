@@ -20,6 +20,7 @@ mod fold;
 mod fuzz;
 mod halt;
 mod progress;
+mod schemas;
 pub(crate) mod shared;
 mod sink;
 
@@ -100,8 +101,8 @@ pub(crate) struct Partition {
     /// Its batches' bounds.
     pub limits: Limits,
     pub settings: Settings,
-    /// How its topic's messages carry the envelope.
-    pub format: projectionist_core::format::Format,
+    /// How its topic's messages carry the envelope, and the registry's schemas.
+    pub reader: projectionist_core::format::Reader,
 }
 
 /// How a projection's partitions work: the same for each of them.
@@ -292,7 +293,7 @@ impl Task {
             Some(Ok(message)) => {
                 projectionist_postgres::fault::point("partition-read");
                 let partition = &self.partition;
-                let (msg, bytes) = Msg::from_kafka(&message, &partition.format, partition.settings.max_event_bytes);
+                let (msg, bytes) = Msg::from_kafka(&message, &partition.reader, partition.settings.max_event_bytes);
                 self.partition.tally.read.fetch_add(1, Ordering::Relaxed);
                 self.batcher.push_read_now(msg, bytes, Instant::now);
                 true

@@ -243,7 +243,7 @@ impl Runner {
                 bounds: self.config.bounds(),
             },
             progress,
-            format: self.projection.formats().of(&tp.topic).clone(),
+            reader: self.projection.formats().reader(&tp.topic),
         }
     }
 

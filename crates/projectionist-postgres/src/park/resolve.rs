@@ -4,7 +4,7 @@
 //! parking gone stale (its version applied on another partition). Each in one transaction
 //! with the events held behind it applied in version order.
 
-use projectionist_core::format::Message;
+use projectionist_core::format::{Message, SchemaError};
 use projectionist_core::{OnGap, Outcome, OutcomeCounts, Table};
 use sqlx::{PgConnection, PgPool};
 
@@ -107,6 +107,7 @@ pub async fn resolve(pool: &PgPool, projection: &dyn PgProjection, id: i64, acti
     let mut prepared = match &action {
         Resolve::Retry => {
             let message = Message { key: d.key.as_deref(), value: &d.payload, headers: &headers };
+            fetch_schemas(projection, &message).await.map_err(|e| problem(format!("nothing was retried: {e}")))?;
             match projection.formats().read(&d.topic, &message) {
                 Ok(envelope) => projection.prepare_lazy(vec![envelope]),
                 Err(e) => return Err(problem(format!("its payload is still not an envelope: {e}"))),
@@ -292,4 +293,15 @@ pub async fn resume_stale(pool: &PgPool, projection: &dyn PgProjection, topic: &
         tx.commit().await?;
     }
     Ok(stale.len())
+}
+
+/// Fetches the schemas `message`'s key and value name in Confluent's wire format, if a
+/// registry is configured: a letter kept in the wire format (its schema unknown when it was
+/// read) is read again with the registry as it is now.
+async fn fetch_schemas(projection: &dyn PgProjection, message: &Message<'_>) -> Result<(), SchemaError> {
+    let ids: Vec<u32> = projectionist_core::format::schemas::schema_ids(message).collect();
+    match projection.formats().schemas() {
+        Some(schemas) if !ids.is_empty() => schemas.fetch(&ids).await,
+        _ => Ok(()),
+    }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a part
 
 pub mod cli;
+pub mod proxy;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -47,7 +48,10 @@ pub async fn try_read_model(pool: &PgPool) -> Option<BTreeMap<String, ExpectedAc
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
     let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
