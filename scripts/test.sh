@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: brings up the services (PostgreSQL, the broker with its TLS and SASL
-# listeners, a second PostgreSQL cluster with TLS), then runs every test of the workspace;
+# listeners, a second PostgreSQL cluster with TLS, a schema registry), then runs every test
+# of the workspace;
 # then the tests of aborted transactions, ignored by default (they need a broker that hides
 # them: Apache Kafka does; on another broker a probe decides).
 # Tests skipped, and why, are listed at the end.
@@ -14,6 +15,10 @@ export PG_TLS_URL=${PG_TLS_URL:-}
 # venv made once; where it cannot be made, those tests say they were skipped and why.
 eval "$(scripts/services.sh --python-producers)" || echo "The Python producers cannot be installed here (above)." >&2
 export PROJECTIONIST_PYTHON=${PROJECTIONIST_PYTHON:-}
+# The schema registry of the Avro tests (Apicurio Registry in memory, fetched once); where it
+# cannot start, those tests say they were skipped and why.
+eval "$(scripts/services.sh --registry)" || echo "The schema registry cannot start here (above)." >&2
+export SCHEMA_REGISTRY_URL=${SCHEMA_REGISTRY_URL:-}
 # The TLS/SASL tests record here why they did not run when their services are missing.
 export PROJECTIONIST_SKIP_LOG="$PWD/target/skipped-tests.log"
 mkdir -p target && : >"$PROJECTIONIST_SKIP_LOG"
