@@ -10,20 +10,7 @@ use projectionist::RawEnvelope;
 /// Publishes `events` to `topic` as CloudEvents, through the official SDK
 /// (`tests/tools/cloudevents_produce.py`: even messages structured, odd ones binary).
 pub fn publish_cloudevents(python: &str, brokers: &str, topic: &str, events: &[RawEnvelope]) {
-    let tool = tool("cloudevents_produce.py");
-    let mut child = std::process::Command::new(python)
-        .arg(tool)
-        .args([brokers, topic])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("the Python producer starts");
-    let mut stdin = child.stdin.take().unwrap();
-    for event in events {
-        stdin.write_all(&event.to_json()).unwrap();
-        stdin.write_all(b"\n").unwrap();
-    }
-    drop(stdin);
-    assert!(child.wait().unwrap().success(), "cloudevents_produce.py to {topic}");
+    pipe(python, "cloudevents_produce.py", &[brokers, topic], events);
 }
 
 /// Publishes `events` to `topic` as Axon Framework's Kafka extension writes them
@@ -72,17 +59,29 @@ pub fn tool(name: &str) -> PathBuf {
 /// schema `version` (1, 2 or 3; each adds a field with a default) registered at `registry`
 /// (`tests/tools/avro_produce.py`).
 pub fn publish_avro(python: &str, brokers: &str, topic: &str, registry: &str, version: u8, events: &[RawEnvelope]) {
+    pipe(python, "avro_produce.py", &[brokers, topic, registry, &version.to_string()], events);
+}
+
+/// Publishes `events` to `topic` as Protobuf through Confluent's own `ProtobufSerializer`,
+/// its schema registered at `registry`, the keys as plain text
+/// (`tests/tools/protobuf_produce.py`).
+pub fn publish_protobuf(python: &str, brokers: &str, topic: &str, registry: &str, events: &[RawEnvelope]) {
+    pipe(python, "protobuf_produce.py", &[brokers, topic, registry], events);
+}
+
+/// Runs the Python tool `name` with `args`, `events` on its stdin as JSON lines.
+fn pipe(python: &str, name: &str, args: &[&str], events: &[RawEnvelope]) {
     let mut child = std::process::Command::new(python)
-        .arg(tool("avro_produce.py"))
-        .args([brokers, topic, registry, &version.to_string()])
+        .arg(tool(name))
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .spawn()
         .expect("the Python producer starts");
-    let mut stdin = child.stdin.take().unwrap();
+    let mut stdin = std::io::BufWriter::new(child.stdin.take().unwrap());
     for event in events {
         stdin.write_all(&event.to_json()).unwrap();
         stdin.write_all(b"\n").unwrap();
     }
     drop(stdin);
-    assert!(child.wait().unwrap().success(), "avro_produce.py to {topic}");
+    assert!(child.wait().unwrap().success(), "{name} {args:?}");
 }

@@ -61,7 +61,8 @@ def main():
         value = values(envelope, SerializationContext(topic, MessageField.VALUE))
         producer.produce(topic, key=key, value=value, on_delivery=lambda err, _m: err and errors.append(err))
         producer.poll(0)
-    producer.flush(30)
+    if producer.flush(30):
+        sys.exit(f"not delivered in 30 s (does {topic} exist?)")
     if errors:
         sys.exit(f"not delivered: {errors[:3]}")
 

@@ -139,6 +139,19 @@ async fn avro_through_a_registry_survives_a_sigkill_evolves_and_rebuilds_exactly
     assert_eq!(read_model(&pool).await, generate::expected(&events), "the rest untouched");
 }
 
+/// Protobuf written by Confluent's own serializer against a real registry (Apicurio), the
+/// keys plain text: a SIGKILL, duplicates and re-sends, a rebuild: exact.
+#[sqlx::test(migrations = false)]
+async fn protobuf_through_a_registry_survives_a_sigkill_and_rebuilds_exactly(pool: PgPool) {
+    let test = "protobuf_through_a_registry_survives_a_sigkill_and_rebuilds_exactly";
+    let Some((url, python)) = registry(test) else { return };
+    let env = Env::new(&pool, "protobuf-kill").await;
+    env.publish(&[]).await;
+    let (published, events) = stream(686);
+    producers::publish_protobuf(&python, &brokers(), &env.topic, &url, &published);
+    killed_mid_stream_then_rebuilt(&pool, &env, &["--schema-registry-url", &url], &events).await;
+}
+
 /// A registry that stops answering while `run` reads a schema it has not fetched yet: the
 /// partition waits (`/ready` 503, saying so), nothing is dead-lettered, and it reads on once
 /// the registry answers again.
