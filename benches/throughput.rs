@@ -14,6 +14,8 @@
 //! (`throughput/orders.rs`; `BENCH_ORDERS=0` skips it, `BENCH_ORDERS_ONLY=1` runs it alone,
 //! `BENCH_ORDERS_DELIVERIES`, default 200000; `BENCH_ORDERS_ROUNDS`, default 3): child rows
 //! and deletes, the order-status projector against PostgreSQL alone doing the same gated writes.
+//! The Avro arm (`throughput/avro.rs`; `BENCH_AVRO=0` skips it, `BENCH_AVRO_ONLY=1` runs it
+//! alone): the stream as Avro through a schema registry beside the JSON pipeline.
 //! `BENCH_KEEP_TOPICS=1` keeps the topics a run made (deleted at its end otherwise), to run a
 //! projector over one again by hand.
 //!
@@ -34,6 +36,8 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+#[path = "throughput/avro.rs"]
+mod avro;
 #[path = "throughput/baselines.rs"]
 mod baselines;
 #[path = "throughput/freshness.rs"]
@@ -146,6 +150,15 @@ async fn main() {
         let (achieved, projector, broker) = freshness(rate, seconds, &events).await;
         println!("  freshness ({achieved:>6.0}/s): projector {}; broker alone {}", projector.show(), broker.show());
         println!("  freshness p99 over the broker's {:>6.1} ms", projector.at(0.99) - broker.at(0.99));
+        drop_topics().await;
+        return;
+    }
+    // The Avro arm alone (Confluent's serializer through a schema registry).
+    if env_usize("BENCH_AVRO_ONLY", 0) != 0 {
+        let (topic, _) = publish(&events).await;
+        if let Some(compared) = avro::arm(&events, &topic).await {
+            print_avro(&compared);
+        }
         drop_topics().await;
         return;
     }
@@ -264,6 +277,9 @@ async fn main() {
         Some((alone.rate, alone.start_to_exit))
     };
 
+    // The same stream as Avro through a schema registry: BENCH_AVRO=0 skips it.
+    let avro = if env_usize("BENCH_AVRO", 1) == 0 { None } else { avro::arm(&events, &topic).await };
+
     let (ceiling_pool, _) = fresh_database("projectionist_bench_ceiling").await;
     let ceiling = ceiling(&ceiling_pool, &events).await;
     assert_eq!(versions(&ceiling_pool).await, want, "the ceiling applied every event");
@@ -367,6 +383,9 @@ async fn main() {
     if let Some(compared) = &peer {
         print_peer(compared);
     }
+    if let Some(compared) = &avro {
+        print_avro(compared);
+    }
     println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
     drop_topics().await;
 }
@@ -381,5 +400,12 @@ fn print_peer(compared: &peer::Compared) {
     println!(
         "  projectionist rebuild / the sink, with re-sends        {:>6.2}   (in order {:.2}; each from offset zero)",
         compared.rebuild.0, compared.rebuild.1
+    );
+}
+
+fn print_avro(compared: &avro::Compared) {
+    println!(
+        "  pipeline on Avro / on JSON     {:>6.2}   (>= 0.9; decode {:+.2} us CPU per delivery, wrong rows {})",
+        compared.ratio, compared.decode_us, compared.wrong
     );
 }

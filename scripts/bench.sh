@@ -12,6 +12,11 @@ if [ "${BENCH_PEER:-1}" != 0 ]; then
     peer_env=$(scripts/services.sh --kafka-connect) && eval "$peer_env" \
         || echo "[bench] The peer arm is skipped: Kafka Connect cannot run here (above)." >&2
 fi
+# The Avro arm's schema registry and Confluent's Python serializer (BENCH_AVRO=0 skips it).
+if [ "${BENCH_AVRO:-1}" != 0 ]; then
+    avro_env=$(scripts/services.sh --registry && scripts/services.sh --python-producers) && eval "$avro_env" \
+        || echo "[bench] The Avro arm is skipped: no registry or Python producers here (above)." >&2
+fi
 cargo build --release --locked -p bank-accounts --bin bank-accounts --bin account-states -p order-status --bin order-status
 # BANK_ACCOUNTS_BIN, when set, is the projector measured (another build, to compare).
 export BANK_ACCOUNTS_BIN="${BANK_ACCOUNTS_BIN:-$PWD/target/release/bank-accounts}"
