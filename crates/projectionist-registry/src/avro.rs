@@ -10,7 +10,8 @@ use apache_avro::{
 };
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveTime, SecondsFormat};
-use serde_json::{Map, Value as Json};
+use serde::{Serialize, Serializer};
+use serde_json::Value as Json;
 
 /// A compiled Avro schema and the named types it can refer to.
 #[derive(Debug)]
@@ -38,7 +39,18 @@ impl AvroSchema {
 
     /// The datum in `payload` as JSON: written with this schema, read with `reader`'s when
     /// given (Avro's schema resolution: defaults for added fields, removed ones dropped).
+    #[cfg(test)]
     pub fn decode(&self, payload: &[u8], reader: Option<&AvroSchema>) -> Result<Json, String> {
+        self.decode_into(payload, reader, serde_json::value::Serializer)
+    }
+
+    /// [`AvroSchema::decode`] into any serde serializer (JSON text, without a `Value` between).
+    pub fn decode_into<S: Serializer>(
+        &self,
+        payload: &[u8],
+        reader: Option<&AvroSchema>,
+        into: S,
+    ) -> Result<S::Ok, String> {
         let mut input = Input { rest: payload, ended: false };
         let value = apache_avro::from_avro_datum_reader_schemata(
             &self.schema,
@@ -57,7 +69,7 @@ impl AvroSchema {
             Err(e) => Err(self.locate(payload, &e.to_string())),
         }?;
         let shape = reader.unwrap_or(self);
-        Ok(shape.to_json(value, Some(&shape.schema)))
+        AsJson { avro: shape, value: &value, schema: Some(&shape.schema) }.serialize(into).map_err(|e| e.to_string())
     }
 
     /// `reason`, with the record's field where decoding stops, field by field.
@@ -74,75 +86,93 @@ impl AvroSchema {
         reason.to_owned()
     }
 
-    /// A value as JSON, guided by its schema where one is known (a decimal's scale).
-    fn to_json(&self, value: Value, schema: Option<&Schema>) -> Json {
-        let schema = schema.and_then(|s| match s {
+    /// A named type's schema where `schema` refers to one by name.
+    fn resolve<'a>(&'a self, schema: Option<&'a Schema>) -> Option<&'a Schema> {
+        schema.and_then(|s| match s {
             Schema::Ref { name } => self.names.get(name),
             other => Some(other),
-        });
-        match value {
-            Value::Null => Json::Null,
-            Value::Boolean(b) => b.into(),
-            Value::Int(i) => i.into(),
-            Value::Date(days) => date(days),
-            Value::Long(l) => l.into(),
-            Value::Float(f) => float(f64::from(f)),
-            Value::Double(d) => float(d),
-            Value::Bytes(b) | Value::Fixed(_, b) => base64::engine::general_purpose::STANDARD.encode(b).into(),
-            Value::String(s) | Value::Enum(_, s) => s.into(),
-            Value::Uuid(u) => u.to_string().into(),
-            Value::Union(branch, inner) => {
-                let variant = match schema {
-                    Some(Schema::Union(union)) => union.variants().get(branch as usize),
-                    _ => None,
-                };
-                self.to_json(*inner, variant)
+        })
+    }
+}
+
+/// A decoded value as the JSON a serde type reads, guided by its schema where one is known
+/// (a union's branch, a decimal's scale).
+struct AsJson<'a> {
+    avro: &'a AvroSchema,
+    value: &'a Value,
+    schema: Option<&'a Schema>,
+}
+
+impl Serialize for AsJson<'_> {
+    fn serialize<S: Serializer>(&self, into: S) -> Result<S::Ok, S::Error> {
+        let schema = self.avro.resolve(self.schema);
+        let nested = |value, schema| AsJson { avro: self.avro, value, schema };
+        match (self.value, schema) {
+            (Value::Null, _) => into.serialize_unit(),
+            (Value::Boolean(b), _) => into.serialize_bool(*b),
+            (Value::Int(i), _) => into.serialize_i32(*i),
+            (Value::Long(l), _) => into.serialize_i64(*l),
+            (Value::String(text) | Value::Enum(_, text), _) => into.serialize_str(text),
+            (Value::Union(branch, inner), Some(Schema::Union(union))) => {
+                nested(inner, union.variants().get(*branch as usize)).serialize(into)
             }
-            Value::Array(items) => {
+            (Value::Union(_, inner), _) => nested(inner, None).serialize(into),
+            (Value::Array(items), schema) => {
                 let item = match schema {
                     Some(Schema::Array(array)) => Some(&*array.items),
                     _ => None,
                 };
-                items.into_iter().map(|v| self.to_json(v, item)).collect::<Vec<_>>().into()
+                into.collect_seq(items.iter().map(|v| nested(v, item)))
             }
-            Value::Map(entries) => {
+            (Value::Map(entries), schema) => {
                 let item = match schema {
                     Some(Schema::Map(map)) => Some(&*map.types),
                     _ => None,
                 };
-                entries.into_iter().map(|(k, v)| (k, self.to_json(v, item))).collect::<Map<_, _>>().into()
+                into.collect_map(entries.iter().map(|(k, v)| (k, nested(v, item))))
             }
-            Value::Record(fields) => {
+            (Value::Record(fields), schema) => {
                 let record = match schema {
                     Some(Schema::Record(record)) => Some(record),
                     _ => None,
                 };
-                let object = fields.into_iter().map(|(name, v)| {
-                    let field = record.and_then(|r| field_schema(r, &name));
-                    (name, self.to_json(v, field))
-                });
-                object.collect::<Map<_, _>>().into()
+                let field = |name: &str| record.and_then(|r| field_schema(r, name));
+                into.collect_map(fields.iter().map(|(name, v)| (name, nested(v, field(name)))))
             }
-            Value::Decimal(d) => {
-                let scale = match schema {
-                    Some(Schema::Decimal(decimal)) => decimal.scale,
-                    _ => 0,
-                };
-                decimal_text(&num_bigint::BigInt::from(d).to_string(), scale).into()
-            }
-            Value::BigDecimal(d) => d.to_string().into(),
-            Value::TimeMillis(ms) => time(i64::from(ms), 1_000_000, "%H:%M:%S%.3f"),
-            Value::TimeMicros(us) => time(us, 1_000, "%H:%M:%S%.6f"),
-            Value::TimestampMillis(ms) => instant(DateTime::from_timestamp_millis(ms), ms, SecondsFormat::Millis),
-            Value::TimestampMicros(us) => instant(DateTime::from_timestamp_micros(us), us, SecondsFormat::Micros),
-            Value::TimestampNanos(ns) => instant(Some(DateTime::from_timestamp_nanos(ns)), ns, SecondsFormat::Nanos),
-            Value::LocalTimestampMillis(ms) => local(DateTime::from_timestamp_millis(ms), ms, "%.3f"),
-            Value::LocalTimestampMicros(us) => local(DateTime::from_timestamp_micros(us), us, "%.6f"),
-            Value::LocalTimestampNanos(ns) => local(Some(DateTime::from_timestamp_nanos(ns)), ns, "%.9f"),
-            Value::Duration(d) => serde_json::json!({
-                "months": u32::from(d.months()), "days": u32::from(d.days()), "millis": u32::from(d.millis()),
-            }),
+            (other, schema) => scalar(other, schema).serialize(into),
         }
+    }
+}
+
+/// The values written as text or as a JSON number computed from them.
+fn scalar(value: &Value, schema: Option<&Schema>) -> Json {
+    match value {
+        Value::Date(days) => date(*days),
+        Value::Float(f) => float(f64::from(*f)),
+        Value::Double(d) => float(*d),
+        Value::Bytes(b) | Value::Fixed(_, b) => base64::engine::general_purpose::STANDARD.encode(b).into(),
+        Value::Uuid(u) => u.to_string().into(),
+        Value::Decimal(d) => {
+            let scale = match schema {
+                Some(Schema::Decimal(decimal)) => decimal.scale,
+                _ => 0,
+            };
+            decimal_text(&num_bigint::BigInt::from(d.clone()).to_string(), scale).into()
+        }
+        Value::BigDecimal(d) => d.to_string().into(),
+        Value::TimeMillis(ms) => time(i64::from(*ms), 1_000_000, "%H:%M:%S%.3f"),
+        Value::TimeMicros(us) => time(*us, 1_000, "%H:%M:%S%.6f"),
+        Value::TimestampMillis(ms) => instant(DateTime::from_timestamp_millis(*ms), *ms, SecondsFormat::Millis),
+        Value::TimestampMicros(us) => instant(DateTime::from_timestamp_micros(*us), *us, SecondsFormat::Micros),
+        Value::TimestampNanos(ns) => instant(Some(DateTime::from_timestamp_nanos(*ns)), *ns, SecondsFormat::Nanos),
+        Value::LocalTimestampMillis(ms) => local(DateTime::from_timestamp_millis(*ms), *ms, "%.3f"),
+        Value::LocalTimestampMicros(us) => local(DateTime::from_timestamp_micros(*us), *us, "%.6f"),
+        Value::LocalTimestampNanos(ns) => local(Some(DateTime::from_timestamp_nanos(*ns)), *ns, "%.9f"),
+        Value::Duration(d) => serde_json::json!({
+            "months": u32::from(d.months()), "days": u32::from(d.days()), "millis": u32::from(d.millis()),
+        }),
+        // The rest is written by `AsJson` itself, never here.
+        _ => Json::Null,
     }
 }
 

@@ -7,7 +7,6 @@ use base64::Engine as _;
 use prost::Message as _;
 use prost_reflect::{DynamicMessage, FileDescriptor, MessageDescriptor, SerializeOptions};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
-use serde_json::Value as Json;
 
 /// How a message becomes JSON: field names as in the .proto, every field present (defaults
 /// too, so a serde type without `#[serde(default)]` reads it), 64-bit integers as numbers,
@@ -41,12 +40,18 @@ impl ProtoSchema {
     }
 
     /// The message after the header (its indexes, then its bytes) as JSON.
-    pub fn decode(&self, payload: &[u8]) -> Result<Json, String> {
+    #[cfg(test)]
+    pub fn decode(&self, payload: &[u8]) -> Result<serde_json::Value, String> {
+        self.decode_into(payload, serde_json::value::Serializer)
+    }
+
+    /// [`ProtoSchema::decode`] into any serde serializer (JSON text, without a `Value` between).
+    pub fn decode_into<S: serde::Serializer>(&self, payload: &[u8], into: S) -> Result<S::Ok, String> {
         let (indexes, bytes) = crate::wire::message_indexes(payload)?;
         let descriptor = self.message(&indexes)?;
         let name = descriptor.full_name().to_owned();
         let message = DynamicMessage::decode(descriptor, bytes).map_err(|e| format!("message {name}: {e}"))?;
-        message.serialize_with_options(serde_json::value::Serializer, &JSON).map_err(|e| e.to_string())
+        message.serialize_with_options(into, &JSON).map_err(|e| e.to_string())
     }
 
     /// The message the indexes name: the first into the file's messages, each next one into

@@ -5,7 +5,7 @@ use std::{
     sync::{Arc, PoisonError, RwLock},
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize as _};
 use serde_json::Value as Json;
 
 use crate::{
@@ -128,6 +128,18 @@ impl Registry {
     /// As [`Registry::decode`]; an Avro payload is resolved against `reader` when given
     /// (ignored for Protobuf and JSON Schema, whose evolution needs no reader's schema).
     pub fn decode_with(&self, bytes: &[u8], reader: Option<&Reader>) -> Result<Json> {
+        self.decode_into(bytes, reader, serde_json::value::Serializer)
+    }
+
+    /// As [`Registry::decode`], written as JSON text: what the engine reads, with no JSON
+    /// value built between.
+    pub fn decode_text(&self, bytes: &[u8]) -> Result<Vec<u8>> {
+        let mut text = Vec::with_capacity(bytes.len() * 2);
+        self.decode_into(bytes, None, &mut serde_json::Serializer::new(&mut text))?;
+        Ok(text)
+    }
+
+    fn decode_into<S: serde::Serializer>(&self, bytes: &[u8], reader: Option<&Reader>, into: S) -> Result<S::Ok> {
         let (id, payload) = wire::split(bytes)?;
         let compiled = match self.entry(id) {
             None => return Err(Error::NotPrepared { id }),
@@ -136,9 +148,11 @@ impl Registry {
             Some(Entry::Ready(compiled)) => compiled,
         };
         let decoded = match &*compiled {
-            Compiled::Avro(schema) => schema.decode(payload, reader.map(|r| &*r.0)),
-            Compiled::Protobuf(schema) => schema.decode(payload),
-            Compiled::Json => serde_json::from_slice(payload).map_err(|e| format!("not JSON: {e}")),
+            Compiled::Avro(schema) => schema.decode_into(payload, reader.map(|r| &*r.0), into),
+            Compiled::Protobuf(schema) => schema.decode_into(payload, into),
+            Compiled::Json => serde_json::from_slice::<Json>(payload)
+                .map_err(|e| format!("not JSON: {e}"))
+                .and_then(|json| json.serialize(into).map_err(|e| e.to_string())),
         };
         decoded.map_err(|reason| Error::DoesNotFit { id, reason })
     }

@@ -8,8 +8,8 @@ use crate::{Error, Registry};
 
 #[async_trait]
 impl Schemas for Registry {
-    fn decode(&self, bytes: &[u8]) -> Result<serde_json::Value, SchemaError> {
-        Registry::decode(self, bytes).map_err(classify)
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, SchemaError> {
+        self.decode_text(bytes).map_err(classify)
     }
 
     async fn fetch(&self, ids: &[u32]) -> Result<(), SchemaError> {

@@ -12,7 +12,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde_json::Value;
 
 use super::{Format, Message};
 use crate::{DecodeError, LazyEnvelope};
@@ -34,9 +33,9 @@ pub enum SchemaError {
 /// Decodes payloads in Confluent's wire format with the schemas a registry holds.
 #[async_trait]
 pub trait Schemas: Send + Sync + fmt::Debug {
-    /// The JSON `bytes` (in the wire format) hold, decoded with the writer's schema if it is
-    /// fetched; [`SchemaError::NotFetched`] if not.
-    fn decode(&self, bytes: &[u8]) -> Result<Value, SchemaError>;
+    /// The JSON text of what `bytes` (in the wire format) hold, decoded with the writer's
+    /// schema if it is fetched; [`SchemaError::NotFetched`] if not.
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, SchemaError>;
 
     /// Fetches the schemas `ids` not fetched yet. An id the registry does not have is fetched
     /// as unknown (decoding then says so); a registry that does not answer is
@@ -112,10 +111,12 @@ impl Reader {
             SchemaError::NotFetched(id) => DecodeError::SchemaPending { id },
             e => DecodeError::Schema { id, problem: format!("the {part}: {e}") },
         })?;
-        Ok(Some(match (part, json) {
-            (Part::Key, Value::String(text)) => text.into_bytes(),
-            (_, json) => serde_json::to_vec(&json).map_err(|e| DecodeError::Schema { id, problem: e.to_string() })?,
-        }))
+        match (part, json.first()) {
+            (Part::Key, Some(b'"')) => serde_json::from_slice::<String>(&json)
+                .map(|text| Some(text.into_bytes()))
+                .map_err(|e| DecodeError::Schema { id, problem: format!("the key: {e}") }),
+            _ => Ok(Some(json)),
+        }
     }
 }
 
@@ -138,6 +139,8 @@ impl fmt::Display for Part {
 mod tests {
     use std::sync::Mutex;
 
+    use serde_json::Value;
+
     use super::*;
 
     /// Schema 7 holds an envelope's JSON after its header; schema 9 a key; schema 8 is
@@ -147,15 +150,17 @@ mod tests {
 
     #[async_trait]
     impl Schemas for Fake {
-        fn decode(&self, bytes: &[u8]) -> Result<Value, SchemaError> {
+        fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, SchemaError> {
             let id = schema_id(bytes).unwrap();
             if !self.0.lock().unwrap().contains(&id) {
                 return Err(SchemaError::NotFetched(id));
             }
             match id {
-                9 => Ok(Value::String(String::from_utf8(bytes[5..].to_vec()).unwrap())),
+                9 => Ok(serde_json::to_vec(&String::from_utf8(bytes[5..].to_vec()).unwrap()).unwrap()),
                 8 => Err(SchemaError::Invalid("schema id 8 is not in the registry".into())),
-                _ => serde_json::from_slice(&bytes[5..]).map_err(|e| SchemaError::Invalid(e.to_string())),
+                _ => serde_json::from_slice::<Value>(&bytes[5..])
+                    .map(|_| bytes[5..].to_vec())
+                    .map_err(|e| SchemaError::Invalid(e.to_string())),
             }
         }
 

@@ -300,7 +300,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl projectionist_core::format::Schemas for Unfetched {
-        fn decode(&self, bytes: &[u8]) -> Result<serde_json::Value, projectionist_core::format::SchemaError> {
+        fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, projectionist_core::format::SchemaError> {
             Err(projectionist_core::format::SchemaError::NotFetched(schema_id(bytes).unwrap_or_default()))
         }
 
