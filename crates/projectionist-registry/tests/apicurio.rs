@@ -16,12 +16,17 @@ fn environment(test: &str) -> Option<(String, String)> {
         (None, _) => "SCHEMA_REGISTRY_URL is not set: scripts/services.sh --registry prints it",
         (_, None) => "PROJECTIONIST_PYTHON is not set: scripts/services.sh --python-producers makes it",
     };
+    skip(test, reason);
+    None
+}
+
+/// Says that `test` did not run, and why, here and in the test command's list of skips.
+fn skip(test: &str, reason: &str) {
     eprintln!("SKIPPED {test}: {reason}");
     if let Ok(path) = std::env::var("PROJECTIONIST_SKIP_LOG") {
         let mut log = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
         writeln!(log, "SKIPPED {test}: {reason}").unwrap();
     }
-    None
 }
 
 /// A topic (and so a subject, `<topic>-value`) of this test run alone: the registry outlives
@@ -107,4 +112,52 @@ async fn a_registry_nobody_listens_on_is_unavailable() {
     let error = registry.prepare([1]).await.unwrap_err();
     assert!(error.is_retryable() && !error.is_dead_letter(), "{error}");
     assert!(error.to_string().starts_with("the schema registry at http://127.0.0.1:9/apis/ccompat/v7 is unavailable"));
+}
+
+/// The registry behind an HTTPS front that asks for basic auth (`tools/tls_front.py`, with
+/// the test CA's server certificate from `scripts/services.sh --tls`): read with the CA file
+/// and the credentials; a wrong password, or a CA that did not sign the certificate, is an
+/// outage saying what to check (waited out, never a dead letter), the password never shown.
+#[tokio::test]
+async fn through_tls_with_basic_auth() {
+    let test = "through_tls_with_basic_auth";
+    let Some((url, python)) = environment(test) else { return };
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let (Some(ca), Some(wrong_ca)) = (var("KAFKA_TLS_CA"), var("KAFKA_TLS_WRONG_CA")) else {
+        return skip(test, "KAFKA_TLS_CA is not set: scripts/services.sh --tls makes the test CA");
+    };
+    // The server certificate the test CA signed for 127.0.0.1, beside the CA.
+    let dir = std::path::Path::new(&ca).parent().unwrap();
+    let (cert, key) = (dir.join("broker.pem"), dir.join("broker.key"));
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/tls_front.py");
+    let (upstream, path) = url.trim_start_matches("http://").split_once('/').unwrap();
+    let mut front = std::process::Command::new(&python)
+        .args([tool, &format!("http://{upstream}"), cert.to_str().unwrap(), key.to_str().unwrap()])
+        .args(["reader", "s3cret-registry"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(front.stdout.take().unwrap()), &mut port).unwrap();
+    let https = format!("https://127.0.0.1:{}/{path}", port.trim());
+
+    let avro = serialize(&python, &url, "avro-v1", &topic("tls"));
+    let config = RegistryConfig::new(&https).with_ca_file(&ca);
+    let registry = Registry::new(&config.clone().with_basic_auth("reader", "s3cret-registry")).unwrap();
+    let expected = json!({"id": 7, "owner": "ada", "at": "2024-01-02T03:04:05.678Z", "legacy": "old"});
+    let read = decode(&registry, &avro).await;
+    let wrong_password = Registry::new(&config.with_basic_auth("reader", "not-it")).unwrap();
+    let refused = decode(&wrong_password, &avro).await.unwrap_err();
+    let untrusted = RegistryConfig::new(&https).with_ca_file(&wrong_ca).with_basic_auth("reader", "s3cret-registry");
+    let unverified = decode(&Registry::new(&untrusted).unwrap(), &avro).await.unwrap_err();
+    front.kill().unwrap();
+    front.wait().unwrap();
+
+    assert_eq!(read.unwrap(), expected);
+    assert!(refused.is_retryable() && !refused.is_dead_letter(), "{refused}");
+    assert!(refused.to_string().contains("HTTP 401: check the registry's credentials"), "{refused}");
+    assert!(unverified.is_retryable() && !unverified.is_dead_letter(), "{unverified}");
+    for error in [&refused, &unverified] {
+        assert!(!error.to_string().contains("s3cret") && !error.to_string().contains("not-it"), "{error}");
+    }
 }
