@@ -55,6 +55,9 @@
 # With --python-producers: only a Python venv in the cache with Confluent's client (Avro,
 #   Protobuf, JSON Schema serializers) and the CloudEvents SDK at pinned versions
 #   (services/python-producers.txt), made once; prints PROJECTIONIST_PYTHON.
+# With --jaeger or --stop-jaeger: only Jaeger v2 (services/jaeger.sh), the trace receiver of
+#   the tracing tests, built from the Go module proxy once; prints OTLP_GRPC_ENDPOINT,
+#   OTLP_HTTP_ENDPOINT and JAEGER_QUERY_URL.
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -298,6 +301,7 @@ source "$HERE/services/tansu.sh"
 source "$HERE/services/kafka-connect.sh"
 source "$HERE/services/apicurio-registry.sh"
 source "$HERE/services/python-producers.sh"
+source "$HERE/services/jaeger.sh"
 source "$HERE/services/debezium-outbox.sh"
 
 # One invocation at a time (tests start and stop brokers through this script, in parallel).
@@ -350,6 +354,14 @@ case ${1:-} in
         ;;
     --python-producers)
         ensure_python_producers
+        exit
+        ;;
+    --jaeger)
+        start_jaeger
+        exit
+        ;;
+    --stop-jaeger)
+        stop_jaeger
         exit
         ;;
     --outbox-postgres)

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The test command: brings up the services (PostgreSQL, the broker with its TLS and SASL
-# listeners, a second PostgreSQL cluster with TLS, a schema registry), then runs every test
-# of the workspace;
-# then the tests of aborted transactions, ignored by default (they need a broker that hides
+# listeners, a second PostgreSQL cluster with TLS, a schema registry, a trace receiver), then
+# runs every test of the workspace; then the tests of aborted transactions, ignored by default (they need a broker that hides
 # them: Apache Kafka does; on another broker a probe decides).
 # Tests skipped, and why, are listed at the end.
 set -euo pipefail
@@ -19,6 +18,10 @@ export PROJECTIONIST_PYTHON=${PROJECTIONIST_PYTHON:-}
 # cannot start, those tests say they were skipped and why.
 eval "$(scripts/services.sh --registry)" || echo "The schema registry cannot start here (above)." >&2
 export SCHEMA_REGISTRY_URL=${SCHEMA_REGISTRY_URL:-}
+# The trace receiver of the tracing tests (Jaeger v2, built from the Go module proxy once);
+# where it cannot start, those tests say they were skipped and why.
+eval "$(scripts/services.sh --jaeger)" || echo "Jaeger cannot start here (above)." >&2
+export OTLP_GRPC_ENDPOINT=${OTLP_GRPC_ENDPOINT:-} OTLP_HTTP_ENDPOINT=${OTLP_HTTP_ENDPOINT:-} JAEGER_QUERY_URL=${JAEGER_QUERY_URL:-}
 # The TLS/SASL tests record here why they did not run when their services are missing.
 export PROJECTIONIST_SKIP_LOG="$PWD/target/skipped-tests.log"
 mkdir -p target && : >"$PROJECTIONIST_SKIP_LOG"

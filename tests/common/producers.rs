@@ -69,14 +69,38 @@ pub fn publish_protobuf(python: &str, brokers: &str, topic: &str, registry: &str
     pipe(python, "protobuf_produce.py", &[brokers, topic, registry], events);
 }
 
-/// Runs the Python tool `name` with `args`, `events` on its stdin as JSON lines.
-fn pipe(python: &str, name: &str, args: &[&str], events: &[RawEnvelope]) {
+/// Publishes `events` to `topic`, each in a producer span of OpenTelemetry's Python SDK
+/// exported to the collector at `otlp_http` as `service`, its trace context in the message's
+/// headers (even events) or its envelope's metadata (odd ones)
+/// (`tests/tools/traced_produce.py`). The trace id of each event's producer span, in order.
+pub fn publish_traced(
+    python: &str,
+    brokers: &str,
+    topic: &str,
+    otlp_http: &str,
+    service: &str,
+    events: &[RawEnvelope],
+) -> Vec<String> {
+    let out = pipe(python, "traced_produce.py", &[brokers, topic, otlp_http, service], events);
+    let lines = out.lines().map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap());
+    lines.map(|sent| sent["trace_id"].as_str().unwrap().to_owned()).collect()
+}
+
+/// Runs the Python tool `name` with `args`, `events` on its stdin as JSON lines: what it
+/// printed.
+fn pipe(python: &str, name: &str, args: &[&str], events: &[RawEnvelope]) -> String {
     let mut child = std::process::Command::new(python)
         .arg(tool(name))
         .args(args)
         .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("the Python producer starts");
+    let mut stdout = child.stdout.take().unwrap();
+    let printed = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut text).map(|_| text)
+    });
     let mut stdin = std::io::BufWriter::new(child.stdin.take().unwrap());
     for event in events {
         stdin.write_all(&event.to_json()).unwrap();
@@ -84,4 +108,5 @@ fn pipe(python: &str, name: &str, args: &[&str], events: &[RawEnvelope]) {
     }
     drop(stdin);
     assert!(child.wait().unwrap().success(), "{name} {args:?}");
+    printed.join().unwrap().unwrap()
 }

@@ -32,6 +32,8 @@ pub(crate) struct Cli {
     pub(crate) file_topics: Formats,
     #[command(flatten)]
     pub(crate) registry: crate::registry::RegistryArgs,
+    #[command(flatten)]
+    pub(crate) traces: crate::traces::TraceArgs,
     // Last: its heading applies to the arguments after it.
     #[command(flatten)]
     pub(crate) kafka: kafka::KafkaArgs,
@@ -295,6 +297,7 @@ pub(crate) fn with_config_file(mut cli: Cli, matches: &clap::ArgMatches) -> anyh
     cli.kafka.file_properties = file.kafka;
     cli.file_topics = file.topics;
     cli.registry.file = file.registry;
+    cli.traces.file = file.traces;
     match (&mut cli.command, matches.subcommand()) {
         (Command::Run(args), Some(("run", run))) => {
             let mut options = file.run;

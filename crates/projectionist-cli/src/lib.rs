@@ -32,6 +32,7 @@ mod rebuild;
 mod registry;
 mod run;
 mod status;
+mod traces;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -88,14 +89,24 @@ impl App {
                 return ExitCode::FAILURE;
             }
         };
-        init_tracing(cli.log_format);
-        match self.execute(cli).await {
+        let exporting = match init_tracing(cli.log_format, &cli.traces, self.name) {
+            Ok(exporting) => exporting,
+            Err(e) => {
+                eprintln!("error: {}", one_line(&e));
+                return ExitCode::FAILURE;
+            }
+        };
+        let code = match self.execute(cli).await {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("error: {}", one_line(&e));
                 ExitCode::FAILURE
             }
+        };
+        if let Some(exporting) = exporting {
+            exporting.shutdown().await;
         }
+        code
     }
 
     async fn execute(mut self, cli: Cli) -> anyhow::Result<ExitCode> {
@@ -206,18 +217,34 @@ fn one_line(e: &anyhow::Error) -> String {
     line
 }
 
-fn init_tracing(format: LogFormat) {
+/// The log on stderr (its level from `RUST_LOG`) and, when configured, traces over OTLP
+/// (the engine's spans at `info`, whatever the log's level, and warnings of other crates).
+fn init_tracing(
+    format: LogFormat,
+    traces: &traces::TraceArgs,
+    binary: &str,
+) -> anyhow::Result<Option<traces::Exporting>> {
+    use std::io::IsTerminal;
+    use tracing::level_filters::LevelFilter;
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(progress::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let log = tracing_subscriber::fmt::layer().with_writer(progress::stderr).with_ansi(std::io::stderr().is_terminal());
+    let log = match format {
+        LogFormat::Text => log.boxed(),
+        LogFormat::Json => log.json().boxed(),
     };
+    let (exporting, export) = match traces.resolve(|name| std::env::var(name).ok(), binary)? {
+        Some(traces) => {
+            let (exporting, layer) = traces.start()?;
+            let ours = Targets::new().with_default(LevelFilter::WARN).with_target("projectionist", LevelFilter::INFO);
+            (Some(exporting), Some(layer.with_filter(ours)))
+        }
+        None => (None, None),
+    };
+    let _ = tracing_subscriber::registry().with(log.with_filter(filter)).with(export).try_init();
+    Ok(exporting)
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod runner;
 mod stats;
 pub mod topics;
 mod tp;
+mod trace;
 
 pub use client::{ConnectFailure, KafkaClientConfig};
 pub use config::{redact_userinfo, EngineConfig, Exclusive, ProjectionSettings};

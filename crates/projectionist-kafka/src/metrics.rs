@@ -200,10 +200,11 @@ pub(crate) fn batch_committed(
 ) {
     let projection = projection.to_owned();
     let span = tracing::Span::current();
-    span.record("applied", counts.applied)
-        .record("duplicate", counts.duplicate)
-        .record("stale", counts.stale)
-        .record("ignored", counts.ignored);
+    // As signed integers, which OpenTelemetry keeps as numbers.
+    span.record("applied", counts.applied as i64)
+        .record("duplicate", counts.duplicate as i64)
+        .record("stale", counts.stale as i64)
+        .record("ignored", counts.ignored as i64);
     tracing::debug!(took_ms = took.as_millis() as u64, "Batch committed.");
     metrics::counter!(EVENTS_APPLIED, "projection" => projection.clone()).increment(counts.applied);
     if counts.parked > 0 {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use projectionist_postgres::rebuild::{self, Difference, Swap, Verification};
 use projectionist_postgres::{PgPool, PgProjection, SharedProjection};
 use sqlx::postgres::PgPoolOptions;
+use tracing::Instrument;
 
 use crate::metrics as m;
 use crate::{Engine, EngineConfig, Error, Exclusive, Result, RunReport};
@@ -85,7 +86,9 @@ pub async fn rebuild(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Rebuilt> {
     let name = projection.name().to_owned();
-    let rebuilt = build_and_swap(pool, config, projection, topics, folded, shutdown, Finish::Swap).await;
+    let rebuilt = build_and_swap(pool, config, projection, topics, folded, shutdown, Finish::Swap)
+        .instrument(rebuild_span("rebuild", &name))
+        .await;
     ended(&name, &rebuilt);
     rebuilt
 }
@@ -104,9 +107,16 @@ pub async fn verify(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Rebuilt> {
     let name = projection.name().to_owned();
-    let verified = build_and_swap(pool, config, projection, topics, folded, shutdown, Finish::Verify).await;
+    let verified = build_and_swap(pool, config, projection, topics, folded, shutdown, Finish::Verify)
+        .instrument(rebuild_span("verify", &name))
+        .await;
     ended(&name, &verified);
     verified
+}
+
+/// A rebuild's span (`rebuild` or `verify`): its rounds and its swap are spans within it.
+fn rebuild_span(what: &str, name: &str) -> tracing::Span {
+    tracing::info_span!("rebuild", otel.name = %format_args!("{what} {name}"), projection = %name)
 }
 
 /// The metric of how a rebuild ended (a swap's is counted with its time when it is done).
@@ -159,7 +169,8 @@ async fn build_and_swap(
     // The live writers held back for this round, its last (dropped: let go).
     let mut held: Option<rebuild::Held> = None;
     for round in 1..=MAX_CATCH_UPS {
-        let report = build.round(exclusive, shutdown.as_mut()).await?;
+        let span = tracing::info_span!("round", otel.name = "rebuild round", round, folded = exclusive.fold);
+        let report = build.round(exclusive, shutdown.as_mut()).instrument(span).await?;
         if let Some(halt) = report.halts().first() {
             if exclusive.fold {
                 // Folded, PostgreSQL cannot name an event it refuses: go again batch by batch
@@ -178,7 +189,10 @@ async fn build_and_swap(
         build.caught_up_round(&mut loaded).await?;
         let next = match finish {
             Finish::Verify => build.verify().await?,
-            Finish::Swap => build.swap(held.take(), round, report).await?,
+            Finish::Swap => {
+                let span = tracing::info_span!("swap", otel.name = "rebuild swap", round, held = held.is_some());
+                build.swap(held.take(), round, report).instrument(span).await?
+            }
         };
         match next {
             Next::Done(rebuilt) => {

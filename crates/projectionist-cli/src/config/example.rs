@@ -121,6 +121,17 @@ const TOPICS: &str = r#"
 # ca_file = "/etc/ssl/registry-ca.pem"
 # client_identity_file = "/etc/ssl/registry-client.pem"
 # timeout_ms = 10000
+
+# Traces over OTLP to an OpenTelemetry collector: one span per batch, linked to the
+# producers' traces; off unless an endpoint is given. OpenTelemetry's environment
+# (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, ...) and the --otlp-*
+# options win.
+# [traces]
+# endpoint = "http://127.0.0.1:4317"
+# protocol = "grpc"            # or "http/protobuf" (the default, port 4318)
+# service_name = "bank-accounts"
+# sample_ratio = 0.01
+# queue_size = 2048
 "#;
 
 /// Whether the file takes the option `id` (the command line's own, such as `--reset`, are

@@ -56,6 +56,9 @@ pub(crate) struct ConfigFile {
     /// options win, each for its own setting).
     #[serde(default)]
     pub registry: Option<projectionist_registry::RegistryConfig>,
+    /// Traces over OTLP (OpenTelemetry's environment and the `--otlp-*` options win).
+    #[serde(default)]
+    pub traces: Option<crate::traces::TracesConfig>,
 }
 
 /// Default of `--metrics-addr`.

@@ -36,23 +36,36 @@ impl Partition {
         through: Option<i64>,
         order: watch::Receiver<Order>,
     ) -> Applied {
+        // OpenTelemetry's messaging conventions (a consumer's "process" span over a batch),
+        // and the batch's outcome counts once it commits.
         let span = tracing::info_span!(
             "batch",
+            otel.name = %format_args!("process {}", self.tp.topic),
+            otel.kind = "consumer",
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.destination.name = %self.tp.topic,
+            messaging.destination.partition.id = %self.tp.partition,
+            messaging.consumer.group.name = %self.settings.group,
+            messaging.batch.message_count = messages.len() as i64,
             projection = %self.name(),
-            topic = %self.tp.topic,
-            partition = self.tp.partition,
             first_offset = messages.first().map_or(-1, |m| m.at.offset),
             last_offset = messages.last().map_or(-1, |m| m.at.offset),
-            size = messages.len(),
             applied = tracing::field::Empty,
             duplicate = tracing::field::Empty,
             stale = tracing::field::Empty,
             ignored = tracing::field::Empty,
+            parked = tracing::field::Empty,
+            dead_letters = tracing::field::Empty,
         );
+        crate::trace::link_producers(&span, &messages);
         let this = self.clone();
         async move {
             let size = messages.len();
             let applied = this.apply_inner(messages, through, order).await;
+            if let Applied::Halted(halt) | Applied::Committed { halt: Some(halt), .. } = &applied {
+                crate::trace::halted(halt);
+            }
             if !matches!(applied, Applied::Committed { .. }) {
                 // Nothing of it committed: read again by the next owner or run.
                 this.tally.unapplied(size);
@@ -324,6 +337,9 @@ impl Partition {
         self.stats.drained.fetch_add(counts.drained, std::sync::atomic::Ordering::Relaxed);
         self.stats.dead_letters.fetch_add(counts.dead_letters, std::sync::atomic::Ordering::Relaxed);
         self.stats.parking_changed.store(true, std::sync::atomic::Ordering::Relaxed);
+        // As signed integers, which OpenTelemetry keeps as numbers.
+        let span = tracing::Span::current();
+        span.record("parked", counts.parked as i64).record("dead_letters", counts.dead_letters as i64);
         metrics::counter!(m::EVENTS_DRAINED, "projection" => projection.clone()).increment(counts.drained);
         metrics::counter!(m::AGGREGATES_PARKED, "projection" => projection.clone()).increment(counts.parked);
         metrics::counter!(m::AGGREGATES_RESUMED, "projection" => projection).increment(counts.resumed);

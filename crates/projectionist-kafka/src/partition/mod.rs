@@ -44,7 +44,8 @@ use crate::retry::RetryPolicy;
 use crate::stats::{Stats, Tally};
 use crate::tp::Tp;
 use apply::Applied;
-use decode::{At, Msg};
+use decode::At;
+pub(crate) use decode::Msg;
 use fold::Reads;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
 use progress::MarkerRetry;
@@ -116,6 +117,8 @@ pub(crate) struct Settings {
     pub sole_writer: bool,
     pub max_event_bytes: usize,
     pub bounds: projectionist_postgres::park::Bounds,
+    /// The consumer group (named on the batch spans).
+    pub group: Arc<str>,
 }
 
 /// What PostgreSQL checks of the projection's tables beyond their declarations (CHECK

@@ -241,6 +241,7 @@ impl Runner {
                 sole_writer: self.exclusive.sole_writer,
                 max_event_bytes: self.config.max_event_bytes,
                 bounds: self.config.bounds(),
+                group: self.config.group_for(self.projection.name()).into(),
             },
             progress,
             reader: self.projection.formats().reader(&tp.topic),
