@@ -16,6 +16,8 @@
 //! and deletes, the order-status projector against PostgreSQL alone doing the same gated writes.
 //! The Avro arm (`throughput/avro.rs`; `BENCH_AVRO=0` skips it, `BENCH_AVRO_ONLY=1` runs it
 //! alone): the stream as Avro through a schema registry beside the JSON pipeline.
+//! The traces arm (`throughput/traces.rs`; `BENCH_TRACES=0` skips it, `BENCH_TRACES_ONLY=1`
+//! runs it alone): the pipeline traced at 1 % over OTLP beside the pipeline untraced.
 //! `BENCH_KEEP_TOPICS=1` keeps the topics a run made (deleted at its end otherwise), to run a
 //! projector over one again by hand.
 //!
@@ -50,6 +52,8 @@ mod orders;
 mod peer;
 #[path = "throughput/process.rs"]
 mod process;
+#[path = "throughput/traces.rs"]
+mod traces;
 
 use baselines::{ceiling, folded_ceiling, inbox, waves};
 use freshness::{freshness, FRESHNESS_SECONDS};
@@ -150,6 +154,15 @@ async fn main() {
         let (achieved, projector, broker) = freshness(rate, seconds, &events).await;
         println!("  freshness ({achieved:>6.0}/s): projector {}; broker alone {}", projector.show(), broker.show());
         println!("  freshness p99 over the broker's {:>6.1} ms", projector.at(0.99) - broker.at(0.99));
+        drop_topics().await;
+        return;
+    }
+    // The traces arm alone (OTLP to Jaeger at 1 %, and to a collector that is away).
+    if env_usize("BENCH_TRACES_ONLY", 0) != 0 {
+        let (topic, _) = publish(&events).await;
+        if let Some(compared) = traces::arm(&events, &topic).await {
+            print_traces(&compared);
+        }
         drop_topics().await;
         return;
     }
@@ -279,6 +292,8 @@ async fn main() {
 
     // The same stream as Avro through a schema registry: BENCH_AVRO=0 skips it.
     let avro = if env_usize("BENCH_AVRO", 1) == 0 { None } else { avro::arm(&events, &topic).await };
+    // Traces over OTLP at 1 %: BENCH_TRACES=0 skips it.
+    let traced = if env_usize("BENCH_TRACES", 1) == 0 { None } else { traces::arm(&events, &topic).await };
 
     let (ceiling_pool, _) = fresh_database("projectionist_bench_ceiling").await;
     let ceiling = ceiling(&ceiling_pool, &events).await;
@@ -386,6 +401,9 @@ async fn main() {
     if let Some(compared) = &avro {
         print_avro(compared);
     }
+    if let Some(compared) = &traced {
+        print_traces(compared);
+    }
     println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
     drop_topics().await;
 }
@@ -400,6 +418,13 @@ fn print_peer(compared: &peer::Compared) {
     println!(
         "  projectionist rebuild / the sink, with re-sends        {:>6.2}   (in order {:.2}; each from offset zero)",
         compared.rebuild.0, compared.rebuild.1
+    );
+}
+
+fn print_traces(compared: &traces::Compared) {
+    println!(
+        "  pipeline traced 1 % / untraced {:>6.2}   (>= 0.95; collector away {:.2}; {:+.2} us CPU per delivery, wrong rows {})",
+        compared.ratio, compared.away, compared.cpu_us, compared.wrong
     );
 }
 

@@ -17,6 +17,11 @@ if [ "${BENCH_AVRO:-1}" != 0 ]; then
     avro_env=$(scripts/services.sh --registry && scripts/services.sh --python-producers) && eval "$avro_env" \
         || echo "[bench] The Avro arm is skipped: no registry or Python producers here (above)." >&2
 fi
+# The traces arm's receiver, Jaeger (BENCH_TRACES=0 skips it).
+if [ "${BENCH_TRACES:-1}" != 0 ]; then
+    traces_env=$(scripts/services.sh --jaeger) && eval "$traces_env" \
+        || echo "[bench] The traces arm is skipped: Jaeger cannot start here (above)." >&2
+fi
 cargo build --release --locked -p bank-accounts --bin bank-accounts --bin account-states -p order-status --bin order-status
 # BANK_ACCOUNTS_BIN, when set, is the projector measured (another build, to compare).
 export BANK_ACCOUNTS_BIN="${BANK_ACCOUNTS_BIN:-$PWD/target/release/bank-accounts}"

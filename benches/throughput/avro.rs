@@ -57,7 +57,7 @@ pub(super) async fn arm(events: &[RawEnvelope], json_topic: &str) -> Option<Comp
 }
 
 /// Rows of `bank_accounts` in `a` and `b` that differ, or are in one only.
-async fn differing_rows(a: &PgPool, b: &PgPool) -> usize {
+pub(super) async fn differing_rows(a: &PgPool, b: &PgPool) -> usize {
     let rows = |pool: &PgPool| {
         let pool = pool.clone();
         async move {
