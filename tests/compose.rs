@@ -21,7 +21,8 @@ fn the_compose_file_follows_the_compose_specification() {
     let compose: Compose =
         serde_yaml::from_str(&read("docker-compose.yml")).unwrap_or_else(|e| panic!("docker-compose.yml: {e}"));
     let names: BTreeSet<String> = compose.services.keys().map(|k| k.to_string()).collect();
-    let want: BTreeSet<String> = ["grafana", "kafka", "postgres", "projector", "prometheus"].map(String::from).into();
+    let want: BTreeSet<String> =
+        ["grafana", "jaeger", "kafka", "postgres", "projector", "prometheus"].map(String::from).into();
     assert_eq!(names, want);
 }
 
@@ -63,6 +64,11 @@ fn the_compose_file_agrees_with_the_local_services_and_prometheus() {
     assert_eq!(env("projector", "KAFKA_BROKERS"), "kafka:19092");
     assert!(env("kafka", "KAFKA_LISTENERS").contains("INTERNAL://:19092"));
     assert_eq!(env("projector", "PROJECTIONIST_METRICS_ADDR"), "0.0.0.0:9464");
+    // Traces go to the compose file's Jaeger, over gRPC on the port scripts/services.sh's has.
+    assert_eq!(env("projector", "OTEL_EXPORTER_OTLP_ENDPOINT"), "http://jaeger:4317");
+    assert_eq!(env("projector", "OTEL_EXPORTER_OTLP_PROTOCOL"), "grpc");
+    assert!(read("scripts/services/jaeger.sh").contains("OTLP_GRPC_ENDPOINT=http://$KAFKA_HOST:4317"));
+    assert!(ports("jaeger").contains(&"127.0.0.1:4317:4317".to_owned()));
     let prometheus = yaml("deploy/prometheus/prometheus.yml");
     assert_eq!(prometheus["scrape_configs"][0]["static_configs"][0]["targets"][0].as_str(), Some("projector:9464"));
     // Mounted files exist.

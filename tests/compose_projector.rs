@@ -12,8 +12,10 @@ use std::collections::BTreeMap;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Command};
 
-/// Variables the projector reads outside the argument parser (checked on their own below).
-const NOT_CLAP: &[&str] = &["RUST_LOG"];
+/// Variables the projector reads outside the argument parser: the log filter's (checked on
+/// its own below), and the traces exporter's, read as OpenTelemetry defines them
+/// (projectionist-cli's `traces` module and its tests).
+const NOT_CLAP: &[&str] = &["RUST_LOG", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL"];
 
 fn compose_projector() -> serde_yaml::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml");

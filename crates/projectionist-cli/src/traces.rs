@@ -174,7 +174,6 @@ impl Traces {
         }
         let provider = provider.build();
         let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("projectionist"));
-        export::describe();
         Ok((Exporting { provider }, layer))
     }
 }

@@ -97,6 +97,11 @@ pub const REBUILD_SWAP_SECONDS: &str = "projectionist_rebuild_swap_seconds";
 /// Rebuilds ended. Labels: `projection`, `outcome` (`swapped`, `verified`, `differs`,
 /// `stopped`, `failed`).
 pub const REBUILDS: &str = "projectionist_rebuilds_total";
+/// Trace spans sent to the OTLP collector (with traces on).
+pub const TRACE_SPANS_EXPORTED: &str = "projectionist_trace_spans_exported_total";
+/// Trace spans dropped rather than holding up the pipeline. Label: `reason` (`queue_full`,
+/// `export_failed`).
+pub const TRACE_SPANS_DROPPED: &str = "projectionist_trace_spans_dropped_total";
 
 /// Registers descriptions and units with the installed recorder.
 pub fn describe() {
@@ -143,6 +148,13 @@ pub fn describe() {
     describe_gauge!(REBUILD_PHASE, "A rebuild's phase: 1 loading and catching up, 2 swapping, 0 over.");
     describe_gauge!(REBUILD_SWAP_SECONDS, Unit::Seconds, "How long a rebuild's swap transaction took.");
     describe_counter!(REBUILDS, Unit::Count, "Rebuilds ended, by outcome.");
+    describe_counter!(TRACE_SPANS_EXPORTED, Unit::Count, "Trace spans sent to the OTLP collector.");
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        Unit::Count,
+        "Trace spans dropped rather than holding up the pipeline: the export queue full or the collector not \
+         taking them, by reason."
+    );
 }
 
 /// A rebuild of `projection` has applied `done` messages, `left` to go.

@@ -9,24 +9,10 @@ use opentelemetry::Context;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Span, SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
-
-/// Spans sent to the collector.
-pub(crate) const SPANS_EXPORTED: &str = "projectionist_trace_spans_exported_total";
-/// Spans dropped, by `reason`: `queue_full` or `export_failed`.
-pub(crate) const SPANS_DROPPED: &str = "projectionist_trace_spans_dropped_total";
+use projectionist_kafka::metrics::{TRACE_SPANS_DROPPED as SPANS_DROPPED, TRACE_SPANS_EXPORTED as SPANS_EXPORTED};
 
 /// How often, at most, a warning says spans are being dropped.
 const WARN_EVERY: Duration = Duration::from_secs(60);
-
-/// The metrics' descriptions.
-pub(crate) fn describe() {
-    metrics::describe_counter!(SPANS_EXPORTED, "Spans sent to the OTLP collector.");
-    metrics::describe_counter!(
-        SPANS_DROPPED,
-        "Spans dropped instead of holding up the pipeline: the export queue full (reason queue_full) or the \
-         collector not taking them (reason export_failed)."
-    );
-}
 
 /// Finished spans not yet handed to the exporter, bounded; and the throttled warning.
 #[derive(Debug, Clone)]
