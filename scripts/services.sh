@@ -58,6 +58,10 @@
 # With --jaeger or --stop-jaeger: only Jaeger v2 (services/jaeger.sh), the trace receiver of
 #   the tracing tests, built from the Go module proxy once; prints OTLP_GRPC_ENDPOINT,
 #   OTLP_HTTP_ENDPOINT and JAEGER_QUERY_URL.
+# With --browser: only the browser tests' headless browser (services/browser.sh): Debian's
+#   Chromium, installed if missing, and a Python venv in the cache with Playwright at pinned
+#   versions (services/browser-requirements.txt), made once; Playwright's own browser builds
+#   are never fetched. Prints PROJECTIONIST_BROWSER_PYTHON and PROJECTIONIST_CHROMIUM.
 # Prints the environment to use (`eval "$(scripts/services.sh)"`); progress goes to stderr.
 set -euo pipefail
 
@@ -302,6 +306,7 @@ source "$HERE/services/kafka-connect.sh"
 source "$HERE/services/apicurio-registry.sh"
 source "$HERE/services/python-producers.sh"
 source "$HERE/services/jaeger.sh"
+source "$HERE/services/browser.sh"
 source "$HERE/services/debezium-outbox.sh"
 
 # One invocation at a time (tests start and stop brokers through this script, in parallel).
@@ -362,6 +367,10 @@ case ${1:-} in
         ;;
     --stop-jaeger)
         stop_jaeger
+        exit
+        ;;
+    --browser)
+        ensure_browser
         exit
         ;;
     --outbox-postgres)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: brings up the services (PostgreSQL, the broker with its TLS and SASL
-# listeners, a second PostgreSQL cluster with TLS, a schema registry, a trace receiver), then
-# runs every test of the workspace; then the tests of aborted transactions, ignored by default (they need a broker that hides
-# them: Apache Kafka does; on another broker a probe decides).
+# listeners, a second PostgreSQL cluster with TLS, a schema registry, a trace receiver, a
+# headless browser), then runs every test of the workspace; then the tests of aborted
+# transactions, ignored by default (they need a broker that hides them: Apache Kafka does;
+# on another broker a probe decides).
 # Tests skipped, and why, are listed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,10 @@ export SCHEMA_REGISTRY_URL=${SCHEMA_REGISTRY_URL:-}
 # where it cannot start, those tests say they were skipped and why.
 eval "$(scripts/services.sh --jaeger)" || echo "Jaeger cannot start here (above)." >&2
 export OTLP_GRPC_ENDPOINT=${OTLP_GRPC_ENDPOINT:-} OTLP_HTTP_ENDPOINT=${OTLP_HTTP_ENDPOINT:-} JAEGER_QUERY_URL=${JAEGER_QUERY_URL:-}
+# The console's browser tests: Debian's Chromium driven by Playwright for Python (made once);
+# where they cannot be installed, those tests say they were skipped and why.
+eval "$(scripts/services.sh --browser)" || echo "The headless browser cannot be installed here (above)." >&2
+export PROJECTIONIST_BROWSER_PYTHON=${PROJECTIONIST_BROWSER_PYTHON:-} PROJECTIONIST_CHROMIUM=${PROJECTIONIST_CHROMIUM:-}
 # The TLS/SASL tests record here why they did not run when their services are missing.
 export PROJECTIONIST_SKIP_LOG="$PWD/target/skipped-tests.log"
 mkdir -p target && : >"$PROJECTIONIST_SKIP_LOG"
