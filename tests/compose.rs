@@ -147,6 +147,8 @@ fn the_dashboard_only_charts_metrics_the_engine_declares() {
         "projectionist_events_held",
         "projectionist_dead_letters_total",
         "projectionist_batch_duration_seconds",
+        "projectionist_trace_spans_dropped_total",
+        "projectionist_console_actions_total",
     ] {
         assert!(charted.contains(needed), "the dashboard shows {needed}");
     }

@@ -277,9 +277,17 @@ pub fn command() -> clap::Command {
         .collect();
     // `rebuild` takes `run`'s settings but those that say where `run` starts and stops.
     let rebuild = |rebuild: clap::Command| {
-        ["from_beginning", "reset", "exit_when_caught_up"]
-            .into_iter()
-            .fold(rebuild, |c, id| c.mut_arg(id, |a| a.hide(true)))
+        [
+            "from_beginning",
+            "reset",
+            "exit_when_caught_up",
+            "console",
+            "console_token",
+            "console_payload",
+            "console_remote",
+        ]
+        .into_iter()
+        .fold(rebuild, |c, id| c.mut_arg(id, |a| a.hide(true)))
     };
     command.mut_subcommand("migrate", |migrate| migrate.args(kafka)).mut_subcommand("rebuild", rebuild)
 }

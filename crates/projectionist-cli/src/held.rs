@@ -2,6 +2,7 @@
 //! operator (a missing version skipped, a dead letter retried or discarded).
 
 use anyhow::bail;
+use projectionist_kafka::Registration;
 use projectionist_postgres::park::{self, Resolve};
 use projectionist_postgres::PgPool;
 
@@ -20,14 +21,8 @@ impl App {
         let Some(ParkedCommand::Skip { projection, aggregate_type, aggregate_id, reason }) = action else {
             return status::print_parked(pool, projection.as_deref(), json).await;
         };
-        status::engine_tables(pool).await?;
-        let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == projection) else {
-            bail!("projection {projection} is not one this binary runs");
-        };
-        let p = registration.projection.as_ref();
-        let skipped = park::skip_gap(pool, p, &aggregate_type, &aggregate_id, &reason).await?;
-        let drained = skipped.drained.total();
-        println!("{aggregate_type}/{aggregate_id}: the version it waited for skipped; {drained} held event(s) applied after it");
+        let aggregate = (aggregate_type.as_str(), aggregate_id.as_str());
+        println!("{}", skip(pool, &self.registrations, &projection, aggregate, &reason).await?);
         Ok(())
     }
 
@@ -82,24 +77,58 @@ impl App {
     /// Retries or discards dead letter `id` with its projection, and says what happened:
     /// whether it is resolved.
     async fn resolve(&self, pool: &PgPool, id: i64, action: Resolve) -> anyhow::Result<bool> {
-        let Some(letter) = park::dead_letter(pool, id).await? else {
-            bail!("no dead letter {id} (`dead-letters list` shows them)");
-        };
-        let Some(registration) = self.registrations.iter().find(|r| r.projection.name() == letter.projection) else {
-            bail!("dead letter {id} is of projection {}, which this binary does not run", letter.projection);
-        };
-        let resolved = park::resolve(pool, registration.projection.as_ref(), id, action).await?;
-        let drained = resolved.drained.total();
-        let what = match resolved.outcome {
-            projectionist_core::Outcome::Applied => "applied".to_owned(),
-            projectionist_core::Outcome::Ignored => "discarded".to_owned(),
-            projectionist_core::Outcome::DeadLettered => {
-                format!("still fails: {}", resolved.error.as_deref().unwrap_or("?"))
-            }
-            projectionist_core::Outcome::Parked => "parked: its own predecessor is missing (`parked`)".to_owned(),
-            other => format!("{other} (the read model was past it already)"),
-        };
-        println!("dead letter {id}: {what}; {drained} held event(s) applied after it");
-        Ok(resolved.outcome != projectionist_core::Outcome::DeadLettered)
+        let (resolved, said) = resolve(pool, &self.registrations, id, action).await?;
+        println!("{said}");
+        Ok(resolved)
     }
+}
+
+/// Skips the version `aggregate` (type, id) of `projection` waits for, accepting its loss,
+/// and says what happened. The CLI's `parked skip` and the console's.
+pub(crate) async fn skip(
+    pool: &PgPool,
+    registrations: &[Registration],
+    projection: &str,
+    (aggregate_type, aggregate_id): (&str, &str),
+    reason: &str,
+) -> anyhow::Result<String> {
+    status::engine_tables(pool).await?;
+    let Some(registration) = registrations.iter().find(|r| r.projection.name() == projection) else {
+        bail!("projection {projection} is not one this binary runs");
+    };
+    let p = registration.projection.as_ref();
+    let skipped = park::skip_gap(pool, p, aggregate_type, aggregate_id, reason).await?;
+    let drained = skipped.drained.total();
+    Ok(format!(
+        "{aggregate_type}/{aggregate_id}: the version it waited for skipped; {drained} held event(s) applied after it"
+    ))
+}
+
+/// Retries or discards dead letter `id` with its projection: whether it is resolved, and
+/// what happened. The CLI's `dead-letters retry|discard` and the console's.
+pub(crate) async fn resolve(
+    pool: &PgPool,
+    registrations: &[Registration],
+    id: i64,
+    action: Resolve,
+) -> anyhow::Result<(bool, String)> {
+    let Some(letter) = park::dead_letter(pool, id).await? else {
+        bail!("no dead letter {id} (`dead-letters list` shows them)");
+    };
+    let Some(registration) = registrations.iter().find(|r| r.projection.name() == letter.projection) else {
+        bail!("dead letter {id} is of projection {}, which this binary does not run", letter.projection);
+    };
+    let resolved = park::resolve(pool, registration.projection.as_ref(), id, action).await?;
+    let drained = resolved.drained.total();
+    let what = match resolved.outcome {
+        projectionist_core::Outcome::Applied => "applied".to_owned(),
+        projectionist_core::Outcome::Ignored => "discarded".to_owned(),
+        projectionist_core::Outcome::DeadLettered => {
+            format!("still fails: {}", resolved.error.as_deref().unwrap_or("?"))
+        }
+        projectionist_core::Outcome::Parked => "parked: its own predecessor is missing (`parked`)".to_owned(),
+        other => format!("{other} (the read model was past it already)"),
+    };
+    let said = format!("dead letter {id}: {what}; {drained} held event(s) applied after it");
+    Ok((resolved.outcome != projectionist_core::Outcome::DeadLettered, said))
 }

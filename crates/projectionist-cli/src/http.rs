@@ -56,7 +56,7 @@ pub(crate) async fn serve(
     addr: SocketAddr,
     handle: PrometheusHandle,
     readiness: Readiness,
-    waits: Option<Waits>,
+    (waits, console): (Option<Waits>, Option<Router>),
     limits: Limits,
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
@@ -70,7 +70,10 @@ pub(crate) async fn serve(
     })?;
     let bound = listener.local_addr()?;
     let wait_slots = Arc::new(Semaphore::new(limits.waits));
-    let app = router(Probes { handle, readiness, waits, wait_slots });
+    let mut app = router(Probes { handle, readiness, waits, wait_slots });
+    if let Some(console) = console {
+        app = app.merge(console);
+    }
     tokio::spawn(listener::accept(listener, app, limits));
     Ok(bound)
 }
@@ -113,7 +116,9 @@ async fn ready(State(probes): State<Probes>) -> Response {
     if state.is_ready() {
         reply(StatusCode::OK, "text/plain", "ready\n".to_owned())
     } else {
-        reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {state}\n"))
+        // Each halt on its own line: where, why, and whether (and when) it is retried.
+        let halts: String = probes.readiness.halts().iter().map(|h| format!("{h}\n")).collect();
+        reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("not ready: {state}\n{halts}"))
     }
 }
 
@@ -196,7 +201,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             recorder.handle(),
             engine.readiness(),
-            None,
+            (None, None),
             super::Limits::default(),
         )
         .await

@@ -22,6 +22,7 @@
 
 mod args;
 mod config;
+mod console;
 mod held;
 mod http;
 mod kafka;

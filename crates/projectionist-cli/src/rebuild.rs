@@ -45,7 +45,7 @@ impl App {
         if !maintenance {
             // The rebuild's own metrics, and its shadow run's (ready: PostgreSQL answers).
             let readiness = Engine::new(pool.clone(), config.clone()).readiness();
-            serve_metrics(args.run.metrics_addr.as_deref(), readiness, None).await?;
+            serve_metrics(args.run.metrics_addr.as_deref(), readiness, None, None).await?;
         }
         for r in selected {
             if maintenance {

@@ -9,7 +9,7 @@ use projectionist_kafka::{Engine, KafkaClientConfig, Registration};
 use projectionist_postgres::PgPool;
 
 use crate::progress::ProgressDisplay;
-use crate::{config, http, pool, status, App};
+use crate::{config, console, http, pool, status, App};
 
 impl App {
     pub(crate) async fn run(
@@ -35,11 +35,20 @@ impl App {
         }
         let target = progress_target(&pool, &client, &selected, args.from_beginning || args.reset).await;
         let waits = http::Waits::new(pool.clone(), selected.iter().map(|r| r.projection.clone()).collect());
+        let console = args.console.then(|| (pool.clone(), client.clone(), selected.clone()));
         let mut engine = Engine::new(pool, config);
         for r in selected {
             engine = engine.register(r.projection, r.topics);
         }
-        serve_metrics(args.metrics_addr.as_deref(), engine.readiness(), Some(waits)).await?;
+        let console = console.map(|(pool, client, registrations)| {
+            let settings = console::Settings {
+                token: args.console_token.clone().filter(|t| !t.is_empty()),
+                payload: args.console_payload.unwrap_or_default(),
+                remote: args.console_remote,
+            };
+            ((pool, client, registrations), settings)
+        });
+        serve_metrics(args.metrics_addr.as_deref(), engine.readiness(), Some(waits), console).await?;
         let started = Instant::now();
         let what = if args.from_beginning || args.reset { "Replaying" } else { "Projecting" };
         let mut progress = ProgressDisplay::new(what, "offsets", target);
@@ -124,15 +133,25 @@ pub(crate) async fn serve_metrics(
     addr: Option<&str>,
     readiness: projectionist_kafka::Readiness,
     waits: Option<http::Waits>,
+    console: Option<(console::Parts, console::Settings)>,
 ) -> anyhow::Result<()> {
     let addr = addr.unwrap_or(config::DEFAULT_METRICS_ADDR);
     if addr == "off" {
+        anyhow::ensure!(console.is_none(), "--console needs the HTTP listener: --metrics-addr is off");
         return Ok(());
     }
     let parsed = addr.parse().map_err(|_| anyhow::anyhow!("--metrics-addr {addr:?} is not host:port or off"))?;
     let handle = http::install_recorder()?;
-    let served = if waits.is_some() { "/metrics, /health, /ready and /wait" } else { "/metrics, /health and /ready" };
-    let bound = http::serve(parsed, handle, readiness, waits, http::Limits::default()).await?;
+    let mut served = if waits.is_some() { "/metrics, /health, /ready, /wait" } else { "/metrics, /health, /ready" };
+    let console = match console {
+        Some((parts, settings)) => {
+            served = if waits.is_some() { "/metrics, /health, /ready, /wait, /console" } else { served };
+            let console = console::Console::start(parsed, parts, (handle.clone(), readiness.clone()), settings)?;
+            Some(console::router(console))
+        }
+        None => None,
+    };
+    let bound = http::serve(parsed, handle, readiness, (waits, console), http::Limits::default()).await?;
     tracing::info!(address = %bound, "Serving {served}.");
     Ok(())
 }

@@ -85,6 +85,24 @@ pub(crate) async fn print(
         let (parked, held, dead, _) = projectionist_postgres::park::count(pool, name).await?;
         println!("{name:<24} {parked:>16} {held:>12} {dead:>12}");
     }
+    let rebuilds = rebuilds(pool, registrations, &positions).await?;
+    if !rebuilds.is_empty() {
+        println!();
+        println!("{:<24} {:>16} {:>12} {:>12}", "rebuild of", "read", "of", "behind live");
+        for (name, read, high, live) in rebuilds {
+            println!("{name:<24} {read:>16} {high:>12} {live:>12}");
+        }
+    }
+    Ok(())
+}
+
+/// The rebuilds under way (a shadow schema there): of each, the offsets read, of how many,
+/// and how far it is behind the live checkpoints.
+pub(crate) async fn rebuilds<'a>(
+    pool: &PgPool,
+    registrations: &'a [Registration],
+    positions: &[Position],
+) -> anyhow::Result<Vec<(&'a str, i64, i64, i64)>> {
     let mut rebuilds = Vec::new();
     for r in registrations {
         let name = r.projection.name();
@@ -100,14 +118,7 @@ pub(crate) async fn print(
             rebuilds.push((name, read, high, live));
         }
     }
-    if !rebuilds.is_empty() {
-        println!();
-        println!("{:<24} {:>16} {:>12} {:>12}", "rebuild of", "read", "of", "behind live");
-        for (name, read, high, live) in rebuilds {
-            println!("{name:<24} {read:>16} {high:>12} {live:>12}");
-        }
-    }
-    Ok(())
+    Ok(rebuilds)
 }
 
 /// An error saying what to do when the engine's tables are not in the database.
@@ -247,7 +258,7 @@ fn behind_it(d: &projectionist_postgres::park::StoredDeadLetter) -> &'static str
 }
 
 /// Bytes as text when they are UTF-8, else as hex (`0x…`).
-fn shown(bytes: &[u8]) -> String {
+pub(crate) fn shown(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_owned(),
         Err(_) => format!("0x{}", hex(bytes)),

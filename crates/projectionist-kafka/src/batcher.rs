@@ -128,6 +128,11 @@ impl<M> Batcher<M> {
         std::mem::take(&mut self.buffer).len()
     }
 
+    /// The halted partition reads again (a halt being retried; see `Task::heal`).
+    pub(crate) fn unhalt(&mut self) {
+        self.halted = false;
+    }
+
     /// Whether the partition is halted.
     pub(crate) fn is_halted(&self) -> bool {
         self.halted

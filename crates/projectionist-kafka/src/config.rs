@@ -81,6 +81,14 @@ pub struct EngineConfig {
     /// First retry delay, doubled on each further retry.
     #[serde(default = "default_retry_backoff_ms")]
     pub retry_backoff_ms: u64,
+    /// A partition halted by something that can be fixed while the run goes on (a
+    /// permission, a missing table or column, a refused constraint, a bound, a failing
+    /// `apply`) is read again from its checkpoint after 1 s, then 2, 4, … up to this many
+    /// milliseconds between tries, until it gets past. 0: it stays halted until restarted.
+    /// Poison, a gap, and a partition that lost its place never heal by themselves; nor does
+    /// a run with `exit_when_caught_up` or a rebuild.
+    #[serde(default = "default_halt_retry_max_delay_ms")]
+    pub halt_retry_max_delay_ms: u64,
     /// Ignore stored checkpoints and read every assigned partition from its earliest
     /// offset, once per process; tables are kept (the version gate makes it a no-op on rows
     /// already current).
@@ -204,6 +212,9 @@ fn default_max_retries() -> u32 {
 fn default_retry_backoff_ms() -> u64 {
     EngineConfig::DEFAULT_RETRY_BACKOFF_MS
 }
+fn default_halt_retry_max_delay_ms() -> u64 {
+    EngineConfig::DEFAULT_HALT_RETRY_MAX_DELAY_MS
+}
 fn default_max_event_bytes() -> usize {
     EngineConfig::DEFAULT_MAX_EVENT_BYTES
 }
@@ -255,6 +266,8 @@ impl EngineConfig {
     pub const DEFAULT_MAX_RETRIES: u32 = 5;
     /// Default of [`EngineConfig::retry_backoff_ms`].
     pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 100;
+    /// Default of [`EngineConfig::halt_retry_max_delay_ms`] (5 minutes).
+    pub const DEFAULT_HALT_RETRY_MAX_DELAY_MS: u64 = 300_000;
     /// Default of [`EngineConfig::max_event_bytes`] (1 MiB, Kafka's default message size).
     pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
     /// Default of [`EngineConfig::max_parked_aggregates`].
@@ -280,6 +293,7 @@ impl EngineConfig {
             rebuild_batch_max_bytes: default_rebuild_batch_max_bytes(),
             max_retries: default_max_retries(),
             retry_backoff_ms: default_retry_backoff_ms(),
+            halt_retry_max_delay_ms: default_halt_retry_max_delay_ms(),
             from_beginning: false,
             exit_when_caught_up: false,
             on_gap: OnGap::Park,

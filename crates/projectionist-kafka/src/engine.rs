@@ -142,6 +142,12 @@ impl Readiness {
         self.stats.iter().map(|s| s.partitions_halted()).sum()
     }
 
+    /// Each halt of this process, naming topic, partition, offset and reason (and, for a
+    /// halt being retried, since when and when next).
+    pub fn halts(&self) -> Vec<String> {
+        self.stats.iter().flat_map(|s| s.halts.lock().map(|h| h.clone()).unwrap_or_default()).collect()
+    }
+
     /// All of the above.
     pub async fn state(&self) -> ReadyState {
         ReadyState {

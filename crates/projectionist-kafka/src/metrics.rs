@@ -102,6 +102,12 @@ pub const TRACE_SPANS_EXPORTED: &str = "projectionist_trace_spans_exported_total
 /// Trace spans dropped rather than holding up the pipeline. Label: `reason` (`queue_full`,
 /// `export_failed`).
 pub const TRACE_SPANS_DROPPED: &str = "projectionist_trace_spans_dropped_total";
+/// Halted partitions read again from their checkpoint, their halt's cause possibly gone.
+pub const HALT_RETRIES: &str = "projectionist_halt_retries_total";
+
+/// Actions taken in the console. Labels: `action` (`retry`, `discard`, `skip`), `outcome`
+/// (`done`, `still_failing`, `failed`, `refused`).
+pub const CONSOLE_ACTIONS: &str = "projectionist_console_actions_total";
 
 /// Registers descriptions and units with the installed recorder.
 pub fn describe() {
@@ -155,6 +161,13 @@ pub fn describe() {
         "Trace spans dropped rather than holding up the pipeline: the export queue full or the collector not \
          taking them, by reason."
     );
+    describe_counter!(
+        HALT_RETRIES,
+        Unit::Count,
+        "Halted partitions read again from their checkpoint, the halt's cause possibly gone (a permission, a table, \
+         a constraint)."
+    );
+    describe_counter!(CONSOLE_ACTIONS, Unit::Count, "Console actions, by action and outcome.");
 }
 
 /// A rebuild of `projection` has applied `done` messages, `left` to go.

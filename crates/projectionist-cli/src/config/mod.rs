@@ -119,6 +119,12 @@ pub(crate) struct RunOptions {
     /// First retry delay in milliseconds, doubled on each further retry.
     #[arg(long, env = "PROJECTIONIST_RETRY_BACKOFF_MS")]
     pub retry_backoff_ms: Option<u64>,
+    /// A partition halted by what can be fixed while it runs (a permission, a missing table
+    /// or column, a refused constraint, a bound, a failing `apply`) is read again from its
+    /// checkpoint after 1 s, 2 s, 4 s, … up to this many milliseconds apart, until it gets
+    /// past. 0: halts stay until restarted. Poison and gaps never heal by themselves.
+    #[arg(long, env = "PROJECTIONIST_HALT_RETRY_MAX_DELAY_MS")]
+    pub halt_retry_max_delay_ms: Option<u64>,
     /// An event whose predecessor version never arrived (a gap): `park` its aggregate (its
     /// events are held, and applied when the missing version arrives, while every other
     /// aggregate flows; `parked` lists them) or `halt` the partition.
@@ -181,6 +187,25 @@ pub(crate) struct RunOptions {
     #[arg(long, env = "PROJECTIONIST_METRICS_ADDR")]
     #[serde(skip_serializing)]
     pub metrics_addr: Option<String>,
+    /// Serve the operator's console at /console on that listener: lag, halts, rebuilds,
+    /// parked aggregates and dead letters.
+    #[arg(long)]
+    #[serde(default, skip_serializing)]
+    pub console: bool,
+    /// The token the console's actions (retry, discard, skip) need; without it the console
+    /// only shows. Prefer the environment.
+    #[arg(long, env = "PROJECTIONIST_CONSOLE_TOKEN", hide_env_values = true)]
+    #[serde(skip)]
+    pub console_token: Option<String>,
+    /// The most of a dead letter's payload and header values the console shows: `none`,
+    /// `masked` (their JSON shape) or `full` (masked until asked). Default: masked.
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing)]
+    pub console_payload: Option<crate::console::Payload>,
+    /// Serve the console on a listener that is not on loopback (behind your own proxy).
+    #[arg(long)]
+    #[serde(default, skip_serializing)]
+    pub console_remote: bool,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -93,7 +93,8 @@ mod tests {
         let recorder = PrometheusBuilder::new().build_recorder();
         let limits = super::Limits { connections: 8, header_read: Duration::from_secs(1), ..Default::default() };
         let localhost = "127.0.0.1:0".parse().unwrap();
-        let addr = crate::http::serve(localhost, recorder.handle(), engine.readiness(), None, limits).await.unwrap();
+        let addr =
+            crate::http::serve(localhost, recorder.handle(), engine.readiness(), (None, None), limits).await.unwrap();
         let mut slow = Vec::new();
         for _ in 0..limits.connections + 50 {
             let mut stream = TcpStream::connect(addr).await.unwrap();

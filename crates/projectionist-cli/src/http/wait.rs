@@ -205,7 +205,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             recorder.handle(),
             engine.readiness(),
-            Some(waits),
+            (Some(waits), None),
             limits,
         )
         .await
@@ -273,8 +273,9 @@ mod tests {
         let waits = super::Waits::new(pool.clone(), vec![Arc::new(Probe)]);
         let limits = crate::http::Limits { waits: 4, ..Default::default() };
         let localhost = "127.0.0.1:0".parse().unwrap();
-        let addr =
-            crate::http::serve(localhost, recorder.handle(), engine.readiness(), Some(waits), limits).await.unwrap();
+        let addr = crate::http::serve(localhost, recorder.handle(), engine.readiness(), (Some(waits), None), limits)
+            .await
+            .unwrap();
         let path = "/wait?projection=http_probe&topic=t&partition=0&offset=5&timeout_ms=2000";
         let flood: Vec<_> = (0..12).map(|_| tokio::spawn(request(addr, "GET", path))).collect();
         let mut refused = 0;

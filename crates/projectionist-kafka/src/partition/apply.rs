@@ -226,7 +226,14 @@ impl Partition {
         if let Some((index, reason)) = gap {
             let m = places[index];
             let aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
-            halt = Some(Halt { offset: m.offset, timestamp: m.timestamp, aggregate, reason, kind: HaltKind::Gap });
+            halt = Some(Halt {
+                offset: m.offset,
+                timestamp: m.timestamp,
+                aggregate,
+                reason,
+                kind: HaltKind::Gap,
+                heals: false,
+            });
         }
         Applied::Committed { first_offset, next_offset, halt }
     }
@@ -263,6 +270,7 @@ impl Partition {
         e: &projectionist_postgres::Error,
     ) -> Halt {
         let (reason, kind) = classify(e, self.settings.retry.max_retries);
+        let heals = heals(e);
         let mut aggregate = prepared.aggregate_id(index).unwrap_or("?").to_owned();
         let checkpoint = self.progress.checkpoint.load(std::sync::atomic::Ordering::SeqCst).max(0);
         let mut message = message.unwrap_or(At { offset: checkpoint, timestamp: None });
@@ -273,7 +281,7 @@ impl Partition {
             }
             aggregate = named.clone().unwrap_or_else(|| "-".to_owned());
         }
-        Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind }
+        Halt { offset: message.offset, timestamp: message.timestamp, aggregate, reason, kind, heals }
     }
 
     /// One attempt: the prepared batch into the partition's sink with its checkpoint (see
@@ -402,13 +410,32 @@ struct Parking {
     dead_letters: u64,
 }
 
-/// Why a failure that retries did not cure stops the partition, and its kind.
+/// Whether a failure that halts may go away while the run goes on, so that reading again
+/// from the checkpoint may get past it: a permission, a table or column, a constraint, a
+/// bound on parking or dead letters, a failing `apply`, a transient failure that outlasted
+/// its retries. Not what only a new build can change: an event that does not decode, a type
+/// the projection does not handle, one of another release, writes its declarations forbid.
+fn heals(e: &projectionist_postgres::Error) -> bool {
+    fn needs_a_build(kind: &EventErrorKind) -> bool {
+        match kind {
+            EventErrorKind::Decode(_)
+            | EventErrorKind::UnknownType { .. }
+            | EventErrorKind::Release(_)
+            | EventErrorKind::Invalid(_) => true,
+            EventErrorKind::Held { source, .. } => needs_a_build(&source.kind),
+            _ => false,
+        }
+    }
+    !e.event_kind().is_some_and(needs_a_build)
+}
+
 /// Whether PostgreSQL refused a statement for naming a table or column that does not exist.
 fn is_undefined(e: &sqlx::Error) -> bool {
     let code = e.as_database_error().and_then(|d| d.code());
     code.is_some_and(|c| c == "42703" || c == "42P01")
 }
 
+/// Why a failure that retries did not cure stops the partition, and its kind.
 fn classify(e: &projectionist_postgres::Error, retries: u32) -> (String, HaltKind) {
     match e.event_kind() {
         Some(EventErrorKind::Decode(source)) => return (source.to_string(), HaltKind::Poison),

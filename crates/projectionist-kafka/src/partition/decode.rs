@@ -126,7 +126,7 @@ pub(crate) fn split(batch: Vec<Msg>, on_poison: OnPoison) -> Split {
             }
             Err(Poison { aggregate, reason, .. }) if on_poison == OnPoison::Halt => {
                 let (offset, timestamp, kind) = (m.at.offset, m.at.timestamp, HaltKind::Poison);
-                split.halt = Some(Halt { offset, timestamp, aggregate, reason, kind });
+                split.halt = Some(Halt { offset, timestamp, aggregate, reason, kind, heals: false });
                 break;
             }
             Err(Poison { kind, reason, .. }) => {

@@ -44,17 +44,25 @@ pub(crate) struct Halt {
     pub aggregate: String,
     pub reason: String,
     pub kind: HaltKind,
+    /// Whether its cause can go away while the process runs (a permission, a table or
+    /// column, a constraint, a bound, a failing `apply`), so that reading again from the
+    /// checkpoint may get past it: a run retries such a halt with backoff (see [`super::heal`]).
+    /// Not a poison event, a gap, or a partition that lost its place.
+    pub heals: bool,
 }
 
 /// Reports `halt` of partition `tp` of `projection`: logged, the partition paused and
-/// counted halted (it stays halted in this process), the failure counted.
+/// counted halted, the failure counted. It stays halted in this process unless `healing`
+/// says when it is retried (and since when it is halted). Returns what the run's halts
+/// list shows of it.
 pub(crate) fn report(
     projection: &str,
     tp: &Tp,
     halt: Halt,
     stats: &Stats,
     consumer: &Arc<StreamConsumer<EngineContext>>,
-) {
+    healing: Option<(std::time::Duration, chrono::DateTime<chrono::Utc>)>,
+) -> String {
     let err = crate::Error::Halted {
         projection: projection.to_owned(),
         topic: tp.topic.clone(),
@@ -63,7 +71,26 @@ pub(crate) fn report(
         aggregate: halt.aggregate,
         reason: halt.reason,
     };
-    tracing::error!(error = %err, "Partition halted; nothing at or after this offset is applied until it is fixed.");
+    let shown = match healing {
+        None => {
+            tracing::error!(
+                error = %err,
+                "Partition halted; nothing at or after this offset is applied until it is fixed."
+            );
+            err.to_string()
+        }
+        Some((delay, since)) => {
+            let (retry_in_s, since) = (delay.as_secs(), since.format("%Y-%m-%d %H:%M:%S UTC"));
+            tracing::error!(
+                error = %err,
+                retry_in_s,
+                %since,
+                "Partition halted; nothing at or after this offset is applied until it is fixed. It is retried in \
+                 {retry_in_s} s, from its checkpoint, until it gets past (halted since {since})."
+            );
+            format!("{err} (halted since {since}; retried in {retry_in_s} s, and on until it gets past)")
+        }
+    };
     pause(consumer, tp);
     let halted = {
         let mut set = stats.halted.lock().expect("halted lock");
@@ -73,18 +100,42 @@ pub(crate) fn report(
     metrics::counter!(m::EVENTS_FAILED, "projection" => projection.to_owned(), "reason" => halt.kind.label())
         .increment(1);
     metrics::gauge!(m::PARTITIONS_HALTED, "projection" => projection.to_owned()).set(halted as f64);
-    stats.halts.lock().expect("halts lock").push(err.to_string());
+    stats.halts.lock().expect("halts lock").push(shown.clone());
+    shown
 }
 
-/// Stops fetching a partition (what is fetched already stays unread in its queue). librdkafka
-/// waits for its own thread here, so the call runs off the async runtime.
+/// Takes back the report of a halt that is retried (or forgotten with its revoked
+/// partition): the partition is no longer counted halted, nor listed.
+pub(crate) fn retracted(projection: &str, tp: &Tp, reported: &str, stats: &Stats) {
+    let halted = {
+        let mut set = stats.halted.lock().expect("halted lock");
+        set.remove(tp);
+        set.len()
+    };
+    metrics::gauge!(m::PARTITIONS_HALTED, "projection" => projection.to_owned()).set(halted as f64);
+    stats.halts.lock().expect("halts lock").retain(|h| h != reported);
+}
+
+/// Stops fetching a partition (what is fetched already stays unread in its queue).
 pub(crate) fn pause(consumer: &Arc<StreamConsumer<EngineContext>>, tp: &Tp) {
+    fetching(consumer, tp, false);
+}
+
+/// Fetches a paused partition again.
+pub(crate) fn resume(consumer: &Arc<StreamConsumer<EngineContext>>, tp: &Tp) {
+    fetching(consumer, tp, true);
+}
+
+/// Pauses or resumes fetching `tp`. librdkafka waits for its own thread here, so the call
+/// runs off the async runtime.
+fn fetching(consumer: &Arc<StreamConsumer<EngineContext>>, tp: &Tp, on: bool) {
     let (consumer, tp) = (consumer.clone(), tp.clone());
     tokio::task::spawn_blocking(move || {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&tp.topic, tp.partition);
-        if let Err(e) = consumer.pause(&tpl) {
-            tracing::warn!(topic = %tp.topic, partition = tp.partition, error = %e, "Cannot pause the partition.");
+        let (done, what) = if on { (consumer.resume(&tpl), "resume") } else { (consumer.pause(&tpl), "pause") };
+        if let Err(e) = done {
+            tracing::warn!(topic = %tp.topic, partition = tp.partition, error = %e, "Cannot {what} the partition.");
         }
     });
 }

@@ -11,6 +11,7 @@
 //!   and written once due (a rebuild's bulk load, [`fold`]);
 //! - [`progress`]: the checkpoint stored, as others see it, Kafka commits, markers, caught-up;
 //! - [`halt`]: where and why a partition stopped, reported in one place;
+//! - [`heal`]: a halt whose cause can go away, retried;
 //! - [`decode`]: messages and their envelopes.
 
 mod apply;
@@ -19,6 +20,7 @@ mod fold;
 #[cfg(test)]
 mod fuzz;
 mod halt;
+mod heal;
 mod progress;
 mod schemas;
 pub(crate) mod shared;
@@ -47,7 +49,9 @@ use apply::Applied;
 use decode::At;
 pub(crate) use decode::Msg;
 use fold::Reads;
+use halt::retracted;
 pub(crate) use halt::{pause, report, Halt, HaltKind};
+use heal::Healing;
 use progress::MarkerRetry;
 pub(crate) use shared::Progress;
 pub(crate) use sink::Sink;
@@ -111,6 +115,8 @@ pub(crate) struct Partition {
 pub(crate) struct Settings {
     pub retry: RetryPolicy,
     pub exit_when_caught_up: bool,
+    /// The longest delay between two tries of a halt that may heal; `None`: halts stay.
+    pub heal: Option<Duration>,
     pub on_gap: OnGap,
     pub on_poison: OnPoison,
     /// No one else writes the projection's tables (a rebuild's shadow).
@@ -187,6 +193,8 @@ struct Task {
     /// Batches go one message at a time up to this offset: a batch's task failed there, and
     /// the message at fault is being found (see `Task::panicked`).
     isolating: Option<i64>,
+    /// The halt being retried, if one is (see `Task::heal`).
+    healing: Option<Healing>,
 }
 
 /// Whether the loop goes on.
@@ -220,6 +228,7 @@ impl Partition {
             markers: MarkerRetry::new(),
             swept: Instant::now(),
             isolating: None,
+            healing: None,
         };
         match begin {
             Begin::Run => {}
@@ -250,6 +259,7 @@ impl Partition {
             task.idle_work(drained).await;
             let deadline = if task.batcher.in_flight() { None } else { task.batcher.deadline() };
             let revoke_deadline = task.in_flight.as_ref().and(task.revoke_deadline);
+            let heal_at = task.healing.as_ref().and_then(|h| h.at);
             tokio::select! {
                 biased;
                 applied = join(&mut task.in_flight) => {
@@ -271,6 +281,7 @@ impl Partition {
                     task.abandon().await;
                     break;
                 }
+                () = sleep_until(heal_at), if task.order == Order::Run => task.heal(),
                 _ = tick.tick() => {}
             }
         }
@@ -279,8 +290,13 @@ impl Partition {
         if task.order == Order::Shutdown && !task.batcher.is_halted() && task.partition.sink.holds() {
             task.write_held(Reads::End).await;
         }
-        // Revoked: what is buffered is left to the next owner.
+        // Revoked: what is buffered is left to the next owner. A halt that was to be retried
+        // is not kept: if this process is given the partition again, it reads it again.
         task.partition.tally.unapplied(task.batcher.len());
+        if let Some(healing) = task.healing.take().filter(|h| h.at.is_some() && task.order == Order::Revoke) {
+            let partition = &task.partition;
+            retracted(partition.name(), &partition.tp, &healing.reported, &partition.stats);
+        }
     }
 }
 
@@ -397,6 +413,9 @@ impl Task {
                     self.batcher.one_at_a_time(false);
                 }
                 self.markers.batch_committed();
+                if self.healing.as_ref().is_some_and(|h| next_offset > h.offset) {
+                    self.healed();
+                }
                 match halt {
                     Some(halt) => self.halt(halt),
                     None => self.batcher.settle(),
@@ -422,13 +441,20 @@ impl Task {
         let kind = HaltKind::Error;
         if batch.size == 1 {
             let ((at, aggregate), reason) = (batch.first.clone(), format!("the projection's task failed on it: {e}"));
-            return self.halt(Halt { offset: at.offset, timestamp: at.timestamp, aggregate, reason, kind });
+            return self.halt(Halt {
+                offset: at.offset,
+                timestamp: at.timestamp,
+                aggregate,
+                reason,
+                kind,
+                heals: false,
+            });
         }
         let checkpoint = self.partition.progress.checkpoint.load(Ordering::SeqCst);
         if self.partition.sink.holds_rows() {
             let reason = format!("the projection's task failed on a batch of the rebuild: {e}");
             let (offset, timestamp, aggregate) = (checkpoint.max(0), batch.oldest, "?".into());
-            return self.halt(Halt { offset, timestamp, aggregate, reason, kind });
+            return self.halt(Halt { offset, timestamp, aggregate, reason, kind, heals: false });
         }
         let (topic, partition) = (&self.partition.tp.topic, self.partition.tp.partition);
         tracing::warn!(
@@ -480,19 +506,31 @@ impl Task {
             // checkpoint by its next owner or run.
             let reason = format!("could not read on from the checkpoint that moved ({stored:?}): {e}");
             let at = stored.unwrap_or(0);
-            self.halt(Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error });
+            self.halt(Halt {
+                offset: at,
+                timestamp: None,
+                aggregate: "?".into(),
+                reason,
+                kind: HaltKind::Error,
+                heals: false,
+            });
         }
     }
 
-    /// Stops the partition at `halt`: what is buffered after it is dropped, and it is reported.
+    /// Stops the partition at `halt`: what is buffered after it is dropped, and it is
+    /// reported; retried later if it may heal.
     fn halt(&mut self, halt: Halt) {
         let dropped = self.batcher.halt();
         self.partition.tally.unapplied(dropped);
         tracing::debug!(dropped, "Buffered messages after the halt dropped.");
         self.halted_at = halt.timestamp.or(self.halted_at);
+        let retry = self.retry_at(&halt);
         let partition = &self.partition;
         partition.progress.set_caught_up();
-        report(partition.name(), &partition.tp, halt, &partition.stats, &partition.consumer);
+        let reported = report(partition.name(), &partition.tp, halt, &partition.stats, &partition.consumer, retry);
+        if let Some(healing) = &mut self.healing {
+            healing.reported = reported;
+        }
     }
 
     /// Revoked, and the batch in flight outlasted [`REVOKE_GRACE`]: it is abandoned (its

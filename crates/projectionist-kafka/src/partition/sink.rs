@@ -154,7 +154,7 @@ impl Task {
         }
         let offset = self.partition.progress.checkpoint.load(Ordering::SeqCst).max(0);
         let reason = format!("the rows folded by the rebuild's bulk load were refused: {e}");
-        self.halt(Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error });
+        self.halt(Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error, heals: false });
         false
     }
 }

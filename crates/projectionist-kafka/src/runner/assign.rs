@@ -214,6 +214,7 @@ impl Runner {
                 aggregate: "?".into(),
                 reason: reason.clone(),
                 kind: HaltKind::Error,
+                heals: false,
             }),
             StartAt::Checkpoint(_) | StartAt::Beginning => Begin::Run,
         }
@@ -236,6 +237,8 @@ impl Runner {
             settings: Settings {
                 retry: self.config.retry_policy(),
                 exit_when_caught_up: self.config.exit_when_caught_up,
+                heal: (self.config.halt_retry_max_delay_ms > 0)
+                    .then(|| std::time::Duration::from_millis(self.config.halt_retry_max_delay_ms)),
                 on_gap: self.config.on_gap,
                 on_poison: self.config.on_poison,
                 sole_writer: self.exclusive.sole_writer,

@@ -247,8 +247,9 @@ impl Runner {
         let at = checkpoints.first().map_or(offset, |(_, next)| *next);
         let reason =
             "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
-        let halt = Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error };
-        crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer);
+        let halt =
+            Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error, heals: false };
+        crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer, None);
     }
 
     /// Partition tasks that ended on their own: only a panic ends a task that was not told to
@@ -275,8 +276,9 @@ impl Runner {
                 "the partition's task ended unexpectedly ({why}); this is a bug: report it. Restart the run to \
                  read on from the checkpoint PostgreSQL holds"
             );
-            let halt = Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error };
-            crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer);
+            let halt =
+                Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error, heals: false };
+            crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer, None);
         }
     }
 
