@@ -26,6 +26,27 @@ pub(crate) async fn size(
     }
 }
 
+/// The pool size of `rebuild`, its shadow's pool included (see
+/// [`projectionist_kafka::rebuild::OWN_CONNECTIONS`]): `pg_max_connections` when given, else
+/// one connection per partition for the shadow, at most 60, and the rebuild's own.
+pub(crate) async fn rebuild_size(
+    client: &KafkaClientConfig,
+    registrations: &[Registration],
+    pg_max_connections: Option<u32>,
+) -> anyhow::Result<u32> {
+    use projectionist_kafka::rebuild::OWN_CONNECTIONS as OWN;
+    match pg_max_connections {
+        Some(n) if n <= OWN => bail!(
+            "--pg-max-connections {n} is too few for a rebuild: it keeps {OWN} connections for itself (its lock, \
+             the live writers it holds back, its checks and swap, its progress) and needs one or more for its \
+             shadow's partitions; give at least {}",
+            OWN + 1
+        ),
+        Some(n) => Ok(n),
+        None => Ok(partitions(client, registrations).await.map_or(DEFAULT_SIZE, |n| n.min(60)) + OWN),
+    }
+}
+
 /// Partitions of the registrations' topics: the most a process can be assigned.
 async fn partitions(client: &KafkaClientConfig, registrations: &[Registration]) -> Option<u32> {
     let mut n = 0;

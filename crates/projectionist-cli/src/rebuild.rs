@@ -32,13 +32,13 @@ impl App {
         let selected = self.select(args.run.projections.as_deref(), &mut config)?;
         let maintenance = args.rollback || args.drop_old || args.abandon;
         let mut differ = false;
-        // Sized as `run`'s, and its shadow's as this one: the connections its warm-up opens
-        // are then all its batches use (a pool allowed more opens them mid-run, each a TLS
-        // set-up, while the batches wait).
+        // The whole process's budget, its shadow's pool included: one connection for each
+        // partition of the shadow (its warm-up opens them, so no batch waits for a TLS set-up
+        // mid-run) and the rebuild's own.
         let connections = if maintenance {
             pool::DEFAULT_SIZE
         } else {
-            pool::size(&client, &selected, args.run.pg_max_connections).await
+            pool::rebuild_size(&client, &selected, args.run.pg_max_connections).await?
         };
         let pool = pool::open_with(database_url, connections).await?;
         status::engine_tables(&pool).await?;

@@ -105,6 +105,10 @@ pub const TRACE_SPANS_DROPPED: &str = "projectionist_trace_spans_dropped_total";
 /// Halted partitions read again from their checkpoint, their halt's cause possibly gone.
 pub const HALT_RETRIES: &str = "projectionist_halt_retries_total";
 
+/// Times a partition waited past the pool's acquire timeout (10 s) for a PostgreSQL
+/// connection, every connection of the process's budget in use. Label: `projection`.
+pub const CONNECTION_WAITS: &str = "projectionist_pg_connection_waits_total";
+
 /// Actions taken in the console. Labels: `action` (`retry`, `discard`, `skip`), `outcome`
 /// (`done`, `still_failing`, `failed`, `refused`).
 pub const CONSOLE_ACTIONS: &str = "projectionist_console_actions_total";
@@ -166,6 +170,12 @@ pub fn describe() {
         Unit::Count,
         "Halted partitions read again from their checkpoint, the halt's cause possibly gone (a permission, a table, \
          a constraint)."
+    );
+    describe_counter!(
+        CONNECTION_WAITS,
+        Unit::Count,
+        "Waits past the pool's acquire timeout for a PostgreSQL connection, every connection of the process's budget \
+         (--pg-max-connections) in use."
     );
     describe_counter!(CONSOLE_ACTIONS, Unit::Count, "Console actions, by action and outcome.");
 }

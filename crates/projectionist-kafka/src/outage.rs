@@ -65,6 +65,21 @@ impl Outage {
         }
     }
 
+    /// The pool's connections were all in use past its acquire timeout: queued again for
+    /// one. Not an outage (readiness and the waiting gauge are left alone): counted, and
+    /// said now and then, with the budget that may be too small.
+    pub(crate) fn queued(&mut self, budget: u32, retrying: Retrying) {
+        metrics::counter!(m::CONNECTION_WAITS, "projection" => self.projection.clone()).increment(1);
+        if self.log.due() {
+            tracing::info!(
+                attempt = retrying.attempt,
+                budget,
+                "Every PostgreSQL connection of this process ({budget}) is in use by its other partitions; \
+                 waiting for one (--pg-max-connections)."
+            );
+        }
+    }
+
     /// The work succeeded: logs the wait's end, if there was one.
     pub(crate) fn over(&self) {
         if let Some(since) = self.since {

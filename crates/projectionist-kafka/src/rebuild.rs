@@ -196,6 +196,8 @@ async fn build_and_swap(
         };
         match next {
             Next::Done(rebuilt) => {
+                // Its connections given back to the budget now, before the next rebuild's.
+                build.shadow_pool.close().await;
                 lock.release().await?;
                 return Ok(rebuilt);
             }
@@ -394,7 +396,14 @@ fn problem(projection: &str, problem: String) -> Error {
     Error::Postgres(projectionist_postgres::RebuildError { projection: projection.to_owned(), problem }.into())
 }
 
-/// A pool like `pool` whose connections resolve names in `projection`'s shadow first.
+/// The connections of `pool` a rebuild keeps for its own work beside its shadow's
+/// partitions: its lock, the live writers it holds for its last round, one for its checks
+/// and swap, one for a progress display. The shadow's pool has the rest of `pool`'s size.
+pub const OWN_CONNECTIONS: u32 = 4;
+
+/// A pool like `pool` whose connections resolve names in `projection`'s shadow first, of
+/// `pool`'s size but the rebuild's own [`OWN_CONNECTIONS`] (at least one): both pools
+/// together keep within `pool`'s size, the process's connection budget.
 async fn shadow_pool(pool: &PgPool, projection: &str) -> Result<PgPool> {
     let mut conn = pool.acquire().await.map_err(projectionist_postgres::Error::from)?;
     let path = rebuild::shadow_search_path(&mut conn, projection).await?;
@@ -402,7 +411,8 @@ async fn shadow_pool(pool: &PgPool, projection: &str) -> Result<PgPool> {
     let projection = projection.to_owned();
     let options = (*pool.connect_options()).clone();
     let pool = PgPoolOptions::new()
-        .max_connections(pool.options().get_max_connections())
+        .max_connections(pool.options().get_max_connections().saturating_sub(OWN_CONNECTIONS).max(1))
+        .acquire_timeout(pool.options().get_acquire_timeout())
         .after_connect(move |conn, _| {
             let (path, projection) = (path.clone(), projection.clone());
             Box::pin(async move {

@@ -27,12 +27,15 @@ pub enum Retry {
     /// The environment failed, not the work: try again for as long as it lasts, without
     /// counting against the bound.
     WaitOut,
+    /// Every connection of the process's pool is in use by its other partitions (its
+    /// `--pg-max-connections` budget): queue for one again, at once, without counting.
+    Queue,
 }
 
 /// One failure about to be retried, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retrying {
-    /// What the failure calls for ([`Retry::Bounded`] or [`Retry::WaitOut`]).
+    /// What the failure calls for ([`Retry::Bounded`], [`Retry::WaitOut`] or [`Retry::Queue`]).
     pub kind: Retry,
     /// Failures of this kind so far in this run, this one included.
     pub attempt: u32,
@@ -52,6 +55,18 @@ impl Retry {
             Self::Bounded
         } else {
             Self::Never
+        }
+    }
+
+    /// As [`Retry::of`], telling a wait for a connection of `pool` apart from an outage: a
+    /// pool that timed out with all its connections open is busy, not cut off from
+    /// PostgreSQL (an outage closes connections, and the pool cannot open new ones).
+    pub fn in_pool(e: &projectionist_postgres::Error, pool: &projectionist_postgres::PgPool) -> Self {
+        let timed_out = matches!(e, projectionist_postgres::Error::Database(sqlx::Error::PoolTimedOut));
+        if timed_out && pool.size() >= pool.options().get_max_connections() {
+            Self::Queue
+        } else {
+            Self::of(e)
         }
     }
 }
@@ -108,7 +123,7 @@ impl RetryPolicy {
         Fut: Future<Output = Result<T, E>>,
     {
         tokio::pin!(stop);
-        let (mut retries, mut waits) = (0, 0);
+        let (mut retries, mut waits, mut queued) = (0, 0, 0);
         loop {
             let e = match attempt().await {
                 Err(e) => e,
@@ -118,6 +133,10 @@ impl RetryPolicy {
                 Retry::WaitOut => {
                     waits += 1;
                     Retrying { kind: Retry::WaitOut, attempt: waits, delay: self.wait_delay(waits - 1) }
+                }
+                Retry::Queue => {
+                    queued += 1;
+                    Retrying { kind: Retry::Queue, attempt: queued, delay: Duration::ZERO }
                 }
                 Retry::Bounded if retries < self.max_retries => {
                     retries += 1;
@@ -247,6 +266,48 @@ mod tests {
             )
             .await;
         assert_eq!((r, calls.get()), (Err("conflict"), 8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_pool_is_queued_for_at_once_without_spending_the_bound() {
+        let p = RetryPolicy { max_retries: 1, backoff: Duration::from_millis(10) };
+        let calls = Cell::new(0);
+        let seen = RefCell::new(Vec::new());
+        let started = tokio::time::Instant::now();
+        let r: Result<u32, &str> = p
+            .run(
+                || {
+                    calls.set(calls.get() + 1);
+                    let n = calls.get();
+                    async move {
+                        if n <= 5 {
+                            Err("busy")
+                        } else {
+                            Ok(n)
+                        }
+                    }
+                },
+                |_| Retry::Queue,
+                |_, r| seen.borrow_mut().push(r),
+            )
+            .await;
+        assert_eq!(r, Ok(6));
+        assert_eq!(seen.borrow()[4], Retrying { kind: Retry::Queue, attempt: 5, delay: Duration::ZERO });
+        assert_eq!(started.elapsed(), Duration::ZERO, "queued again at once: the pool's own wait is the delay");
+    }
+
+    #[tokio::test]
+    async fn a_pool_timeout_is_an_outage_unless_every_connection_is_open() {
+        use projectionist_postgres::Error;
+        // Nothing opened yet (PostgreSQL never reached): the timeout is the environment's.
+        let unopened = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap();
+        let timed_out = Error::Database(sqlx::Error::PoolTimedOut);
+        assert_eq!(Retry::in_pool(&timed_out, &unopened), Retry::WaitOut);
+        let refused = Error::Conflict { detail: "moved".into() };
+        assert_eq!(Retry::in_pool(&refused, &unopened), Retry::Bounded);
     }
 
     #[test]

@@ -174,8 +174,10 @@ pub(crate) struct RunOptions {
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub per_projection: BTreeMap<String, ProjectionSettings>,
-    /// Most PostgreSQL connections. Default: one per partition of the consumed topics (each
-    /// partition applies its batches on its own connection, in parallel) plus two, at most 64.
+    /// Most PostgreSQL connections of the whole process, across its projections and
+    /// partitions (a rebuild's shadow included); partitions queue for one, in turn, when all
+    /// are in use. Default: one per partition of the consumed topics (each applies its batches
+    /// on its own connection, in parallel) plus two, at most 64 (a rebuild: plus four).
     #[arg(long, env = "PROJECTIONIST_PG_MAX_CONNECTIONS")]
     #[serde(skip_serializing)]
     pub pg_max_connections: Option<u32>,

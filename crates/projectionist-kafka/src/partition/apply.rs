@@ -182,8 +182,12 @@ impl Partition {
             .retry
             .run_until(
                 || self.try_apply(prepared, places, next_offset),
-                Retry::of,
+                |e| Retry::in_pool(e, &self.pool),
                 |e, retrying| {
+                    if retrying.kind == Retry::Queue {
+                        outage.queued(self.pool.options().get_max_connections(), retrying);
+                        return;
+                    }
                     if retrying.kind == Retry::WaitOut {
                         outage.failed(e, retrying);
                     } else {

@@ -92,9 +92,11 @@ impl Runner {
                             read.into_iter().map(|((t, p), o)| (Tp::new(t, p), o)).collect(),
                         )
                     },
-                    Retry::of,
+                    |e| Retry::in_pool(e, &pool),
                     |e, retrying| {
-                        if retrying.kind == Retry::WaitOut {
+                        if retrying.kind == Retry::Queue {
+                            outage.queued(pool.options().get_max_connections(), retrying);
+                        } else if retrying.kind == Retry::WaitOut {
                             outage.failed(e, retrying);
                         } else {
                             tracing::warn!(

@@ -73,9 +73,10 @@ fn problem(projection: &str, problem: impl Into<String>) -> Error {
 }
 
 /// A projection's rebuild lock, held for as long as this lives: a session lock on a
-/// connection of its own, out of the pool, closed (and the lock let go) when this drops.
+/// connection of the pool (counted in its size, so a rebuild keeps within its budget), closed
+/// rather than given back (and the lock let go) when this drops.
 pub struct RebuildLock {
-    conn: PgConnection,
+    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
 }
 
 impl RebuildLock {
@@ -89,10 +90,11 @@ impl RebuildLock {
 /// Takes `projection`'s rebuild lock, or refuses: another rebuild (or a swap, rollback or
 /// drop) of it is running.
 pub async fn lock(pool: &PgPool, projection: &str) -> Result<RebuildLock> {
-    let mut conn = pool.acquire().await?.detach();
+    let mut conn = pool.acquire().await?;
+    conn.close_on_drop();
     let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext('projectionist.rebuild.' || $1))")
         .bind(projection)
-        .fetch_one(&mut conn)
+        .fetch_one(&mut *conn)
         .await?;
     if !taken {
         return Err(problem(
