@@ -18,6 +18,8 @@
 //! alone): the stream as Avro through a schema registry beside the JSON pipeline.
 //! The traces arm (`throughput/traces.rs`; `BENCH_TRACES=0` skips it, `BENCH_TRACES_ONLY=1`
 //! runs it alone): the pipeline traced at 1 % over OTLP beside the pipeline untraced.
+//! The budget arm (`throughput/budget.rs`; `BENCH_BUDGET=0` skips it, `BENCH_BUDGET_ONLY=1`
+//! runs it alone): ten projections in one process, capped at 8 connections beside uncapped.
 //! `BENCH_KEEP_TOPICS=1` keeps the topics a run made (deleted at its end otherwise), to run a
 //! projector over one again by hand.
 //!
@@ -42,6 +44,8 @@ use sqlx::{ConnectOptions, PgPool};
 mod avro;
 #[path = "throughput/baselines.rs"]
 mod baselines;
+#[path = "throughput/budget.rs"]
+mod budget;
 #[path = "throughput/freshness.rs"]
 mod freshness;
 #[path = "throughput/kafka.rs"]
@@ -124,69 +128,31 @@ async fn versions(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT coalesce(sum(version), 0)::bigint FROM bank_accounts").fetch_one(pool).await.unwrap()
 }
 
+/// The distinct events' versions summed over their aggregates: what a read model that
+/// applied each event once holds (`SELECT sum(version)`).
+fn version_sum(events: &[RawEnvelope]) -> (i64, usize) {
+    let mut latest = std::collections::HashMap::new();
+    for e in events {
+        let v = latest.entry(e.aggregate_id.as_str()).or_insert(0_i64);
+        *v = (*v).max(e.version);
+    }
+    (latest.values().sum(), latest.len())
+}
+
 #[tokio::main]
 async fn main() {
     // The size issue 19 set the rebuild's targets on (1.05M deliveries): at 500k a rebuild
     // lasts about a second, a fifth of it what it spends whatever its size (docs/benchmark.md).
     let deliveries = env_usize("BENCH_DELIVERIES", 1_050_000);
-    let rss_deliveries = env_usize("BENCH_RSS_DELIVERIES", 10_000_000);
     let events = stream(deliveries);
-    // The orders arm alone (child rows and deletes): what to run while working on it.
-    if env_usize("BENCH_ORDERS_ONLY", 0) != 0 {
-        let (of_ceiling, rebuild) = orders::arm().await;
-        println!("  orders: pipeline / PostgreSQL ceiling {of_ceiling:>6.2}   (>= 0.7; median of the rounds)");
-        println!("  orders: rebuild / pipeline            {rebuild:>6.2}   (>= 2; median of the rounds)");
+    if one_arm_alone(&events).await {
         drop_topics().await;
         return;
     }
-    // The peer arm alone (Kafka Connect with Debezium's JDBC sink).
-    if env_usize("BENCH_PEER_ONLY", 0) != 0 {
-        if let Some(compared) = peer::arm(&events).await {
-            print_peer(&compared);
-        }
-        drop_topics().await;
-        return;
-    }
-    // The freshness arm alone, at one rate: what to run while working on it, without the
-    // other arms' minutes.
-    if let Some(rate) = std::env::var("BENCH_FRESHNESS_ONLY").ok().and_then(|r| r.parse::<f64>().ok()) {
-        let seconds = env_usize("BENCH_FRESHNESS_SECONDS", FRESHNESS_SECONDS) as f64;
-        let (achieved, projector, broker) = freshness(rate, seconds, &events).await;
-        println!("  freshness ({achieved:>6.0}/s): projector {}; broker alone {}", projector.show(), broker.show());
-        println!("  freshness p99 over the broker's {:>6.1} ms", projector.at(0.99) - broker.at(0.99));
-        drop_topics().await;
-        return;
-    }
-    // The traces arm alone (OTLP to Jaeger at 1 %, and to a collector that is away).
-    if env_usize("BENCH_TRACES_ONLY", 0) != 0 {
-        let (topic, _) = publish(&events).await;
-        if let Some(compared) = traces::arm(&events, &topic).await {
-            print_traces(&compared);
-        }
-        drop_topics().await;
-        return;
-    }
-    // The Avro arm alone (Confluent's serializer through a schema registry).
-    if env_usize("BENCH_AVRO_ONLY", 0) != 0 {
-        let (topic, _) = publish(&events).await;
-        if let Some(compared) = avro::arm(&events, &topic).await {
-            print_avro(&compared);
-        }
-        drop_topics().await;
-        return;
-    }
-    let distinct: std::collections::HashMap<&str, i64> =
-        events.iter().fold(std::collections::HashMap::new(), |mut m, e| {
-            let v = m.entry(e.aggregate_id.as_str()).or_insert(0);
-            *v = (*v).max(e.version);
-            m
-        });
-    let want: i64 = distinct.values().sum();
+    let (want, accounts) = version_sum(&events);
     println!(
-        "projectionist throughput: {} deliveries ({} distinct events, {} accounts), {PARTITIONS} partitions",
-        events.len(),
-        want,
-        distinct.len()
+        "projectionist throughput: {} deliveries ({want} distinct events, {accounts} accounts), {PARTITIONS} partitions",
+        events.len()
     );
 
     let (topic, produce) = publish(&events).await;
@@ -196,100 +162,18 @@ async fn main() {
 
     let (pool, url) = fresh_database("projectionist_bench_pipeline").await;
     let first_run = pipeline(&url, &topic, events.len(), &["--reset"]);
-    let (first, rss_small) = (first_run.rate, first_run.rss_mib);
     assert_eq!(versions(&pool).await, want, "the pipeline applied every event");
-    println!("  pipeline (Kafka -> gate -> checkpoint)      {first:>10.0} deliveries/s");
+    println!("  pipeline (Kafka -> gate -> checkpoint)      {:>10.0} deliveries/s", first_run.rate);
     let replay_run = pipeline(&url, &topic, events.len(), &["--from-beginning"]);
-    let replay = replay_run.rate;
     assert_eq!(versions(&pool).await, want, "the replay changed nothing");
-    println!("  replay of the projected stream (all dups)   {replay:>10.0} deliveries/s");
+    println!("  replay of the projected stream (all dups)   {:>10.0} deliveries/s", replay_run.rate);
 
-    // The same stream with 0.1 % of its deliveries poison (data that does not decode), spread
-    // over the aggregates: each is dead-lettered and parks its aggregate; the rest flows.
-    // BENCH_POISON=0 skips it (a build from before dead letters halts on poison).
-    let poison = if env_usize("BENCH_POISON", 1) == 0 {
-        None
-    } else {
-        let mut poisoned = events.clone();
-        for e in poisoned.iter_mut().skip(500).step_by(1000) {
-            e.data = serde_json::json!({ "amount": "poison", "owner": 0 });
-        }
-        let (poison_topic, _) = publish(&poisoned).await;
-        let (poison_pool, poison_url) = fresh_database("projectionist_bench_poison").await;
-        let poison_run = pipeline(&poison_url, &poison_topic, poisoned.len(), &["--reset"]);
-        let (dead, parked): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM projectionist_dead_letters), (SELECT count(*) FROM projectionist_parked)",
-        )
-        .fetch_one(&poison_pool)
-        .await
-        .unwrap();
-        assert!(dead > 0, "the poison events were dead-lettered");
-        let poison = poison_run.rate;
-        println!(
-        "  pipeline, 0.1 % of deliveries poison        {poison:>10.0} deliveries/s   ({dead} dead letters, {parked} \
-        aggregates parked)"
-    );
-        Some(poison)
-    };
-
-    // A rebuild of the projected stream beside the pipeline's tables, swapped in at the end.
-    // BENCH_REBUILD=0 skips it (a build from before `rebuild`).
+    let poison = if env_usize("BENCH_POISON", 1) == 0 { None } else { Some(poison_arm(&events).await) };
     let rebuilt = if env_usize("BENCH_REBUILD", 1) == 0 {
         None
     } else {
-        // Its rate, measured as the pipeline's and the ceilings' are: with nothing else
-        // querying PostgreSQL.
-        let (rebuild_url, rebuild_topic, n) = (url.clone(), topic.clone(), events.len());
-        let alone = tokio::task::spawn_blocking(move || rebuild(&rebuild_url, &rebuild_topic, n)).await.unwrap();
-        assert_eq!(versions(&pool).await, want, "the rebuild built every event");
-        drop_old(&url);
-        // Then again with readers on the live table all along, as an application's (a query
-        // every 10 ms each, each a scan of the whole table): the swap is measured with them
-        // running, and none may see the read model shrink.
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let readers: Vec<_> = (0..2)
-            .map(|_| {
-                let (pool, stop) = (pool.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let (mut last, mut reads) = ((0_i64, 0_i64), 0_u64);
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let now: (i64, i64) =
-                            sqlx::query_as("SELECT count(*), coalesce(sum(version), 0)::bigint FROM bank_accounts")
-                                .fetch_one(&pool)
-                                .await
-                                .expect("a reader never gets an error");
-                        assert!(now.0 >= last.0 && now.1 >= last.1, "a reader saw the read model shrink");
-                        (last, reads) = (now, reads + 1);
-                        // An application's pace, not a load test: the pipeline ran without them.
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    reads
-                })
-            })
-            .collect();
-        let (rebuild_url, rebuild_topic, n) = (url.clone(), topic.clone(), events.len());
-        let run = tokio::task::spawn_blocking(move || rebuild(&rebuild_url, &rebuild_topic, n)).await.unwrap();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut reads = 0;
-        for reader in readers {
-            reads += reader.await.unwrap();
-        }
-        assert_eq!(versions(&pool).await, want, "the rebuild built every event");
-        let swap = run.swap_ms.map_or("?".to_owned(), |ms| ms.to_string());
-        println!(
-            "  rebuild beside the live tables, swapped     {:>10.0} deliveries/s   (peak RSS {:.1} MiB)",
-            alone.rate, alone.rss_mib
-        );
-        println!(
-            "  rebuild again, 2 readers on the live table  {:>10.0} deliveries/s   (swap {swap} ms, {reads} reads, \
-             none saw it shrink)",
-            run.rate
-        );
-        println!("  start to exit: run --reset {}", first_run.timeline());
-        println!("                 rebuild     {}", alone.timeline());
-        Some((alone.rate, alone.start_to_exit))
+        Some(rebuild_arm(&pool, &url, &topic, events.len(), want, &first_run).await)
     };
-
     // The same stream as Avro through a schema registry: BENCH_AVRO=0 skips it.
     let avro = if env_usize("BENCH_AVRO", 1) == 0 { None } else { avro::arm(&events, &topic).await };
     // Traces over OTLP at 1 %: BENCH_TRACES=0 skips it.
@@ -310,54 +194,17 @@ async fn main() {
 
     // Freshness: commit -> row visible through the waiter, beside commit -> read_committed
     // receipt, at fixed rates. BENCH_FRESHNESS=0 skips it (a build from before the waits).
-    let mut fresh = Vec::new();
-    if env_usize("BENCH_FRESHNESS", 1) != 0 {
-        let seconds = env_usize("BENCH_FRESHNESS_SECONDS", FRESHNESS_SECONDS) as f64;
-        for (label, rate, target) in
-            [("1k/s", 1_000.0, 20.0), ("10k/s", 10_000.0, 20.0), ("half max", first / 2.0, 100.0)]
-        {
-            let (achieved, projector, broker) = freshness(rate, seconds, &events).await;
-            println!(
-                "  freshness at {label:<8} ({achieved:>6.0}/s): projector {}; broker alone {}",
-                projector.show(),
-                broker.show()
-            );
-            fresh.push((label, projector.at(0.99) - broker.at(0.99), target));
-        }
-    }
+    let fresh =
+        if env_usize("BENCH_FRESHNESS", 1) == 0 { Vec::new() } else { freshness_arm(first_run.rate, &events).await };
 
-    println!("  peak RSS of the pipeline                    {rss_small:>10.1} MiB   at {} deliveries", events.len());
+    println!(
+        "  peak RSS of the pipeline                    {:>10.1} MiB   at {} deliveries",
+        first_run.rss_mib,
+        events.len()
+    );
+    let rss_deliveries = env_usize("BENCH_RSS_DELIVERIES", 10_000_000);
     if rss_deliveries > 0 {
-        // Generated and published as it goes: the stream never in memory as a whole.
-        let accounts = (rss_deliveries / 26).max(10);
-        let big = bank_accounts::generate::deliveries(accounts, 45, 0.10, 0.05, 7);
-        let (big_topic, big_len, _) = publish_all("bench.accounts", big).await;
-        let big_want = bank_accounts::generate::expectation(accounts, 45, 7).version_sum;
-        let (big_pool, big_url) = fresh_database("projectionist_bench_rss").await;
-        let big_run = pipeline(&big_url, &big_topic, big_len, &["--reset"]);
-        assert_eq!(versions(&big_pool).await, big_want, "the pipeline applied every event of the large stream");
-        let (big_rate, rss_big) = (big_run.rate, big_run.rss_mib);
-        let cpu_us = big_run.cpu_seconds / big_len as f64 * 1e6;
-        println!(
-            "  peak RSS of the pipeline                    {rss_big:>10.1} MiB   at {big_len} deliveries \
-            ({big_rate:.0} deliveries/s, {cpu_us:.2} us CPU per delivery)"
-        );
-        if env_usize("BENCH_REBUILD", 1) != 0 {
-            let big_rebuild = rebuild(&big_url, &big_topic, big_len);
-            assert_eq!(versions(&big_pool).await, big_want, "the rebuild built every event of the large stream");
-            let cpu_us = big_rebuild.cpu_seconds / big_len as f64 * 1e6;
-            println!(
-                "  peak RSS of a rebuild                       {:>10.1} MiB   at {big_len} deliveries ({:.0} \
-                deliveries/s, {cpu_us:.2} us CPU per delivery, {:.2} x the pipeline)",
-                big_rebuild.rss_mib,
-                big_rebuild.rate,
-                big_rebuild.rate / big_rate
-            );
-        }
-        // Its database is done with: dropped now, with the gigabytes of page cache it holds.
-        big_pool.close().await;
-        let (_, _, mut admin) = admin_connection().await;
-        drop_database(&mut admin, "projectionist_bench_rss").await;
+        rss_arm(rss_deliveries).await;
     }
     // So are the topics so far (the larger stream's 10M deliveries among them): deleted now,
     // not at the end, so that the arms after run on a machine that does not hold them.
@@ -375,18 +222,25 @@ async fn main() {
     let peer = if env_usize("BENCH_PEER", 1) == 0 { None } else { peer::arm(&events).await };
     // Child rows and deletes: BENCH_ORDERS=0 skips it (a build from before them).
     let orders = if env_usize("BENCH_ORDERS", 1) == 0 { None } else { Some(orders::arm().await) };
+    // Ten projections in one process within a connection budget: BENCH_BUDGET=0 skips it.
+    let budget = if env_usize("BENCH_BUDGET", 1) == 0 { None } else { Some(budget::arm().await) };
+
+    let first = first_run.rate;
     println!("ratios (targets in parentheses):");
     println!("  pipeline / PostgreSQL ceiling  {:>6.2}   (>= 0.7)", first / ceiling);
     println!("  pipeline / naive inbox         {:>6.1}   (>= 30)", first / inbox);
-    println!("  replay / first pass            {:>6.2}   (>= 1.0)", replay / first);
+    println!("  replay / first pass            {:>6.2}   (>= 1.0)", replay_run.rate / first);
     if let Some(poison) = poison {
         println!("  0.1 % poison / clean pipeline  {:>6.2}   (>= 0.9)", poison / first);
     }
-    if let Some((rebuilt, rebuild_took)) = rebuilt {
-        println!("  rebuild / folded ceiling       {:>6.2}   (>= 0.5)", rebuilt / folded);
-        println!("  rebuild / pipeline             {:>6.2}   (>= 2.5)", rebuilt / first);
-        let (run_took, rebuild_took) = (first_run.start_to_exit.as_secs_f64(), rebuild_took.as_secs_f64());
+    if let Some(rebuilt) = rebuilt {
+        println!("  rebuild / folded ceiling       {:>6.2}   (>= 0.5)", rebuilt.rate / folded);
+        println!("  rebuild / pipeline             {:>6.2}   (>= 2.5)", rebuilt.rate / first);
+        // What a user's stopwatch says: from the process's start to its exit.
+        let (run_took, rebuild_took) = (first_run.start_to_exit.as_secs_f64(), rebuilt.start_to_exit.as_secs_f64());
         println!("  run --reset / rebuild, start to exit {:>6.2}   (>= 2.5)", run_took / rebuild_took);
+        let from_start = events.len() as f64 / rebuild_took;
+        println!("  rebuild, start to exit / folded ceiling {:>6.2}   (>= 0.8)", from_start / folded);
     }
     for (label, over, target) in fresh {
         println!("  freshness p99 over the broker's, {label:<8} {over:>6.1} ms   (<= {target} ms)");
@@ -404,8 +258,182 @@ async fn main() {
     if let Some(compared) = &traced {
         print_traces(compared);
     }
+    if let Some(compared) = &budget {
+        print_budget(compared);
+    }
     println!("  pipeline / Kafka drain         {:>6.2}", first / drain);
     drop_topics().await;
+}
+
+/// The arm asked to run alone (`BENCH_<ARM>_ONLY`), run and printed: `true`; `false` when
+/// none was.
+async fn one_arm_alone(events: &[RawEnvelope]) -> bool {
+    // The orders arm alone (child rows and deletes): what to run while working on it.
+    if env_usize("BENCH_ORDERS_ONLY", 0) != 0 {
+        let (of_ceiling, rebuild) = orders::arm().await;
+        println!("  orders: pipeline / PostgreSQL ceiling {of_ceiling:>6.2}   (>= 0.7; median of the rounds)");
+        println!("  orders: rebuild / pipeline            {rebuild:>6.2}   (>= 2; median of the rounds)");
+    } else if env_usize("BENCH_PEER_ONLY", 0) != 0 {
+        // The peer arm alone (Kafka Connect with Debezium's JDBC sink).
+        if let Some(compared) = peer::arm(events).await {
+            print_peer(&compared);
+        }
+    } else if let Some(rate) = std::env::var("BENCH_FRESHNESS_ONLY").ok().and_then(|r| r.parse::<f64>().ok()) {
+        // The freshness arm alone, at one rate, without the other arms' minutes.
+        let seconds = env_usize("BENCH_FRESHNESS_SECONDS", FRESHNESS_SECONDS) as f64;
+        let (achieved, projector, broker) = freshness(rate, seconds, events).await;
+        println!("  freshness ({achieved:>6.0}/s): projector {}; broker alone {}", projector.show(), broker.show());
+        println!("  freshness p99 over the broker's {:>6.1} ms", projector.at(0.99) - broker.at(0.99));
+    } else if env_usize("BENCH_TRACES_ONLY", 0) != 0 {
+        // The traces arm alone (OTLP to Jaeger at 1 %, and to a collector that is away).
+        let (topic, _) = publish(events).await;
+        if let Some(compared) = traces::arm(events, &topic).await {
+            print_traces(&compared);
+        }
+    } else if env_usize("BENCH_BUDGET_ONLY", 0) != 0 {
+        // The connection budget arm alone (ten projections in one process, capped and not).
+        print_budget(&budget::arm().await);
+    } else if env_usize("BENCH_AVRO_ONLY", 0) != 0 {
+        // The Avro arm alone (Confluent's serializer through a schema registry).
+        let (topic, _) = publish(events).await;
+        if let Some(compared) = avro::arm(events, &topic).await {
+            print_avro(&compared);
+        }
+    } else {
+        return false;
+    }
+    true
+}
+
+/// The same stream with 0.1 % of its deliveries poison (data that does not decode), spread
+/// over the aggregates: each is dead-lettered and parks its aggregate; the rest flows. Its
+/// rate. `BENCH_POISON=0` skips it (a build from before dead letters halts on poison).
+async fn poison_arm(events: &[RawEnvelope]) -> f64 {
+    let mut poisoned = events.to_vec();
+    for e in poisoned.iter_mut().skip(500).step_by(1000) {
+        e.data = serde_json::json!({ "amount": "poison", "owner": 0 });
+    }
+    let (poison_topic, _) = publish(&poisoned).await;
+    let (poison_pool, poison_url) = fresh_database("projectionist_bench_poison").await;
+    let poison_run = pipeline(&poison_url, &poison_topic, poisoned.len(), &["--reset"]);
+    let (dead, parked): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM projectionist_dead_letters), (SELECT count(*) FROM projectionist_parked)",
+    )
+    .fetch_one(&poison_pool)
+    .await
+    .unwrap();
+    assert!(dead > 0, "the poison events were dead-lettered");
+    println!(
+        "  pipeline, 0.1 % of deliveries poison        {:>10.0} deliveries/s   ({dead} dead letters, {parked} \
+         aggregates parked)",
+        poison_run.rate
+    );
+    poison_run.rate
+}
+
+/// A rebuild of the projected stream beside the pipeline's tables, swapped in at the end:
+/// first alone (its rate, measured as the pipeline's and the ceilings' are: with nothing else
+/// querying PostgreSQL), then again with readers on the live table all along. The first
+/// run. `BENCH_REBUILD=0` skips it (a build from before `rebuild`).
+async fn rebuild_arm(pool: &PgPool, url: &str, topic: &str, deliveries: usize, want: i64, first_run: &Run) -> Run {
+    let (rebuild_url, rebuild_topic) = (url.to_owned(), topic.to_owned());
+    let alone = tokio::task::spawn_blocking(move || rebuild(&rebuild_url, &rebuild_topic, deliveries)).await.unwrap();
+    assert_eq!(versions(pool).await, want, "the rebuild built every event");
+    drop_old(url);
+    // Readers as an application's (a query every 10 ms each, each a scan of the whole
+    // table): the swap is measured with them running, and none may see the read model shrink.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2).map(|_| tokio::spawn(read_along(pool.clone(), stop.clone()))).collect();
+    let (rebuild_url, rebuild_topic) = (url.to_owned(), topic.to_owned());
+    let run = tokio::task::spawn_blocking(move || rebuild(&rebuild_url, &rebuild_topic, deliveries)).await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut reads = 0;
+    for reader in readers {
+        reads += reader.await.unwrap();
+    }
+    assert_eq!(versions(pool).await, want, "the rebuild built every event");
+    let swap = run.swap_ms.map_or("?".to_owned(), |ms| ms.to_string());
+    println!(
+        "  rebuild beside the live tables, swapped     {:>10.0} deliveries/s   (peak RSS {:.1} MiB)",
+        alone.rate, alone.rss_mib
+    );
+    println!(
+        "  rebuild again, 2 readers on the live table  {:>10.0} deliveries/s   (swap {swap} ms, {reads} reads, \
+         none saw it shrink)",
+        run.rate
+    );
+    println!("  start to exit: run --reset {}", first_run.timeline());
+    println!("                 rebuild     {}", alone.timeline());
+    alone
+}
+
+/// A reader of the live table until `stop`: how many reads it made. Panics if one sees the
+/// read model shrink.
+async fn read_along(pool: PgPool, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u64 {
+    let (mut last, mut reads) = ((0_i64, 0_i64), 0_u64);
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let now: (i64, i64) = sqlx::query_as("SELECT count(*), coalesce(sum(version), 0)::bigint FROM bank_accounts")
+            .fetch_one(&pool)
+            .await
+            .expect("a reader never gets an error");
+        assert!(now.0 >= last.0 && now.1 >= last.1, "a reader saw the read model shrink");
+        (last, reads) = (now, reads + 1);
+        // An application's pace, not a load test: the pipeline ran without them.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    reads
+}
+
+/// Freshness at 1k/s, 10k/s and half the pipeline's rate `first`: each rate's p99 over the
+/// broker's, and its target.
+async fn freshness_arm(first: f64, events: &[RawEnvelope]) -> Vec<(&'static str, f64, f64)> {
+    let seconds = env_usize("BENCH_FRESHNESS_SECONDS", FRESHNESS_SECONDS) as f64;
+    let mut fresh = Vec::new();
+    for (label, rate, target) in [("1k/s", 1_000.0, 20.0), ("10k/s", 10_000.0, 20.0), ("half max", first / 2.0, 100.0)]
+    {
+        let (achieved, projector, broker) = freshness(rate, seconds, events).await;
+        println!(
+            "  freshness at {label:<8} ({achieved:>6.0}/s): projector {}; broker alone {}",
+            projector.show(),
+            broker.show()
+        );
+        fresh.push((label, projector.at(0.99) - broker.at(0.99), target));
+    }
+    fresh
+}
+
+/// Peak RSS of the pipeline, and of a rebuild, at `rss_deliveries`: the stream generated and
+/// published as it goes, never in memory as a whole.
+async fn rss_arm(rss_deliveries: usize) {
+    let accounts = (rss_deliveries / 26).max(10);
+    let big = bank_accounts::generate::deliveries(accounts, 45, 0.10, 0.05, 7);
+    let (big_topic, big_len, _) = publish_all("bench.accounts", big).await;
+    let big_want = bank_accounts::generate::expectation(accounts, 45, 7).version_sum;
+    let (big_pool, big_url) = fresh_database("projectionist_bench_rss").await;
+    let big_run = pipeline(&big_url, &big_topic, big_len, &["--reset"]);
+    assert_eq!(versions(&big_pool).await, big_want, "the pipeline applied every event of the large stream");
+    let cpu_us = big_run.cpu_seconds / big_len as f64 * 1e6;
+    println!(
+        "  peak RSS of the pipeline                    {:>10.1} MiB   at {big_len} deliveries ({:.0} deliveries/s, \
+         {cpu_us:.2} us CPU per delivery)",
+        big_run.rss_mib, big_run.rate
+    );
+    if env_usize("BENCH_REBUILD", 1) != 0 {
+        let big_rebuild = rebuild(&big_url, &big_topic, big_len);
+        assert_eq!(versions(&big_pool).await, big_want, "the rebuild built every event of the large stream");
+        let cpu_us = big_rebuild.cpu_seconds / big_len as f64 * 1e6;
+        println!(
+            "  peak RSS of a rebuild                       {:>10.1} MiB   at {big_len} deliveries ({:.0} \
+             deliveries/s, {cpu_us:.2} us CPU per delivery, {:.2} x the pipeline)",
+            big_rebuild.rss_mib,
+            big_rebuild.rate,
+            big_rebuild.rate / big_run.rate
+        );
+    }
+    // Its database is done with: dropped now, with the gigabytes of page cache it holds.
+    big_pool.close().await;
+    let (_, _, mut admin) = admin_connection().await;
+    drop_database(&mut admin, "projectionist_bench_rss").await;
 }
 
 fn print_peer(compared: &peer::Compared) {
@@ -425,6 +453,16 @@ fn print_traces(compared: &traces::Compared) {
     println!(
         "  pipeline traced 1 % / untraced {:>6.2}   (>= 0.95; collector away {:.2}; {:+.2} us CPU per delivery, wrong rows {})",
         compared.ratio, compared.away, compared.cpu_us, compared.wrong
+    );
+}
+
+fn print_budget(compared: &budget::Compared) {
+    let (capped, uncapped) = compared.peaks;
+    println!(
+        "  10 projections capped at {} / uncapped {:>6.2}   (peak connections {capped} against {uncapped}; <= {} held)",
+        budget::CAP,
+        compared.ratio,
+        budget::CAP
     );
 }
 

@@ -22,9 +22,10 @@ if [ "${BENCH_TRACES:-1}" != 0 ]; then
     traces_env=$(scripts/services.sh --jaeger) && eval "$traces_env" \
         || echo "[bench] The traces arm is skipped: Jaeger cannot start here (above)." >&2
 fi
-cargo build --release --locked -p bank-accounts --bin bank-accounts --bin account-states -p order-status --bin order-status
+cargo build --release --locked -p bank-accounts --bin bank-accounts --bin account-states --bin bank-fleet -p order-status --bin order-status
 # BANK_ACCOUNTS_BIN, when set, is the projector measured (another build, to compare).
 export BANK_ACCOUNTS_BIN="${BANK_ACCOUNTS_BIN:-$PWD/target/release/bank-accounts}"
 export ORDER_STATUS_BIN="${ORDER_STATUS_BIN:-$PWD/target/release/order-status}"
 export ACCOUNT_STATES_BIN="${ACCOUNT_STATES_BIN:-$PWD/target/release/account-states}"
+export BANK_FLEET_BIN="${BANK_FLEET_BIN:-$PWD/target/release/bank-fleet}"
 cargo bench --locked --bench throughput

@@ -8,7 +8,12 @@ use super::*;
 pub(super) static MADE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 pub(super) async fn make_topic(topic: &str) {
-    topics::create_topics(&brokers(), &[topic], PARTITIONS, 1).await.expect("topic");
+    make_topic_of(topic, PARTITIONS).await
+}
+
+/// A topic of `partitions` partitions, deleted at the run's end.
+pub(super) async fn make_topic_of(topic: &str, partitions: i32) {
+    topics::create_topics(&brokers(), &[topic], partitions, 1).await.expect("topic");
     MADE.lock().unwrap().push(topic.to_owned());
 }
 
@@ -50,10 +55,19 @@ pub(super) async fn publish_records(
     prefix: &str,
     records: impl Iterator<Item = (Vec<u8>, Vec<u8>)>,
 ) -> (String, usize, f64) {
+    publish_records_to(prefix, PARTITIONS, records).await
+}
+
+/// [`publish_records`] to a new topic of `partitions` partitions.
+pub(super) async fn publish_records_to(
+    prefix: &str,
+    partitions: i32,
+    records: impl Iterator<Item = (Vec<u8>, Vec<u8>)>,
+) -> (String, usize, f64) {
     static TOPICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = TOPICS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let topic = format!("{prefix}.{}.{n}", std::process::id());
-    make_topic(&topic).await;
+    make_topic_of(&topic, partitions).await;
     let producer: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).set("linger.ms", "5").create().expect("producer");
     let started = Instant::now();

@@ -77,6 +77,14 @@ pub(super) const BANK_ACCOUNTS: Bin = Bin {
     package: "bank-accounts",
 };
 
+/// Ten copies of the bank accounts projection in one process (`bank-fleet`).
+pub(super) const BANK_FLEET: Bin = Bin {
+    var: "BANK_FLEET_BIN",
+    default: "target/release/bank-fleet",
+    topic_var: "BANK_ACCOUNTS_TOPIC",
+    package: "bank-accounts",
+};
+
 impl Bin {
     pub(super) fn path(&self) -> String {
         std::env::var(self.var).unwrap_or_else(|_| self.default.into())

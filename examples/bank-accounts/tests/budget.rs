@@ -21,10 +21,11 @@ const FLEET: &str = env!("CARGO_BIN_EXE_bank-fleet");
 /// The fleet's command against `env`'s database and topic, its connections named `app` in
 /// PostgreSQL so that they can be told from the test's own.
 fn fleet(env: &Env, app: &str, args: &[&str]) -> Command {
+    let join = if env.database_url.contains('?') { '&' } else { '?' };
     let mut fleet = Command::new(FLEET);
     fleet
         .args(args)
-        .env("DATABASE_URL", format!("{}?application_name={app}", env.database_url))
+        .env("DATABASE_URL", format!("{}{join}application_name={app}", env.database_url))
         .env("KAFKA_BROKERS", common::brokers())
         .env("BANK_ACCOUNTS_TOPIC", &env.topic)
         .env("BANK_FLEET_PROJECTIONS", "10")
