@@ -85,6 +85,7 @@ pub(crate) async fn print(
         let (parked, held, dead, _) = projectionist_postgres::park::count(pool, name).await?;
         println!("{name:<24} {parked:>16} {held:>12} {dead:>12}");
     }
+    print_halts(pool, registrations).await;
     let rebuilds = rebuilds(pool, registrations, &positions).await?;
     if !rebuilds.is_empty() {
         println!();
@@ -94,6 +95,38 @@ pub(crate) async fn print(
         }
     }
     Ok(())
+}
+
+/// The partitions halted in running processes, as they recorded them: where, since when,
+/// whether and when each is retried, and why.
+async fn print_halts(pool: &PgPool, registrations: &[Registration]) {
+    let halts = match projectionist_postgres::halts::list(pool, None).await {
+        Ok(halts) => halts,
+        Err(e) => return println!("\nhalted partitions: cannot be read ({e}); `migrate` makes their table"),
+    };
+    let ours = |name: &str| registrations.iter().any(|r| r.projection.name() == name);
+    let halts: Vec<_> = halts.into_iter().filter(|h| ours(&h.projection)).collect();
+    if halts.is_empty() {
+        return;
+    }
+    let time = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S").to_string();
+    println!();
+    println!("{:<24} {:<24} {:>9} {:>12} {:<20} retried", "halted", "topic", "partition", "at offset", "since (UTC)");
+    for h in halts {
+        let retried = match h.retry_at {
+            Some(at) if h.heals => format!("next at {} UTC", time(at)),
+            _ => "no: fix it, then restart the run".to_owned(),
+        };
+        println!(
+            "{:<24} {:<24} {:>9} {:>12} {:<20} {retried}",
+            h.projection,
+            h.topic,
+            h.partition,
+            h.halted_at,
+            time(h.since)
+        );
+        println!("  {} (reported {} UTC)", h.reason, time(h.reported_at));
+    }
 }
 
 /// The rebuilds under way (a shadow schema there): of each, the offsets read, of how many,

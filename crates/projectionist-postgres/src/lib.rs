@@ -13,6 +13,7 @@ mod error;
 pub mod fault;
 pub mod folding;
 mod formatted;
+pub mod halts;
 mod ident;
 mod known;
 mod migrate;

@@ -43,6 +43,10 @@ async fn a_partition_halted_by_a_revoked_grant_resumes_once_it_is_granted_again(
     let log = serving.log();
     assert!(log.contains("permission denied") && log.contains("retried in"), "says what and when:\n{log}");
     assert_eq!(read_model(&pool).await, before, "nothing applied while the grant is away");
+    // `status`, another process, shows the halts the run recorded: where, why, when retried.
+    let (_, status, _) = env.output(&["status"]).await;
+    let halted = status.split("\nhalted ").nth(1).unwrap_or_else(|| panic!("status shows the halts:\n{status}"));
+    assert!(halted.contains("permission denied for table bank_accounts") && halted.contains("next at"), "{status}");
 
     sqlx::query("GRANT INSERT, UPDATE ON bank_accounts TO CURRENT_USER").execute(&pool).await.unwrap();
     let after = generate::expected(&events);
@@ -57,4 +61,5 @@ async fn a_partition_halted_by_a_revoked_grant_resumes_once_it_is_granted_again(
     );
     assert!(metrics.contains("projectionist_halt_retries_total{"), "{metrics}");
     until(&serving, "said healed", || async { serving.log().contains("The halted partition healed") }).await;
+    until(&serving, "status shows no halt", || async { !env.output(&["status"]).await.1.contains("\nhalted ") }).await;
 }

@@ -6,6 +6,9 @@ use std::sync::Arc;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::topic_partition_list::TopicPartitionList;
 
+use projectionist_postgres::halts::{self, StoredHalt};
+use projectionist_postgres::PgPool;
+
 use crate::context::EngineContext;
 use crate::metrics as m;
 use crate::stats::Stats;
@@ -52,17 +55,21 @@ pub(crate) struct Halt {
 }
 
 /// Reports `halt` of partition `tp` of `projection`: logged, the partition paused and
-/// counted halted, the failure counted. It stays halted in this process unless `healing`
-/// says when it is retried (and since when it is halted). Returns what the run's halts
-/// list shows of it.
+/// counted halted, the failure counted, and recorded in `live`'s `projectionist_halts` for
+/// `status` (a live run's: not a rebuild's). It stays halted in this process unless
+/// `healing` says when it is retried (and since when it is halted). Returns what the run's
+/// halts list shows of it.
 pub(crate) fn report(
     projection: &str,
     tp: &Tp,
     halt: Halt,
-    stats: &Stats,
+    (stats, live): (&Stats, Option<&PgPool>),
     consumer: &Arc<StreamConsumer<EngineContext>>,
     healing: Option<(std::time::Duration, chrono::DateTime<chrono::Utc>)>,
 ) -> String {
+    if let Some(pool) = live {
+        recorded(pool, projection, tp, &halt, healing);
+    }
     let err = crate::Error::Halted {
         projection: projection.to_owned(),
         topic: tp.topic.clone(),
@@ -102,6 +109,47 @@ pub(crate) fn report(
     metrics::gauge!(m::PARTITIONS_HALTED, "projection" => projection.to_owned()).set(halted as f64);
     stats.halts.lock().expect("halts lock").push(shown.clone());
     shown
+}
+
+/// Records a halt for `status`, off the partition's way: a halt is reported whether or not
+/// PostgreSQL takes the record.
+fn recorded(
+    pool: &PgPool,
+    projection: &str,
+    tp: &Tp,
+    halt: &Halt,
+    healing: Option<(std::time::Duration, chrono::DateTime<chrono::Utc>)>,
+) {
+    let now = chrono::Utc::now();
+    let stored = StoredHalt {
+        projection: projection.to_owned(),
+        topic: tp.topic.clone(),
+        partition: tp.partition,
+        halted_at: halt.offset,
+        reason: halt.reason.clone(),
+        heals: healing.is_some(),
+        since: healing.map_or(now, |(_, since)| since),
+        retry_at: healing.and_then(|(delay, _)| chrono::Duration::from_std(delay).ok()).map(|delay| now + delay),
+        reported_at: now,
+    };
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        if let Err(e) = halts::record(&pool, &stored).await {
+            tracing::warn!(error = %e, "Cannot record the halt for `status` (it is in the log and on /ready).");
+        }
+    });
+}
+
+/// Forgets the recorded halts of `projection`'s `partitions` of `topic` (for `status`):
+/// assigned again, or past their halt. Off the partitions' way.
+pub(crate) fn forget(pool: &PgPool, projection: &str, topic: &str, partitions: Vec<i32>) {
+    let before = chrono::Utc::now();
+    let (pool, projection, topic) = (pool.clone(), projection.to_owned(), topic.to_owned());
+    tokio::spawn(async move {
+        if let Err(e) = halts::clear(&pool, &projection, &topic, &partitions, before).await {
+            tracing::debug!(error = %e, "Cannot clear the recorded halts for `status`.");
+        }
+    });
 }
 
 /// Takes back the report of a halt that is retried (or forgotten with its revoked

@@ -88,6 +88,7 @@ impl Task {
     pub(super) fn healed(&mut self) {
         let Some(healing) = self.healing.take() else { return };
         let partition = &self.partition;
+        super::halt::forget(&partition.pool, partition.name(), &partition.tp.topic, vec![partition.tp.partition]);
         tracing::info!(
             projection = %partition.name(),
             topic = %partition.tp.topic,

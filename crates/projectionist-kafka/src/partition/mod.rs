@@ -50,7 +50,7 @@ use decode::At;
 pub(crate) use decode::Msg;
 use fold::Reads;
 use halt::retracted;
-pub(crate) use halt::{pause, report, Halt, HaltKind};
+pub(crate) use halt::{forget, pause, report, Halt, HaltKind};
 use heal::Healing;
 use progress::MarkerRetry;
 pub(crate) use shared::Progress;
@@ -527,7 +527,9 @@ impl Task {
         let retry = self.retry_at(&halt);
         let partition = &self.partition;
         partition.progress.set_caught_up();
-        let reported = report(partition.name(), &partition.tp, halt, &partition.stats, &partition.consumer, retry);
+        let live = (!partition.settings.sole_writer).then_some(&partition.pool);
+        let reported =
+            report(partition.name(), &partition.tp, halt, (&partition.stats, live), &partition.consumer, retry);
         if let Some(healing) = &mut self.healing {
             healing.reported = reported;
         }

@@ -150,6 +150,16 @@ impl Runner {
             Ok(Err(e)) => tracing::error!(projection = %name, error = %e, "Assigning partitions failed."),
             Err(e) => tracing::error!(projection = %name, error = %e, "Assigning partitions failed."),
         }
+        if !self.exclusive.sole_writer {
+            // Halts recorded for `status` of these partitions are over: they start again.
+            let mut by_topic: HashMap<&str, Vec<i32>> = HashMap::new();
+            for (tp, _, _) in &queues {
+                by_topic.entry(tp.topic.as_str()).or_default().push(tp.partition);
+            }
+            for (topic, partitions) in by_topic {
+                crate::partition::forget(&self.pool, &name, topic, partitions);
+            }
+        }
         let limits = Limits {
             max_events: self.config.batch_max_events.max(1),
             max_bytes: self.config.batch_max_bytes.max(1),

@@ -249,7 +249,8 @@ impl Runner {
             "a message arrived outside the partition's own queue; restart to resume from the checkpoint".to_owned();
         let halt =
             Halt { offset: at, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error, heals: false };
-        crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer, None);
+        let live = (!self.exclusive.sole_writer).then_some(&self.pool);
+        crate::partition::report(self.name(), &tp, halt, (&self.stats, live), &self.consumer, None);
     }
 
     /// Partition tasks that ended on their own: only a panic ends a task that was not told to
@@ -278,7 +279,8 @@ impl Runner {
             );
             let halt =
                 Halt { offset, timestamp: None, aggregate: "?".into(), reason, kind: HaltKind::Error, heals: false };
-            crate::partition::report(self.name(), &tp, halt, &self.stats, &self.consumer, None);
+            let live = (!self.exclusive.sole_writer).then_some(&self.pool);
+            crate::partition::report(self.name(), &tp, halt, (&self.stats, live), &self.consumer, None);
         }
     }
 
