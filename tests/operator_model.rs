@@ -4,7 +4,8 @@
 //! skipping the versions parked aggregates wait for — end with the same accounts as the
 //! stream applied event by event with those events never sent (their versions skipped, as a
 //! discard or a skip skips them); so do the same streams folded as a rebuild folds them,
-//! then resolved. Against PostgreSQL, without Kafka.
+//! then resolved; and so do runs whose batches a revoked grant halts at random, healed by
+//! reading again from the checkpoint. Against PostgreSQL, without Kafka.
 
 mod common;
 
@@ -236,4 +237,56 @@ async fn retries_discards_and_skips_interleaved_with_batches_leave_the_model_of_
         assert!(list(&pool, None).await.unwrap().is_empty(), "seed {seed}: nothing left parked after the fold");
     }
     assert!(done.iter().all(|n| *n > 10), "retries, discards and skips done: {done:?}");
+}
+
+/// A halt that heals, interleaved: at random, the grant to write the read model's table is
+/// revoked under a batch, which fails and rolls back as a run's halt does; granted back, the
+/// partition reads again from its checkpoint (the failed batch's first event) in batches cut
+/// anew, with the versions it remembers, as a healing run does; the operator's resolutions
+/// come between batches as above. The same accounts as the stream applied event by event.
+#[sqlx::test(migrations = false)]
+async fn halts_that_heal_interleaved_with_batches_and_resolutions_leave_the_model_of_the_stream(pool: PgPool) {
+    migrate(&pool, &[&BankAccounts]).await.unwrap();
+    let grant = |sql: &'static str| sqlx::query(sql).execute(&pool);
+    let mut healed = 0;
+    for seed in 0..12 {
+        let (sent, reference, lost) = streams_with_gaps(seed);
+        emptied(&pool, &BankAccounts).await;
+        for event in &reference {
+            let (known, policy) = (KnownVersions::new(), (Mode::PerEvent, Policy::default()));
+            apply_batch_knowing(&pool, &BankAccounts, std::slice::from_ref(event), policy, &known).await.unwrap();
+        }
+        let want = accounts(&pool).await;
+
+        emptied(&pool, &BankAccounts).await;
+        let mut rng = StdRng::seed_from_u64(seed + 4000);
+        let known = KnownVersions::new();
+        let mut rest = sent.as_slice();
+        while !rest.is_empty() {
+            let (batch, tail) = rest.split_at(rng.gen_range(1..=12).min(rest.len()));
+            let revoked = rng.gen_bool(0.25);
+            if revoked {
+                grant("REVOKE INSERT, UPDATE ON bank_accounts FROM CURRENT_USER").await.unwrap();
+            }
+            let applied =
+                apply_batch_knowing(&pool, &BankAccounts, batch, (Mode::Batch, Policy::default()), &known).await;
+            if revoked {
+                grant("GRANT INSERT, UPDATE ON bank_accounts TO CURRENT_USER").await.unwrap();
+            }
+            if let Err(e) = applied {
+                // Halted, then healed: read again from the checkpoint, in batches cut anew.
+                assert!(e.to_string().contains("permission denied"), "seed {seed}: {e}");
+                healed += 1;
+                continue;
+            }
+            if rng.gen_bool(0.5) {
+                resolve_all(&pool, &mut rng, &lost).await;
+            }
+            rest = tail;
+        }
+        resolve_all(&pool, &mut rng, &lost).await;
+        assert_eq!(accounts(&pool).await, want, "seed {seed}");
+        assert!(list(&pool, None).await.unwrap().is_empty(), "seed {seed}: nothing left parked");
+    }
+    assert!(healed > 10, "batches halted by the revoked grant and healed: {healed}");
 }
