@@ -49,6 +49,16 @@ fn streams(seed: u64) -> (Vec<RawEnvelope>, Vec<RawEnvelope>) {
     (interleave(poisoned, seed), interleave(skipped, seed))
 }
 
+/// The accounts of `reference` applied one event at a time, from empty tables.
+async fn per_event(pool: &PgPool, reference: &[RawEnvelope]) -> Vec<(String, i64, i64)> {
+    emptied(pool, &BankAccounts).await;
+    for event in reference {
+        let (known, policy) = (KnownVersions::new(), (Mode::PerEvent, Policy::default()));
+        apply_batch_knowing(pool, &BankAccounts, std::slice::from_ref(event), policy, &known).await.unwrap();
+    }
+    accounts(pool).await
+}
+
 async fn accounts(pool: &PgPool) -> Vec<(String, i64, i64)> {
     sqlx::query_as("SELECT account_id, balance, version FROM bank_accounts ORDER BY account_id")
         .fetch_all(pool)
@@ -205,12 +215,7 @@ async fn retries_discards_and_skips_interleaved_with_batches_leave_the_model_of_
     let mut done = [0; 3];
     for seed in 0..16 {
         let (sent, reference, lost) = streams_with_gaps(seed);
-        emptied(&pool, &BankAccounts).await;
-        for event in &reference {
-            let (known, policy) = (KnownVersions::new(), (Mode::PerEvent, Policy::default()));
-            apply_batch_knowing(&pool, &BankAccounts, std::slice::from_ref(event), policy, &known).await.unwrap();
-        }
-        let want = accounts(&pool).await;
+        let want = per_event(&pool, &reference).await;
 
         emptied(&pool, &BankAccounts).await;
         let mut rng = StdRng::seed_from_u64(seed + 2000);
@@ -251,12 +256,7 @@ async fn halts_that_heal_interleaved_with_batches_and_resolutions_leave_the_mode
     let mut healed = 0;
     for seed in 0..12 {
         let (sent, reference, lost) = streams_with_gaps(seed);
-        emptied(&pool, &BankAccounts).await;
-        for event in &reference {
-            let (known, policy) = (KnownVersions::new(), (Mode::PerEvent, Policy::default()));
-            apply_batch_knowing(&pool, &BankAccounts, std::slice::from_ref(event), policy, &known).await.unwrap();
-        }
-        let want = accounts(&pool).await;
+        let want = per_event(&pool, &reference).await;
 
         emptied(&pool, &BankAccounts).await;
         let mut rng = StdRng::seed_from_u64(seed + 4000);

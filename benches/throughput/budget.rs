@@ -5,8 +5,7 @@
 //! `BENCH_BUDGET=0` skips the arm, `BENCH_BUDGET_ONLY=1` runs it alone;
 //! `BENCH_BUDGET_DELIVERIES` (default 100000) sizes its stream, applied by each projection.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use projectionist_testing::ConnectionPeak;
 
 use super::process::BANK_FLEET;
 use super::*;
@@ -67,7 +66,7 @@ async fn fleet_run(pool: &PgPool, url: &str, topic: &str, deliveries: usize, cap
     if let Some(cap) = cap {
         args.extend(["--pg-max-connections".to_owned(), cap.to_string()]);
     }
-    let sampler = Sampler::start(pool, APP);
+    let sampler = ConnectionPeak::start(pool, APP);
     let (url, topic) = (url.to_owned(), topic.to_owned());
     let run = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -80,34 +79,3 @@ async fn fleet_run(pool: &PgPool, url: &str, topic: &str, deliveries: usize, cap
 
 /// The fleet's connections' name in PostgreSQL.
 const APP: &str = "projectionist-bench-fleet";
-
-/// Samples, every 20 ms until told to stop, how many connections named `app` PostgreSQL has
-/// open to the bench's database: the most seen.
-struct Sampler {
-    most: Arc<AtomicI64>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Sampler {
-    fn start(pool: &PgPool, app: &str) -> Self {
-        let (most, stop) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicBool::new(false)));
-        let (pool, app, seen, stopped) = (pool.clone(), app.to_owned(), most.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            while !stopped.load(Ordering::SeqCst) {
-                let sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND \
-                           application_name = $1";
-                let n: i64 = sqlx::query_scalar(sql).bind(&app).fetch_one(&pool).await.unwrap();
-                seen.fetch_max(n, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        Self { most, stop, task }
-    }
-
-    async fn most(self) -> i64 {
-        self.stop.store(true, Ordering::SeqCst);
-        self.task.await.unwrap();
-        self.most.load(Ordering::SeqCst)
-    }
-}

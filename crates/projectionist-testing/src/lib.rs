@@ -1,10 +1,12 @@
 #![doc = include_str!("../README.md")]
 
 mod anomaly;
+mod connections;
 mod given;
 mod streams;
 
 pub use anomaly::{assert_anomaly_equivalence, AnomalyReport, Variant};
+pub use connections::ConnectionPeak;
 pub use given::ProjectionTest;
 pub use streams::{interleave, with_redeliveries};
 

@@ -5,13 +5,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bank_accounts::generate::{self, ExpectedAccount};
 use common::cli::Env;
 use common::read_model;
+use projectionist_testing::ConnectionPeak;
 use sqlx::PgPool;
 use tokio::process::Command;
 
@@ -33,41 +32,6 @@ fn fleet(env: &Env, app: &str, args: &[&str]) -> Command {
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     fleet
-}
-
-/// Samples, every 20 ms until dropped, how many connections named `app` the test's database
-/// has: the most seen.
-struct Sampler {
-    most: Arc<AtomicI64>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Sampler {
-    fn start(pool: &PgPool, app: &str) -> Self {
-        let (most, stop) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicBool::new(false)));
-        let (pool, app, seen, stopped) = (pool.clone(), app.to_owned(), most.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            while !stopped.load(Ordering::SeqCst) {
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1",
-                )
-                .bind(&app)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-                seen.fetch_max(n, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        Self { most, stop, task }
-    }
-
-    async fn most(self) -> i64 {
-        self.stop.store(true, Ordering::SeqCst);
-        self.task.await.unwrap();
-        self.most.load(Ordering::SeqCst)
-    }
 }
 
 async fn table(pool: &PgPool, name: &str) -> BTreeMap<String, ExpectedAccount> {
@@ -101,7 +65,7 @@ async fn ten_projections_of_twelve_partitions_keep_within_the_connection_budget(
     env.publish(&events).await;
     let expected = generate::expected(&events);
 
-    let sampler = Sampler::start(&pool, &app);
+    let sampler = ConnectionPeak::start(&pool, &app);
     let args = env.run_args(&["--exit-when-caught-up", "--pg-max-connections", "6"]);
     let (ok, said) = output(fleet(&env, &app, &args)).await;
     let most = sampler.most().await;
@@ -113,7 +77,7 @@ async fn ten_projections_of_twelve_partitions_keep_within_the_connection_budget(
     assert!(most <= CAP, "at most {CAP} connections open at once, {most} seen:\n{said}");
     assert!(!said.contains("Waiting for PostgreSQL"), "PostgreSQL answered all along:\n{said}");
 
-    let sampler = Sampler::start(&pool, &app);
+    let sampler = ConnectionPeak::start(&pool, &app);
     let rebuild = ["rebuild", "--projection", "bank_accounts_3", "--pg-max-connections", "6", "--metrics-addr", "off"];
     let (ok, said) = output(fleet(&env, &app, &rebuild)).await;
     let most = sampler.most().await;
