@@ -22,6 +22,12 @@ impl App {
         let mut config = args.engine_config(&client)?;
         let selected = self.select(args.projections.as_deref(), &mut config)?;
         let connections = pool::size(&client, &selected, args.pg_max_connections).await;
+        let serving = args.metrics_addr.as_deref().unwrap_or(config::DEFAULT_METRICS_ADDR) != "off";
+        anyhow::ensure!(
+            connections >= 2 || !serving,
+            "--pg-max-connections {connections} leaves the partitions no connection once a reader waits on /wait \
+             (it listens for checkpoints on one, for good): give 2 or more, or --metrics-addr off"
+        );
         let pool = pool::open_with(database_url, connections).await?;
         tracing::debug!(connections, "PostgreSQL pool sized.");
         if args.reset {

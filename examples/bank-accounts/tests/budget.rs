@@ -114,4 +114,9 @@ async fn a_partition_queued_for_a_busy_connection_is_not_told_that_postgres_is_a
     assert_eq!(read_model(&pool).await, generate::expected(&events));
     assert!(err.contains("is in use by its other partitions; waiting for one"), "said it queued:\n{err}");
     assert!(!err.contains("Waiting for PostgreSQL"), "PostgreSQL answered all along:\n{err}");
+
+    // Serving /wait, whose listener keeps a connection for good, one is too few: refused.
+    let (status, _, err) =
+        env.run_until_caught_up(&["--pg-max-connections", "1", "--metrics-addr", "127.0.0.1:0"]).await;
+    assert!(!status.success() && err.contains("--pg-max-connections 1 leaves the partitions no connection"), "{err}");
 }
