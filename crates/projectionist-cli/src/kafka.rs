@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use projectionist_kafka::KafkaClientConfig;
 
-use crate::args::Unechoed;
+use crate::unechoed::Unechoed;
 
 /// The heading the Kafka options are listed under in `--help`.
 pub(crate) const KAFKA_HEADING: &str = "Kafka connection";

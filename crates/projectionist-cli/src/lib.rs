@@ -34,6 +34,7 @@ mod registry;
 mod run;
 mod status;
 mod traces;
+mod unechoed;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

@@ -10,20 +10,19 @@
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::partition::Msg;
-
 /// The most producers' contexts one batch span links to (OpenTelemetry's default limit of
 /// links per span is 128 too).
 pub(crate) const MAX_LINKS: usize = 128;
 
-/// Links `span` to the producers' contexts its messages carry (see the module's head): the
-/// first [`MAX_LINKS`] distinct ones, if `span` is sampled.
-pub(crate) fn link_producers(span: &tracing::Span, messages: &[Msg]) {
+/// Links `span` to the producers' `contexts` its messages carry (see the module's head, and
+/// [`producer_context`]): the first [`MAX_LINKS`] distinct ones, if `span` is sampled (else
+/// `contexts` is not read).
+pub(crate) fn link_producers(span: &tracing::Span, contexts: impl Iterator<Item = SpanContext>) {
     if !span.context().span().span_context().is_sampled() {
         return;
     }
     let mut linked: Vec<(TraceId, SpanId)> = Vec::new();
-    for context in messages.iter().filter_map(producer_context) {
+    for context in contexts {
         if linked.len() == MAX_LINKS {
             break;
         }
@@ -36,31 +35,30 @@ pub(crate) fn link_producers(span: &tracing::Span, messages: &[Msg]) {
 }
 
 /// The current (batch) span marked as failed, with an event saying where the partition
-/// halted and why (the log says it too, outside the span).
-pub(crate) fn halted(halt: &crate::partition::Halt) {
+/// halted (`offset`, `aggregate`), what `kind` of halt and why (the log says it too, outside
+/// the span).
+pub(crate) fn halted(offset: i64, aggregate: &str, kind: &'static str, reason: &str) {
     use opentelemetry::KeyValue;
     let span = tracing::Span::current();
     let attributes = vec![
-        KeyValue::new("projectionist.halt.offset", halt.offset),
-        KeyValue::new("projectionist.halt.aggregate", halt.aggregate.clone()),
-        KeyValue::new("projectionist.halt.kind", format!("{:?}", halt.kind).to_lowercase()),
-        KeyValue::new("projectionist.halt.reason", halt.reason.clone()),
+        KeyValue::new("projectionist.halt.offset", offset),
+        KeyValue::new("projectionist.halt.aggregate", aggregate.to_owned()),
+        KeyValue::new("projectionist.halt.kind", kind),
+        KeyValue::new("projectionist.halt.reason", reason.to_owned()),
     ];
     span.add_event("partition halted", attributes);
-    span.set_status(opentelemetry::trace::Status::error(halt.reason.clone()));
+    span.set_status(opentelemetry::trace::Status::error(reason.to_owned()));
 }
 
-/// The producer's context a message carries: its headers', else its envelope metadata's.
-fn producer_context(message: &Msg) -> Option<SpanContext> {
-    let header = |name: &str| {
-        let value = message.message.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))?;
-        std::str::from_utf8(value.1.as_deref()?).ok()
-    };
+/// The producer's context a message carries: its `traceparent` and `tracestate` headers'
+/// (`header` reads one by name), else its envelope metadata's (`field` reads one).
+pub(crate) fn producer_context<'a>(
+    header: impl Fn(&str) -> Option<&'a str>,
+    field: impl Fn(&str) -> Option<&'a str>,
+) -> Option<SpanContext> {
     if let Some(parent) = header("traceparent") {
         return context(parent, header("tracestate"));
     }
-    let metadata = message.envelope.as_ref().ok()?.metadata.as_ref()?;
-    let field = |name: &str| metadata.get(name).and_then(|v| v.as_str());
     context(field("traceparent")?, field("tracestate"))
 }
 

@@ -167,7 +167,7 @@ pub(crate) struct RunOptions {
     /// `max_dead_letters`, `max_dead_letter_bytes`, `dead_letter_payload_max_bytes`,
     /// `dead_letter_topic`), e.g. `order_status.on_gap=halt`; repeat for more. In the file:
     /// a `[run.per_projection.order_status]` table.
-    #[arg(long = "projection-setting", value_name = "PROJECTION.SETTING=VALUE", value_parser = crate::args::Unechoed::new(projection_setting))]
+    #[arg(long = "projection-setting", value_name = "PROJECTION.SETTING=VALUE", value_parser = crate::unechoed::Unechoed::new(projection_setting))]
     #[serde(skip)]
     pub projection_settings: Vec<(String, String, String)>,
     /// The file's `[run.per_projection.NAME]` tables.
@@ -203,7 +203,7 @@ pub(crate) struct RunOptions {
     /// `masked` (their JSON shape) or `full` (masked until asked). Default: masked.
     #[arg(long, value_enum)]
     #[serde(skip_serializing)]
-    pub console_payload: Option<crate::console::Payload>,
+    pub console_payload: Option<Payload>,
     /// Serve the console on a listener that is not on loopback (behind your own proxy).
     #[arg(long)]
     #[serde(default, skip_serializing)]
@@ -482,4 +482,17 @@ mod tests {
         let err = load_error("[run]\non_gap = \"Sw0rdf1sh-file\"\n");
         assert!(!err.contains("Sw0rdf1sh") && err.contains("on_gap") && err.contains("unknown variant"), "{err}");
     }
+}
+
+/// How much of a dead letter's payload and header values the console shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Payload {
+    /// Neither: their sizes and the header names only.
+    None,
+    /// Their shape: JSON with every value replaced by `***`.
+    #[default]
+    Masked,
+    /// As they are (masked unless the operator asks to see them).
+    Full,
 }

@@ -26,22 +26,10 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use projectionist_kafka::{KafkaClientConfig, Readiness, Registration};
 use projectionist_postgres::PgPool;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+pub(crate) use crate::config::Payload;
 use history::History;
-
-/// How much of a dead letter's payload and header values the console shows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Payload {
-    /// Neither: their sizes and the header names only.
-    None,
-    /// Their shape: JSON with every value replaced by `***`.
-    #[default]
-    Masked,
-    /// As they are (masked unless the operator asks to see them).
-    Full,
-}
 
 /// The console's settings.
 pub(crate) struct Settings {

@@ -58,13 +58,13 @@ impl Partition {
             parked = tracing::field::Empty,
             dead_letters = tracing::field::Empty,
         );
-        crate::trace::link_producers(&span, &messages);
+        crate::trace::link_producers(&span, messages.iter().filter_map(Msg::producer_context));
         let this = self.clone();
         async move {
             let size = messages.len();
             let applied = this.apply_inner(messages, through, order).await;
             if let Applied::Halted(halt) | Applied::Committed { halt: Some(halt), .. } = &applied {
-                crate::trace::halted(halt);
+                crate::trace::halted(halt.offset, &halt.aggregate, halt.kind.label(), &halt.reason);
             }
             if !matches!(applied, Applied::Committed { .. }) {
                 // Nothing of it committed: read again by the next owner or run.

@@ -38,6 +38,17 @@ pub(crate) struct Poison {
 }
 
 impl Msg {
+    /// The producer's trace context this message carries, if any (see [`crate::trace`]).
+    pub(crate) fn producer_context(&self) -> Option<opentelemetry::trace::SpanContext> {
+        let header = |name: &str| {
+            let value = self.message.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))?;
+            std::str::from_utf8(value.1.as_deref()?).ok()
+        };
+        let metadata = self.envelope.as_ref().ok().and_then(|e| e.metadata.as_ref());
+        let field = |name: &str| metadata?.get(name)?.as_str();
+        crate::trace::producer_context(header, field)
+    }
+
     /// The message decoded (a payload over `max_bytes` is poison, unparsed), and its size in
     /// bytes (payload and key) for the batch bounds.
     pub(crate) fn from_kafka(message: &BorrowedMessage<'_>, reader: &Reader, max_bytes: usize) -> (Self, usize) {
