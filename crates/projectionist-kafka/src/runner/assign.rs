@@ -195,7 +195,7 @@ impl Runner {
         }
         let owned = self.tasks.len() as u32;
         let max = self.pool.options().get_max_connections();
-        if owned >= max {
+        if owned > max {
             tracing::warn!(
                 projection = %name,
                 partitions = owned,
