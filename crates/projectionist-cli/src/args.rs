@@ -225,6 +225,9 @@ pub(crate) enum ConfigCommand {
     /// Print a settings file with every field documented and set to its default (or
     /// commented out), to save and edit: `config example > projectionist.toml`.
     Example,
+    /// Print every setting, metric and HTTP endpoint as Markdown tables (docs/reference.md
+    /// is this output).
+    Reference,
 }
 
 /// The command line [`App`](crate::App) parses (flags, subcommands and the environment variables they

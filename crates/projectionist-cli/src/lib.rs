@@ -30,6 +30,7 @@ mod pool;
 mod progress;
 mod publish;
 mod rebuild;
+mod reference;
 mod registry;
 mod run;
 mod status;
@@ -153,6 +154,7 @@ impl App {
             Command::Rebuild(args) => return self.rebuild(&cli.database_url, client, *args).await,
             Command::Publish(args) => return publish::publish(&client, args).await,
             Command::Config(ConfigCommand::Example) => print!("{}", config::example()),
+            Command::Config(ConfigCommand::Reference) => print!("{}", reference::page()),
             Command::Status => {
                 let pool = pool::open(&cli.database_url).await?;
                 status::print(&pool, &client, &self.registrations).await?;

@@ -113,71 +113,262 @@ pub const CONNECTION_WAITS: &str = "projectionist_pg_connection_waits_total";
 /// (`done`, `still_failing`, `failed`, `refused`).
 pub const CONSOLE_ACTIONS: &str = "projectionist_console_actions_total";
 
+/// What kind of series a metric is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows (Prometheus `counter`).
+    Counter,
+    /// Goes up and down (Prometheus `gauge`).
+    Gauge,
+    /// A distribution (Prometheus `histogram`).
+    Histogram,
+}
+
+/// One metric, as its description and the reference table (docs/reference.md) give it.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Its name.
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: Kind,
+    /// Its unit, where it has one.
+    pub unit: Option<Unit>,
+    /// Its labels, with their values where they come from a fixed set.
+    pub labels: &'static str,
+    /// What it counts or measures.
+    pub help: &'static str,
+}
+
+const fn metric(
+    name: &'static str,
+    kind: Kind,
+    unit: Option<Unit>,
+    labels: &'static str,
+    help: &'static str,
+) -> Metric {
+    Metric { name, kind, unit, labels, help }
+}
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// Every metric projectionist emits: the one list its descriptions and the reference table
+/// come from.
+pub const ALL: &[Metric] = &[
+    metric(EVENTS_APPLIED, Counter, Some(Unit::Count), "projection", "Events that changed a read model."),
+    metric(
+        EVENTS_SKIPPED,
+        Counter,
+        Some(Unit::Count),
+        "projection, reason (duplicate, stale, ignored)",
+        "Events skipped: a duplicate or stale version, or a type the projection does not handle.",
+    ),
+    metric(
+        EVENTS_IGNORED,
+        Counter,
+        Some(Unit::Count),
+        "projection, type (at most 100 per projection, then other)",
+        "Events of a type the projection does not handle, by type.",
+    ),
+    metric(
+        EVENTS_FAILED,
+        Counter,
+        Some(Unit::Count),
+        "projection, reason (poison, gap, error)",
+        "Events that halted their partition.",
+    ),
+    metric(
+        EVENTS_PARKED,
+        Counter,
+        Some(Unit::Count),
+        "projection",
+        "Events held behind a parked aggregate's missing version.",
+    ),
+    metric(
+        EVENTS_DRAINED,
+        Counter,
+        Some(Unit::Count),
+        "projection",
+        "Held events applied once their missing version arrived.",
+    ),
+    metric(AGGREGATES_PARKED, Counter, Some(Unit::Count), "projection", "Aggregates parked behind a missing version."),
+    metric(AGGREGATES_RESUMED, Counter, Some(Unit::Count), "projection", "Parked aggregates resumed."),
+    metric(AGGREGATES_PARKED_NOW, Gauge, Some(Unit::Count), "projection", "Aggregates parked now."),
+    metric(EVENTS_HELD_NOW, Gauge, Some(Unit::Count), "projection", "Events held now for parked aggregates."),
+    metric(
+        DEAD_LETTERS,
+        Counter,
+        Some(Unit::Count),
+        "projection, reason (envelope, key, tombstone, data, value, apply, declaration)",
+        "Dead letters kept, by reason.",
+    ),
+    metric(
+        DEAD_LETTER_BYTES_NOW,
+        Gauge,
+        Some(Unit::Bytes),
+        "projection",
+        "Payload bytes of the open dead letters, as stored.",
+    ),
+    metric(BATCH_SIZE, Histogram, Some(Unit::Count), "projection", "Events per applied batch."),
+    metric(BATCH_DURATION, Histogram, Some(Unit::Seconds), "projection", "Time to apply and commit one batch."),
+    metric(
+        BATCH_RETRIES,
+        Counter,
+        Some(Unit::Count),
+        "projection",
+        "Batch attempts retried after a transient database error, waits for PostgreSQL included.",
+    ),
+    metric(
+        BATCH_FALLBACKS,
+        Counter,
+        Some(Unit::Count),
+        "projection",
+        "Batches applied event by event after a concurrent writer moved their rows.",
+    ),
+    metric(
+        CONSUMER_LAG_MESSAGES,
+        Gauge,
+        Some(Unit::Count),
+        "projection, topic, partition",
+        "Offsets between the checkpoint and the partition's head; 0 when caught up.",
+    ),
+    metric(
+        CONSUMER_LAG_SECONDS,
+        Gauge,
+        Some(Unit::Seconds),
+        "projection, topic, partition",
+        "Age of the oldest message not yet applied (broker time); 0 when caught up.",
+    ),
+    metric(
+        APPLIED_EVENT_AGE_SECONDS,
+        Gauge,
+        Some(Unit::Seconds),
+        "projection, topic, partition",
+        "Age of the last applied event's occurred_at when applied.",
+    ),
+    metric(CHECKPOINT_COMMITS, Counter, Some(Unit::Count), "projection", "Checkpoints committed to PostgreSQL."),
+    metric(
+        REBALANCES,
+        Counter,
+        Some(Unit::Count),
+        "projection, kind (assign, revoke)",
+        "Partition assignments and revocations.",
+    ),
+    metric(PARTITIONS_HALTED, Gauge, Some(Unit::Count), "projection", "Partitions halted now."),
+    metric(
+        POSTGRES_WAITING,
+        Gauge,
+        None,
+        "projection",
+        "1 while a partition waits for PostgreSQL to come back, else 0.",
+    ),
+    metric(
+        REGISTRY_WAITING,
+        Gauge,
+        None,
+        "projection",
+        "1 while a partition waits for the schema registry to answer, else 0.",
+    ),
+    metric(
+        PG_POOL_CONNECTIONS,
+        Gauge,
+        Some(Unit::Count),
+        "state (in_use, idle)",
+        "PostgreSQL pool connections by state.",
+    ),
+    metric(WAIT_REQUESTS, Gauge, Some(Unit::Count), "", "/wait requests waiting for a projection to apply an event."),
+    metric(
+        REBUILD_MESSAGES_DONE,
+        Gauge,
+        Some(Unit::Count),
+        "projection",
+        "Messages a rebuild's shadow has applied so far.",
+    ),
+    metric(
+        REBUILD_MESSAGES_LEFT,
+        Gauge,
+        Some(Unit::Count),
+        "projection",
+        "Messages left for a rebuild to reach the heads as they were at its start.",
+    ),
+    metric(
+        REBUILD_PHASE,
+        Gauge,
+        None,
+        "projection",
+        "A rebuild's phase: 1 loading and catching up, 2 swapping, 0 over.",
+    ),
+    metric(
+        REBUILD_SWAP_SECONDS,
+        Gauge,
+        Some(Unit::Seconds),
+        "projection",
+        "How long a rebuild's swap transaction took.",
+    ),
+    metric(
+        REBUILDS,
+        Counter,
+        Some(Unit::Count),
+        "projection, outcome (swapped, verified, differs, stopped, failed)",
+        "Rebuilds ended, by outcome.",
+    ),
+    metric(TRACE_SPANS_EXPORTED, Counter, Some(Unit::Count), "", "Trace spans sent to the OTLP collector."),
+    metric(
+        TRACE_SPANS_DROPPED,
+        Counter,
+        Some(Unit::Count),
+        "reason (queue_full, export_failed)",
+        "Trace spans dropped rather than holding up the pipeline.",
+    ),
+    metric(
+        HALT_RETRIES,
+        Counter,
+        Some(Unit::Count),
+        "projection",
+        "Halted partitions read again from their checkpoint, the halt's cause possibly gone.",
+    ),
+    metric(
+        CONNECTION_WAITS,
+        Counter,
+        Some(Unit::Count),
+        "projection",
+        "Waits past the pool's acquire timeout for a PostgreSQL connection, every one of the budget in use.",
+    ),
+    metric(
+        CONSOLE_ACTIONS,
+        Counter,
+        Some(Unit::Count),
+        "action (retry, discard, skip), outcome (done, still_failing, failed, refused)",
+        "Console actions, by action and outcome.",
+    ),
+];
+
 /// Registers descriptions and units with the installed recorder.
 pub fn describe() {
-    describe_counter!(EVENTS_APPLIED, Unit::Count, "Events that changed a read model.");
-    describe_counter!(EVENTS_SKIPPED, Unit::Count, "Events skipped: duplicate or stale version, or unhandled type.");
-    describe_counter!(EVENTS_IGNORED, Unit::Count, "Events of a type the projection does not handle, by type.");
-    describe_counter!(EVENTS_FAILED, Unit::Count, "Events that halted their partition.");
-    describe_counter!(EVENTS_PARKED, Unit::Count, "Events held behind a parked aggregate's missing version.");
-    describe_counter!(EVENTS_DRAINED, Unit::Count, "Held events applied once their missing version arrived.");
-    describe_counter!(AGGREGATES_PARKED, Unit::Count, "Aggregates parked behind a missing version.");
-    describe_counter!(AGGREGATES_RESUMED, Unit::Count, "Parked aggregates resumed.");
-    describe_gauge!(AGGREGATES_PARKED_NOW, Unit::Count, "Aggregates parked now.");
-    describe_gauge!(EVENTS_HELD_NOW, Unit::Count, "Events held now for parked aggregates.");
-    describe_counter!(DEAD_LETTERS, Unit::Count, "Dead letters kept, by reason.");
-    describe_gauge!(DEAD_LETTER_BYTES_NOW, Unit::Bytes, "Payload bytes of the open dead letters, as stored.");
-    describe_histogram!(BATCH_SIZE, Unit::Count, "Events per applied batch.");
-    describe_histogram!(BATCH_DURATION, Unit::Seconds, "Time to apply and commit one batch.");
-    describe_counter!(BATCH_RETRIES, Unit::Count, "Batch attempts retried after a transient database error.");
-    describe_counter!(
-        BATCH_FALLBACKS,
-        Unit::Count,
-        "Batches applied event by event after a concurrent writer moved their rows."
-    );
-    describe_gauge!(CONSUMER_LAG_MESSAGES, Unit::Count, "Offsets between the checkpoint and the partition's head.");
-    describe_gauge!(
-        CONSUMER_LAG_SECONDS,
-        Unit::Seconds,
-        "Age of the oldest message not yet applied (broker time); 0 when caught up."
-    );
-    describe_gauge!(
-        APPLIED_EVENT_AGE_SECONDS,
-        Unit::Seconds,
-        "Age of the last applied event's occurred_at when applied."
-    );
-    describe_counter!(CHECKPOINT_COMMITS, Unit::Count, "Checkpoints committed to PostgreSQL.");
-    describe_counter!(REBALANCES, Unit::Count, "Partition assignments and revocations.");
-    describe_gauge!(PARTITIONS_HALTED, Unit::Count, "Partitions halted and waiting for a fix.");
-    describe_gauge!(POSTGRES_WAITING, "1 while a partition waits for PostgreSQL to come back, else 0.");
-    describe_gauge!(REGISTRY_WAITING, "1 while a partition waits for the schema registry to answer, else 0.");
-    describe_gauge!(PG_POOL_CONNECTIONS, Unit::Count, "PostgreSQL pool connections by state.");
-    describe_gauge!(WAIT_REQUESTS, Unit::Count, "/wait requests waiting for a projection to apply an event.");
-    describe_gauge!(REBUILD_MESSAGES_DONE, Unit::Count, "Messages a rebuild's shadow has applied so far.");
-    describe_gauge!(REBUILD_MESSAGES_LEFT, Unit::Count, "Messages left for a rebuild to the heads at its start.");
-    describe_gauge!(REBUILD_PHASE, "A rebuild's phase: 1 loading and catching up, 2 swapping, 0 over.");
-    describe_gauge!(REBUILD_SWAP_SECONDS, Unit::Seconds, "How long a rebuild's swap transaction took.");
-    describe_counter!(REBUILDS, Unit::Count, "Rebuilds ended, by outcome.");
-    describe_counter!(TRACE_SPANS_EXPORTED, Unit::Count, "Trace spans sent to the OTLP collector.");
-    describe_counter!(
-        TRACE_SPANS_DROPPED,
-        Unit::Count,
-        "Trace spans dropped rather than holding up the pipeline: the export queue full or the collector not \
-         taking them, by reason."
-    );
-    describe_counter!(
-        HALT_RETRIES,
-        Unit::Count,
-        "Halted partitions read again from their checkpoint, the halt's cause possibly gone (a permission, a table, \
-         a constraint)."
-    );
-    describe_counter!(
-        CONNECTION_WAITS,
-        Unit::Count,
-        "Waits past the pool's acquire timeout for a PostgreSQL connection, every connection of the process's budget \
-         (--pg-max-connections) in use."
-    );
-    describe_counter!(CONSOLE_ACTIONS, Unit::Count, "Console actions, by action and outcome.");
+    for m in ALL {
+        match (m.kind, m.unit) {
+            (Counter, Some(unit)) => describe_counter!(m.name, unit, m.help),
+            (Counter, None) => describe_counter!(m.name, m.help),
+            (Gauge, Some(unit)) => describe_gauge!(m.name, unit, m.help),
+            (Gauge, None) => describe_gauge!(m.name, m.help),
+            (Histogram, Some(unit)) => describe_histogram!(m.name, unit, m.help),
+            (Histogram, None) => describe_histogram!(m.name, m.help),
+        }
+    }
+}
+
+/// The reference table of [`ALL`], in Markdown: name, type, labels and meaning.
+pub fn reference() -> String {
+    let mut out = String::from("| metric | type | labels | what |\n|---|---|---|---|\n");
+    for m in ALL {
+        let kind = match m.kind {
+            Counter => "counter",
+            Gauge => "gauge",
+            Histogram => "histogram",
+        };
+        let labels = if m.labels.is_empty() { "—" } else { m.labels };
+        out.push_str(&format!("| `{}` | {kind} | {labels} | {} |\n", m.name, m.help));
+    }
+    out
 }
 
 /// A rebuild of `projection` has applied `done` messages, `left` to go.

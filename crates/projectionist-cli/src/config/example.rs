@@ -136,7 +136,7 @@ const TOPICS: &str = r#"
 
 /// Whether the file takes the option `id` (the command line's own, such as `--reset`, are
 /// refused there by name).
-fn in_the_file(id: &str) -> bool {
+pub(crate) fn in_the_file(id: &str) -> bool {
     let key = if id == "projection_settings" { "per_projection" } else { id };
     match toml::from_str::<ConfigFile>(&format!("[run]\n{key} = 1\n")) {
         Ok(_) => true,

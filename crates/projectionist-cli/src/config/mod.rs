@@ -244,7 +244,7 @@ impl RunOptions {
 
     /// The defaults of the options that have one, by field name: the engine's defaults and
     /// the binary's own.
-    fn defaults() -> Map<String, Value> {
+    pub(crate) fn defaults() -> Map<String, Value> {
         let engine = serde_json::to_value(EngineConfig::new("")).expect("EngineConfig serialises");
         let mut defaults = object(engine);
         defaults.insert("metrics_addr".into(), DEFAULT_METRICS_ADDR.into());
@@ -260,7 +260,7 @@ fn object(value: Value) -> Map<String, Value> {
     }
 }
 
-pub(crate) use example::example;
+pub(crate) use example::{example, in_the_file};
 
 /// `command` with the defaults of `run`'s options shown in their help (the options are
 /// optional, so that a value given nowhere falls back to the file and then the default).
