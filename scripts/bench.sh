@@ -23,9 +23,11 @@ if [ "${BENCH_TRACES:-1}" != 0 ]; then
         || echo "[bench] The traces arm is skipped: Jaeger cannot start here (above)." >&2
 fi
 cargo build --release --locked -p bank-accounts --bin bank-accounts --bin account-states --bin bank-fleet -p order-status --bin order-status
-# BANK_ACCOUNTS_BIN, when set, is the projector measured (another build, to compare).
-export BANK_ACCOUNTS_BIN="${BANK_ACCOUNTS_BIN:-$PWD/target/release/bank-accounts}"
-export ORDER_STATUS_BIN="${ORDER_STATUS_BIN:-$PWD/target/release/order-status}"
-export ACCOUNT_STATES_BIN="${ACCOUNT_STATES_BIN:-$PWD/target/release/account-states}"
-export BANK_FLEET_BIN="${BANK_FLEET_BIN:-$PWD/target/release/bank-fleet}"
+# BANK_ACCOUNTS_BIN, when set, is the projector measured (another build, to compare);
+# otherwise the binaries just built, where cargo put them (CARGO_TARGET_DIR, if set).
+release="${CARGO_TARGET_DIR:-$PWD/target}/release"
+export BANK_ACCOUNTS_BIN="${BANK_ACCOUNTS_BIN:-$release/bank-accounts}"
+export ORDER_STATUS_BIN="${ORDER_STATUS_BIN:-$release/order-status}"
+export ACCOUNT_STATES_BIN="${ACCOUNT_STATES_BIN:-$release/account-states}"
+export BANK_FLEET_BIN="${BANK_FLEET_BIN:-$release/bank-fleet}"
 cargo bench --locked --bench throughput
