@@ -39,78 +39,19 @@ impl Latencies {
 /// [`Waiter`]: projectionist::postgres::wait::Waiter
 pub(super) async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -> (f64, Latencies, Latencies) {
     use projectionist::postgres::wait::Waiter;
-    use rdkafka::producer::FutureProducer;
-    use rdkafka::Message;
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
 
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let topic = format!("bench.fresh.{}.{n}", std::process::id());
     make_topic(&topic).await;
     let (pool, url) = fresh_database(&format!("projectionist_bench_fresh_{n}")).await;
-
-    // The projector, at the head of an empty topic.
-    let bin = BANK_ACCOUNTS.path();
-    let mut child = Command::new(&bin)
-        .args(["run", "--metrics-addr", "127.0.0.1:0", "--kafka-property", "session.timeout.ms=6000"])
-        .args(["--group-id", &format!("bench-fresh-{}-{n}", std::process::id())])
-        .env("DATABASE_URL", &url)
-        .env("BANK_ACCOUNTS_TOPIC", &topic)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the projector starts");
-    let (assigned_tx, assigned_rx) = std::sync::mpsc::channel();
-    let metrics_addr: Arc<Mutex<Option<String>>> = Arc::default();
-    let stderr = child.stderr.take().unwrap();
-    let addr_seen = metrics_addr.clone();
-    std::thread::spawn(move || {
-        let mut told = false;
-        for line in BufReader::new(stderr).lines() {
-            let line = line.unwrap_or_default();
-            if !told && line.contains("Partition assigned") {
-                told = assigned_tx.send(()).is_ok();
-            }
-            if let Some(addr) = line.split("address=").nth(1).and_then(|a| a.split_whitespace().next()) {
-                *addr_seen.lock().unwrap() = Some(addr.to_owned());
-            }
-            // What went wrong, if anything, said beside the figures it explains.
-            if line.contains("ERROR") || line.contains("WARN") {
-                eprintln!("  freshness projector: {line}");
-            }
-        }
-    });
-    assigned_rx.recv_timeout(Duration::from_secs(60)).expect("the projector was assigned partitions");
-
-    // The broker alone: a read_committed consumer of the same topic.
-    let received: Arc<Mutex<HashMap<(i32, i64), Instant>>> = Arc::default();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (received, stop, topic) = (received.clone(), stop.clone(), topic.clone());
-        std::thread::spawn(move || {
-            let consumer = reader("bench-fresh-reader", &topic, &[("fetch.wait.max.ms", "10")]);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
-                    received.lock().unwrap().insert((m.partition(), m.offset()), Instant::now());
-                }
-            }
-        })
-    };
+    let mut projector = Projector::start(&url, &topic, n);
+    let broker = BrokerReader::start(&topic);
     // Let the reader join before the first commit.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let waiter = Waiter::new(pool.clone()).await.expect("waiter");
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("enable.idempotence", "true")
-        .set("transactional.id", format!("bench-fresh-{}-{n}", std::process::id()))
-        .set("linger.ms", "0")
-        .create()
-        .expect("producer");
-    let init = producer.clone();
-    tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30))).await.unwrap().unwrap();
+    let producer = transactional_producer(n).await;
     // A projector at the head has been running: its first batches, which open its PostgreSQL
     // connections (a TLS set-up each, tens of milliseconds of CPU), are a cold start, not its
     // freshness. A first transaction, applied before the measured traffic starts, takes them.
@@ -119,92 +60,250 @@ pub(super) async fn freshness(rate: f64, seconds: f64, stream: &[RawEnvelope]) -
         let applied = waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30)).await;
         applied.expect("the projector applied the first transaction");
     }
-
-    let mut commits: Vec<((i32, i64), Instant)> = Vec::new();
-    let mut waits = tokio::task::JoinSet::new();
-    let started = Instant::now();
-    let counted_from = started + Duration::from_secs(1);
-    let mut sent = primed;
-    while started.elapsed().as_secs_f64() < seconds + 1.0 && sent < stream.len() {
-        let due = (primed + (started.elapsed().as_secs_f64() * rate) as usize).min(stream.len());
-        if due <= sent {
-            tokio::time::sleep(Duration::from_micros(500)).await;
-            continue;
-        }
-        let delivered = transaction(&producer, &topic, &stream[sent..due]).await;
-        let committed = Instant::now();
-        // One wait per partition of the transaction, for its last offset there: the events
-        // before it on the partition are applied no later (a partition applies in order),
-        // so its time is an upper bound of theirs, counted for each of them. (A wait per
-        // event costs the bench's process a quarter of a core at 10k/s, taken from the
-        // projector's two.)
-        let mut last: HashMap<i32, (i64, usize)> = HashMap::new();
-        for at in delivered {
-            commits.push((at, committed));
-            let (offset, events) = last.entry(at.0).or_insert((at.1, 0));
-            *offset = (*offset).max(at.1);
-            *events += 1;
-        }
-        for (partition, (offset, events)) in last {
-            let (waiter, topic) = (waiter.clone(), topic.clone());
-            waits.spawn(async move {
-                match waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30)).await
-                {
-                    Ok(_) => Ok((committed >= counted_from).then(|| (committed.elapsed(), events))),
-                    Err(e) => Err(((partition, offset), e.to_string())),
-                }
-            });
-        }
-        sent = due;
-    }
-    let achieved = (sent - primed) as f64 / started.elapsed().as_secs_f64();
-    let mut projector = Vec::with_capacity(sent);
-    let mut unapplied = Vec::new();
-    while let Some(took) = waits.join_next().await {
-        match took.unwrap() {
-            Ok(Some((took, events))) => projector.extend(std::iter::repeat_n(took.as_secs_f64() * 1000.0, events)),
-            Ok(None) => {}
-            Err(timed_out) => unapplied.push(timed_out),
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while received.lock().unwrap().len() < sent && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = reader.join();
-    let received = std::mem::take(&mut *received.lock().unwrap());
-    // A wait that timed out: the projector's, or the broker's (a read_committed reader that
-    // never got the event either: the broker held it back)?
-    if let Some((at, error)) = unapplied.first() {
-        let reader_too = unapplied.iter().filter(|(at, _)| !received.contains_key(at)).count();
-        panic!(
-            "{} waits (a transaction's last event on a partition) of {sent} events saw it not applied within 30 s of \
-             its commit, the first {at:?}: {error}; the read_committed reader never received {reader_too} of them",
-            unapplied.len()
-        );
-    }
-    assert!(commits.iter().all(|(at, _)| received.contains_key(at)), "the read_committed reader received every event");
-    let mut broker: Vec<f64> = commits
+    let traffic = Traffic { producer: &producer, waiter: &waiter, topic: &topic, stream, primed };
+    let published = traffic.publish(rate, seconds).await;
+    let received = broker.stop(published.sent);
+    let (achieved, applied) = published.applied(&received);
+    let mut broker: Vec<f64> = published
+        .commits
         .iter()
-        .filter(|(_, committed)| *committed >= counted_from)
+        .filter(|(_, committed)| *committed >= published.counted_from)
         .map(|(at, committed)| received[at].saturating_duration_since(*committed).as_secs_f64() * 1000.0)
         .collect();
-    let batches = metrics_addr.lock().unwrap().clone().map(|addr| batch_summary(&addr)).unwrap_or_default();
-    println!("  freshness at {rate:.0}/s: {batches}");
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let _ = child.wait();
-    // Each account's versions arrive in order, redeliveries after them: the prefix sent
-    // applies up to each account's highest version in it.
-    let mut highest: HashMap<&str, i64> = HashMap::new();
-    for e in &stream[..sent] {
+    println!("  freshness at {rate:.0}/s: {}", projector.batches());
+    projector.stop();
+    assert_eq!(versions(&pool).await, highest_versions(&stream[..published.sent]), "the projector applied every event");
+    broker.sort_by(f64::total_cmp);
+    (achieved, applied, Latencies(broker))
+}
+
+/// The sum of each account's highest version in `sent`: what the projector has applied once
+/// it has read them (each account's versions arrive in order, redeliveries after them).
+fn highest_versions(sent: &[RawEnvelope]) -> i64 {
+    let mut highest: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    for e in sent {
         let v = highest.entry(e.aggregate_id.as_str()).or_default();
         *v = (*v).max(e.version);
     }
-    assert_eq!(versions(&pool).await, highest.values().sum::<i64>(), "the projector applied every event");
-    projector.sort_by(f64::total_cmp);
-    broker.sort_by(f64::total_cmp);
-    (achieved, Latencies(projector), Latencies(broker))
+    highest.values().sum()
+}
+
+/// The projector, at the head of an empty topic, and what its log tells: its metrics address.
+struct Projector {
+    child: std::process::Child,
+    metrics_addr: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Projector {
+    /// Started on `topic`, returned once it holds partitions.
+    fn start(url: &str, topic: &str, n: usize) -> Self {
+        use std::sync::{Arc, Mutex};
+        let bin = BANK_ACCOUNTS.path();
+        let mut child = Command::new(&bin)
+            .args(["run", "--metrics-addr", "127.0.0.1:0", "--kafka-property", "session.timeout.ms=6000"])
+            .args(["--group-id", &format!("bench-fresh-{}-{n}", std::process::id())])
+            .env("DATABASE_URL", url)
+            .env("BANK_ACCOUNTS_TOPIC", topic)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the projector starts");
+        let (assigned_tx, assigned_rx) = std::sync::mpsc::channel();
+        let metrics_addr: Arc<Mutex<Option<String>>> = Arc::default();
+        let stderr = child.stderr.take().unwrap();
+        let addr_seen = metrics_addr.clone();
+        std::thread::spawn(move || {
+            let mut told = false;
+            for line in BufReader::new(stderr).lines() {
+                let line = line.unwrap_or_default();
+                if !told && line.contains("Partition assigned") {
+                    told = assigned_tx.send(()).is_ok();
+                }
+                if let Some(addr) = line.split("address=").nth(1).and_then(|a| a.split_whitespace().next()) {
+                    *addr_seen.lock().unwrap() = Some(addr.to_owned());
+                }
+                // What went wrong, if anything, said beside the figures it explains.
+                if line.contains("ERROR") || line.contains("WARN") {
+                    eprintln!("  freshness projector: {line}");
+                }
+            }
+        });
+        assigned_rx.recv_timeout(Duration::from_secs(60)).expect("the projector was assigned partitions");
+        Self { child, metrics_addr }
+    }
+
+    /// Its batches, from its `/metrics` (see [`batch_summary`]).
+    fn batches(&self) -> String {
+        self.metrics_addr.lock().unwrap().clone().map(|addr| batch_summary(&addr)).unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The broker alone: a `read_committed` consumer of the topic, noting when each message
+/// (partition, offset) arrived.
+struct BrokerReader {
+    received: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(i32, i64), Instant>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl BrokerReader {
+    fn start(topic: &str) -> Self {
+        use rdkafka::Message;
+        let received: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(i32, i64), Instant>>> =
+            Default::default();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (received, stop, topic) = (received.clone(), stop.clone(), topic.to_owned());
+            std::thread::spawn(move || {
+                let consumer = reader("bench-fresh-reader", &topic, &[("fetch.wait.max.ms", "10")]);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
+                        received.lock().unwrap().insert((m.partition(), m.offset()), Instant::now());
+                    }
+                }
+            })
+        };
+        Self { received, stop, thread }
+    }
+
+    /// What it received, once it has `sent` messages (or 30 s have passed).
+    fn stop(self, sent: usize) -> std::collections::HashMap<(i32, i64), Instant> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.received.lock().unwrap().len() < sent && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.thread.join();
+        std::mem::take(&mut *self.received.lock().unwrap())
+    }
+}
+
+/// A transactional producer of the freshness arm's run `n`, its transactions initialised.
+async fn transactional_producer(n: usize) -> rdkafka::producer::FutureProducer {
+    let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .set("transactional.id", format!("bench-fresh-{}-{n}", std::process::id()))
+        .set("linger.ms", "0")
+        .create()
+        .expect("producer");
+    let init = producer.clone();
+    tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30))).await.unwrap().unwrap();
+    producer
+}
+
+/// The measured traffic: `stream` published from `primed` on, each transaction waited for.
+struct Traffic<'a> {
+    producer: &'a rdkafka::producer::FutureProducer,
+    waiter: &'a projectionist::postgres::wait::Waiter,
+    topic: &'a str,
+    stream: &'a [RawEnvelope],
+    primed: usize,
+}
+
+/// One wait's end: the time to applied and the events it stands for (none before the
+/// warm-up second's end), or where it timed out and why.
+type Waited = Result<Option<(Duration, usize)>, ((i32, i64), String)>;
+
+/// What [`Traffic::publish`] did.
+struct Published {
+    /// Each event's place and when its transaction committed.
+    commits: Vec<((i32, i64), Instant)>,
+    /// Events counted from this commit time on (after the warm-up second).
+    counted_from: Instant,
+    /// Events published, the primed ones included.
+    sent: usize,
+    /// Events published per second, the primed ones not counted.
+    achieved: f64,
+    /// Per wait: the time to applied and the events it stands for, or where it timed out.
+    waited: Vec<Waited>,
+}
+
+impl Traffic<'_> {
+    /// Publishes at `rate` for `seconds` after a warm-up second (or until the stream runs
+    /// out), a transaction per turn of what is due, and waits for each partition's last
+    /// event of each transaction to be applied.
+    async fn publish(&self, rate: f64, seconds: f64) -> Published {
+        let mut commits: Vec<((i32, i64), Instant)> = Vec::new();
+        let mut waits = tokio::task::JoinSet::new();
+        let started = Instant::now();
+        let counted_from = started + Duration::from_secs(1);
+        let mut sent = self.primed;
+        while started.elapsed().as_secs_f64() < seconds + 1.0 && sent < self.stream.len() {
+            let due = (self.primed + (started.elapsed().as_secs_f64() * rate) as usize).min(self.stream.len());
+            if due <= sent {
+                tokio::time::sleep(Duration::from_micros(500)).await;
+                continue;
+            }
+            let delivered = transaction(self.producer, self.topic, &self.stream[sent..due]).await;
+            let committed = Instant::now();
+            // One wait per partition of the transaction, for its last offset there: the events
+            // before it on the partition are applied no later (a partition applies in order),
+            // so its time is an upper bound of theirs, counted for each of them. (A wait per
+            // event costs the bench's process a quarter of a core at 10k/s, taken from the
+            // projector's two.)
+            let mut last: std::collections::HashMap<i32, (i64, usize)> = std::collections::HashMap::new();
+            for at in delivered {
+                commits.push((at, committed));
+                let (offset, events) = last.entry(at.0).or_insert((at.1, 0));
+                *offset = (*offset).max(at.1);
+                *events += 1;
+            }
+            for (partition, (offset, events)) in last {
+                let (waiter, topic) = (self.waiter.clone(), self.topic.to_owned());
+                waits.spawn(async move {
+                    let waited =
+                        waiter.wait_for_offset("bank_accounts", &topic, partition, offset, Duration::from_secs(30));
+                    match waited.await {
+                        Ok(_) => Ok((committed >= counted_from).then(|| (committed.elapsed(), events))),
+                        Err(e) => Err(((partition, offset), e.to_string())),
+                    }
+                });
+            }
+            sent = due;
+        }
+        let achieved = (sent - self.primed) as f64 / started.elapsed().as_secs_f64();
+        let mut waited = Vec::new();
+        while let Some(took) = waits.join_next().await {
+            waited.push(took.unwrap());
+        }
+        Published { commits, counted_from, sent, achieved, waited }
+    }
+}
+
+impl Published {
+    /// The achieved rate and the projector's latencies; panics on a wait that timed out,
+    /// saying whether the broker's reader (which `received` what it did) missed it too.
+    fn applied(&self, received: &std::collections::HashMap<(i32, i64), Instant>) -> (f64, Latencies) {
+        let mut projector = Vec::with_capacity(self.sent);
+        let mut unapplied = Vec::new();
+        for waited in &self.waited {
+            match waited {
+                Ok(Some((took, events))) => projector.extend(std::iter::repeat_n(took.as_secs_f64() * 1000.0, *events)),
+                Ok(None) => {}
+                Err(timed_out) => unapplied.push(timed_out),
+            }
+        }
+        if let Some((at, error)) = unapplied.first() {
+            let reader_too = unapplied.iter().filter(|(at, _)| !received.contains_key(at)).count();
+            panic!(
+                "{} waits (a transaction's last event on a partition) of {} events saw it not applied within 30 s of \
+                 its commit, the first {at:?}: {error}; the read_committed reader never received {reader_too} of them",
+                unapplied.len(),
+                self.sent
+            );
+        }
+        let all = self.commits.iter().all(|(at, _)| received.contains_key(at));
+        assert!(all, "the read_committed reader received every event");
+        projector.sort_by(f64::total_cmp);
+        (self.achieved, Latencies(projector))
+    }
 }
 
 /// The projector's batches, from its `/metrics`: how many, their mean size and mean time
