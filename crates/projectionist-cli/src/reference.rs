@@ -4,7 +4,7 @@
 
 use clap::{ArgAction, CommandFactory};
 
-use crate::config::{in_the_file, RunOptions};
+use crate::config::{in_the_file, shown, RunOptions};
 
 /// What the page says before its tables.
 const HEAD: &str = "# Reference
@@ -135,17 +135,13 @@ fn settings() -> String {
     let run = command.find_subcommand("run").expect("a run command");
     let defaults = RunOptions::defaults();
     let mut out = String::from("| option | environment | file | type | default | what |\n|---|---|---|---|---|---|\n");
-    for arg in run.get_arguments().filter(|a| !a.is_hide_set() && a.get_long().is_some()) {
+    for (arg, long) in options(run) {
         let id = arg.get_id().as_str();
-        let Some(long) = arg.get_long() else { continue };
-        if matches!(long, "help" | "version") {
-            continue;
-        }
         let env = arg.get_env().map_or("—".to_owned(), |e| format!("`{}`", e.to_string_lossy()));
         let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
         let file = file_key(id, &help);
         let default = match (defaults.get(id), arg.get_default_values().first()) {
-            (Some(v), _) => format!("`{}`", v.as_str().map_or_else(|| v.to_string(), str::to_owned)),
+            (Some(v), _) => format!("`{}`", shown(v)),
             (None, Some(v)) => format!("`{}`", v.to_string_lossy()),
             (None, None) => "—".to_owned(),
         };
@@ -153,6 +149,13 @@ fn settings() -> String {
         out.push_str(&format!("| `--{long}` | {env} | {file} | {} | {default} | {help} |\n", kind(arg, &defaults)));
     }
     out
+}
+
+/// The options of `run` a user sets: each with its long name (not `--help`, `--version`).
+fn options(run: &clap::Command) -> impl Iterator<Item = (&clap::Arg, &str)> {
+    run.get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long().filter(|l| !matches!(*l, "help" | "version")).map(|l| (a, l)))
 }
 
 /// Where the settings file takes the option `id` (whose help is `help`), if it does.
@@ -195,9 +198,6 @@ fn kind(arg: &clap::Arg, defaults: &serde_json::Map<String, serde_json::Value>) 
     }
     if named == "RATIO" {
         return "number, 0 to 1".to_owned();
-    }
-    if arg.get_id() == "otlp_protocol" {
-        return "`grpc` \\| `http/protobuf`".to_owned();
     }
     let id = arg.get_id().as_str();
     let number = defaults.get(id).is_some_and(serde_json::Value::is_number)
@@ -274,17 +274,16 @@ mod tests {
         command.build();
         let run = command.find_subcommand("run").unwrap();
         let mut rows = 0;
-        for arg in run.get_arguments().filter(|a| !a.is_hide_set()) {
-            let Some(long) = arg.get_long().filter(|l| !matches!(*l, "help" | "version")) else { continue };
+        for (_, long) in options(run) {
             assert!(table.contains(&format!("| `--{long}` |")), "no row for --{long}");
             rows += 1;
         }
         assert!(rows >= 40, "only {rows} options of run's found");
         for (id, default) in RunOptions::defaults() {
-            let shown = default.as_str().map_or_else(|| default.to_string(), str::to_owned);
+            let value = shown(&default);
             let key = if id == "brokers" { "`brokers`".to_owned() } else { format!("`[run] {id}`") };
             let row = table.lines().find(|l| l.contains(&key)).unwrap_or_else(|| panic!("a row for {id}"));
-            assert!(row.contains(&format!("`{shown}`")), "{id}'s row shows its default {shown}: {row}");
+            assert!(row.contains(&format!("`{value}`")), "{id}'s row shows its default {value}: {row}");
         }
     }
 }

@@ -38,7 +38,7 @@ pub(crate) struct TraceArgs {
     #[arg(long, global = true, value_name = "URL")]
     otlp_endpoint: Option<String>,
     /// `grpc` or `http/protobuf` (default; also `OTEL_EXPORTER_OTLP_PROTOCOL`).
-    #[arg(long, global = true, value_name = "PROTOCOL")]
+    #[arg(long, global = true, value_name = "grpc|http/protobuf")]
     otlp_protocol: Option<String>,
     /// The share of batches traced, 0 to 1 (default 1; `OTEL_TRACES_SAMPLER` also sets it).
     #[arg(long, global = true, value_name = "RATIO")]

@@ -262,6 +262,11 @@ fn object(value: Value) -> Map<String, Value> {
 
 pub(crate) use example::{example, in_the_file};
 
+/// A default as `--help` and the reference show it: text unquoted, anything else as JSON.
+pub(crate) fn shown(default: &Value) -> String {
+    default.as_str().map_or_else(|| default.to_string(), str::to_owned)
+}
+
 /// `command` with the defaults of `run`'s options shown in their help (the options are
 /// optional, so that a value given nowhere falls back to the file and then the default).
 pub(crate) fn with_defaults_shown(command: clap::Command) -> clap::Command {
@@ -270,7 +275,7 @@ pub(crate) fn with_defaults_shown(command: clap::Command) -> clap::Command {
             if !run.get_arguments().any(|arg| arg.get_id() == id.as_str()) {
                 continue;
             }
-            let shown = default.as_str().map_or_else(|| default.to_string(), str::to_owned);
+            let shown = shown(&default);
             let with_default = |help: &clap::builder::StyledStr| format!("{help} [default: {shown}]");
             run = run.mut_arg(id, |arg| {
                 let long_help = arg.get_long_help().map(with_default);
