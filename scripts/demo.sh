@@ -17,7 +17,9 @@ step "Building the bank-accounts projector and its event generator"
 # The generator is test data made with the test kit: it is built only with the `generate` feature.
 cargo build --locked -p bank-accounts --features generate --bins
 
-BIN=target/debug/bank-accounts
+# Where cargo put them (CARGO_TARGET_DIR, if set).
+debug="${CARGO_TARGET_DIR:-target}/debug"
+BIN="$debug/bank-accounts"
 events=$(mktemp --suffix=.ndjson)
 trap 'rm -f "$events"' EXIT
 
@@ -26,7 +28,7 @@ $BIN migrate
 $BIN create-topics
 
 step "Generating $ACCOUNTS accounts' events (with duplicates and re-sent events)"
-target/debug/generate-bank-events --accounts "$ACCOUNTS" --max-events "$MAX_EVENTS" --seed "${SEED:-42}" >"$events"
+"$debug/generate-bank-events" --accounts "$ACCOUNTS" --max-events "$MAX_EVENTS" --seed "${SEED:-42}" >"$events"
 
 step "Publishing with a transactional producer"
 $BIN publish --topic bank.accounts "$events"
