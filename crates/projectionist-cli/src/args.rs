@@ -124,6 +124,22 @@ pub(crate) struct RebuildArgs {
     /// when they differ, the rebuilt tables are what `rebuild` then swaps in.
     #[arg(long, conflicts_with_all = ["rollback", "drop_old", "abandon"])]
     pub(crate) verify: bool,
+    /// Repair one aggregate instead of the whole read model: its rows derived again from its
+    /// events alone, read from the partitions its id can be on as a key, then put in place
+    /// in one transaction beside a live `run`. Repeat for several. Refused for a projection
+    /// with fan-in or custom tables (rebuild it whole).
+    #[arg(
+        long,
+        num_args = 2,
+        value_names = ["TYPE", "ID"],
+        action = clap::ArgAction::Append,
+        conflicts_with_all = ["rollback", "drop_old", "abandon", "verify"]
+    )]
+    pub(crate) aggregate: Vec<String>,
+    /// With --aggregate: read every partition of the topics, not only those its id can be on
+    /// (the topic was repartitioned, or is keyed by something else than the aggregate id).
+    #[arg(long, requires = "aggregate")]
+    pub(crate) all_partitions: bool,
     #[command(flatten)]
     pub(crate) run: config::RunOptions,
 }

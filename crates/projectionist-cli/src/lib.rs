@@ -32,6 +32,7 @@ mod publish;
 mod rebuild;
 mod reference;
 mod registry;
+mod repair;
 mod run;
 mod status;
 mod traces;

@@ -47,6 +47,9 @@ impl App {
             let readiness = Engine::new(pool.clone(), config.clone()).readiness();
             serve_metrics(args.run.metrics_addr.as_deref(), readiness, None, None).await?;
         }
+        if !args.aggregate.is_empty() {
+            return crate::repair::repair_each(&pool, config, selected, &args).await;
+        }
         for r in selected {
             if maintenance {
                 maintain(&pool, &r, &args).await?;
@@ -102,6 +105,7 @@ async fn rebuild_one(
     let started = Instant::now();
     let folded = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let reporter = tokio::spawn(report_rebuild(pool.clone(), client.clone(), r.clone(), folded.clone()));
+    let registration = r.clone();
     let (projection, topics) = (r.projection, r.topics);
     let stop = Signals::listen()?.received();
     let rebuilt = if verify {
@@ -123,6 +127,7 @@ async fn rebuild_one(
         }
         Rebuilt::Verified { differences, .. } => {
             print_verification(&name, &differences, started.elapsed());
+            crate::repair::print_repair_command(registration.projection.as_ref(), &differences);
             if differences.is_empty() {
                 Ended::Done
             } else {

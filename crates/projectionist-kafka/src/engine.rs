@@ -15,6 +15,7 @@ use crate::context::{EngineContext, Rebalance};
 use crate::outage::Outage;
 use crate::retry::Retry;
 use crate::runner::{Member, Runner};
+use crate::scope::Scope;
 use crate::stats::Stats;
 use crate::tp::Tp;
 use crate::{EngineConfig, Error, Exclusive, Result};
@@ -45,6 +46,7 @@ pub struct Engine {
     pool: PgPool,
     config: EngineConfig,
     exclusive: Exclusive,
+    scope: Arc<Scope>,
     registrations: Vec<Registration>,
     stats: Vec<Arc<Stats>>,
     joined: Vec<Arc<AtomicBool>>,
@@ -204,6 +206,7 @@ impl Engine {
             pool,
             config,
             exclusive: Exclusive::default(),
+            scope: Arc::default(),
             registrations: Vec::new(),
             stats: Vec::new(),
             joined: Vec::new(),
@@ -215,6 +218,13 @@ impl Engine {
     /// its lock. Nothing, by default.
     pub fn exclusive(mut self, exclusive: Exclusive) -> Self {
         self.exclusive = exclusive;
+        self
+    }
+
+    /// The part of its topics the engine reads (see [`Scope`]): a repair's. Everything, by
+    /// default. Needs [`Exclusive::sole_reader`] to narrow the partitions.
+    pub(crate) fn scope(mut self, scope: Scope) -> Self {
+        self.scope = Arc::new(scope);
         self
     }
 
@@ -281,7 +291,8 @@ impl Engine {
             let context = EngineContext::new(name.clone(), rebalances_tx.clone(), self.unreachable[i].clone());
             let consumer = Arc::new(self.consumer(reg, &group, context)?);
             if self.exclusive.sole_reader {
-                let parts = every_partition(consumer.clone(), reg.topics.clone()).await?;
+                let mut parts = every_partition(consumer.clone(), reg.topics.clone()).await?;
+                parts.retain(|tp| self.scope.reads(tp));
                 let _ = rebalances_tx.send(Rebalance::Assign(parts));
             }
             tracing::info!(projection = %name, topics = ?reg.topics, group = %group, "Projection starting.");
@@ -291,7 +302,8 @@ impl Engine {
             let projection = projectionist_postgres::Formatted::wrap(reg.projection.clone(), &self.config.topics);
             let runner = Runner::new(projection, pool, config, member, stats.clone(), joined.clone())
                 .with_dead_letter_topic(dead_letter_topic)
-                .exclusive(self.exclusive);
+                .exclusive(self.exclusive)
+                .scope(self.scope.clone());
             tasks.push(tokio::spawn(runner.run(stop_rx.clone())));
             report.projections.push((name, stats.clone()));
         }

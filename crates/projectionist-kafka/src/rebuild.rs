@@ -13,21 +13,22 @@ use sqlx::postgres::PgPoolOptions;
 use tracing::Instrument;
 
 use crate::metrics as m;
+use crate::scope::Scope;
 use crate::{Engine, EngineConfig, Error, Exclusive, Result, RunReport};
 
 /// Most catch-up rounds before a swap is given up: each one reads up to the head as it was
 /// when it started, and the swap needs the live checkpoints not ahead of the shadow's.
-const MAX_CATCH_UPS: u32 = 20;
+pub(crate) const MAX_CATCH_UPS: u32 = 20;
 
 /// From which round on, still behind the live run by at most [`HELD_LAG_MAX`] offsets, a
 /// rebuild holds the live writers back for its next round (see [`rebuild::hold`]): under a
 /// steady stream, a round read to the head as it was at its start always ends a little behind
 /// a live run that went on meanwhile.
-const HOLD_FROM: u32 = 2;
+pub(crate) const HOLD_FROM: u32 = 2;
 
 /// The most offsets the shadow may be behind for its last round to hold the live writers
 /// back (they wait for that round: a few hundred milliseconds of reading).
-const HELD_LAG_MAX: i64 = 10_000;
+pub(crate) const HELD_LAG_MAX: i64 = 10_000;
 
 /// How often `rebuild` tells what its partitions hold folded.
 const FOLDED_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
@@ -152,7 +153,8 @@ async fn build_and_swap(
     tracing::info!(projection = %name, schema = %shadow.schema, resumed = shadow.resumed, "Rebuild starting.");
     let shadow_pool = shadow_pool(pool, &name).await?;
     let config = shadow_config(config, projection.as_ref());
-    let build = Build { pool, shadow_pool, config, projection, topics, folded, resumed: shadow.resumed };
+    let resumed = shadow.resumed;
+    let build = Build { pool, shadow_pool, config, projection, topics, folded, resumed, scope: Scope::default() };
     // Behind the rebuild lock, no one else writes the shadow: its batches are folded into
     // each other where they can be (every table but custom ones); and it is the only reader
     // of its group: every partition is its own, assigned without a join.
@@ -207,16 +209,18 @@ async fn build_and_swap(
     Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
 }
 
-/// What a rebuild has at hand for each of its rounds.
-struct Build<'a> {
-    pool: &'a PgPool,
-    shadow_pool: PgPool,
-    config: EngineConfig,
-    projection: SharedProjection,
-    topics: Vec<String>,
-    folded: &'a AtomicU64,
+/// What a rebuild (or a repair) has at hand for each of its rounds.
+pub(crate) struct Build<'a> {
+    pub pool: &'a PgPool,
+    pub shadow_pool: PgPool,
+    pub config: EngineConfig,
+    pub projection: SharedProjection,
+    pub topics: Vec<String>,
+    pub folded: &'a AtomicU64,
     /// Whether it resumed the shadow of a rebuild stopped earlier.
-    resumed: bool,
+    pub resumed: bool,
+    /// The part of the topics read: a repair's partitions and aggregates, or everything.
+    pub scope: Scope,
 }
 
 /// What a round's end leads to.
@@ -234,13 +238,14 @@ impl Build<'_> {
 
     /// One round: the engine on the shadow, read up to the head as it is now, telling what
     /// it holds folded as it goes.
-    async fn round(
+    pub(crate) async fn round(
         &self,
         exclusive: Exclusive,
         shutdown: std::pin::Pin<&mut (impl Future<Output = ()> + Send)>,
     ) -> Result<RunReport> {
         let engine = Engine::new(self.shadow_pool.clone(), self.config.clone())
             .exclusive(exclusive)
+            .scope(self.scope.clone())
             .register(self.projection.clone(), self.topics.clone());
         let stats = engine.stats();
         let run = engine.run(shutdown);
@@ -366,7 +371,7 @@ async fn compared(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
 /// The settings a rebuild's shadow runs with: `config` in a group of its own, new for each
 /// rebuild process, read up to the head; a projection with a custom table in a rebuild's
 /// larger batches (the others fold across a run's).
-fn shadow_config(mut config: EngineConfig, projection: &dyn PgProjection) -> EngineConfig {
+pub(crate) fn shadow_config(mut config: EngineConfig, projection: &dyn PgProjection) -> EngineConfig {
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
     let prefix = config.group_id.as_deref().unwrap_or("projectionist");
     config.group_id = Some(format!("{prefix}.rebuild-{started}"));
@@ -392,7 +397,7 @@ async fn bulk_loaded(pool: &PgPool, shadow_pool: &PgPool, projection: &dyn PgPro
     Ok(())
 }
 
-fn problem(projection: &str, problem: String) -> Error {
+pub(crate) fn problem(projection: &str, problem: String) -> Error {
     Error::Postgres(projectionist_postgres::RebuildError { projection: projection.to_owned(), problem }.into())
 }
 
@@ -404,7 +409,7 @@ pub const OWN_CONNECTIONS: u32 = 4;
 /// A pool like `pool` whose connections resolve names in `projection`'s shadow first, of
 /// `pool`'s size but the rebuild's own [`OWN_CONNECTIONS`] (at least one): both pools
 /// together keep within `pool`'s size, the process's connection budget.
-async fn shadow_pool(pool: &PgPool, projection: &str) -> Result<PgPool> {
+pub(crate) async fn shadow_pool(pool: &PgPool, projection: &str) -> Result<PgPool> {
     let mut conn = pool.acquire().await.map_err(projectionist_postgres::Error::from)?;
     let path = rebuild::shadow_search_path(&mut conn, projection).await?;
     drop(conn);

@@ -73,6 +73,8 @@ pub(crate) struct Tally {
     /// Read and then dropped before an outcome: revoked, halted, a checkpoint that moved, a
     /// batch abandoned or that failed. Read again by the partition's next owner or run.
     pub unapplied: AtomicU64,
+    /// Events of aggregates a repair does not rebuild, passed over.
+    pub other_aggregates: AtomicU64,
 }
 
 impl Tally {
@@ -92,6 +94,11 @@ impl Tally {
         self.unapplied.fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    /// `n` messages of other aggregates than a repair's, passed over in a committed batch.
+    pub(crate) fn other_aggregates(&self, n: usize) {
+        self.other_aggregates.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> Accounting {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Accounting {
@@ -103,6 +110,7 @@ impl Tally {
             parked: load(&self.parked),
             dead_lettered: load(&self.dead_lettered),
             unapplied: load(&self.unapplied),
+            other_aggregates: load(&self.other_aggregates),
         }
     }
 }
@@ -128,25 +136,32 @@ pub struct Accounting {
     /// Read, then dropped before an outcome (revoked, halted, stopped, a moved checkpoint):
     /// read again by the partition's next owner or run.
     pub unapplied: u64,
+    /// Events of other aggregates than a repair's (`rebuild --aggregate`), passed over.
+    pub other_aggregates: u64,
 }
 
 impl Accounting {
     /// Whether every message read is counted once: `read` is the sum of the rest.
     pub fn adds_up(&self) -> bool {
-        let Self { read, applied, duplicate, stale, ignored, parked, dead_lettered, unapplied } = *self;
-        read == applied + duplicate + stale + ignored + parked + dead_lettered + unapplied
+        let Self { read, applied, duplicate, stale, ignored, parked, dead_lettered, unapplied, other_aggregates } =
+            *self;
+        read == applied + duplicate + stale + ignored + parked + dead_lettered + unapplied + other_aggregates
     }
 }
 
 impl std::fmt::Display for Accounting {
     /// `read R = applied A + duplicates D + …`, the identity it should satisfy.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Self { read, applied, duplicate, stale, ignored, parked, dead_lettered, unapplied } = *self;
+        let Self { read, applied, duplicate, stale, ignored, parked, dead_lettered, unapplied, other_aggregates } =
+            *self;
         write!(
             f,
             "read {read} = applied {applied} + duplicates {duplicate} + stale {stale} + ignored {ignored} + parked \
              {parked} + dead-lettered {dead_lettered} + not applied {unapplied}"
         )?;
+        if other_aggregates > 0 {
+            write!(f, " + other aggregates {other_aggregates}")?;
+        }
         if !self.adds_up() {
             write!(f, " (does not add up)")?;
         }

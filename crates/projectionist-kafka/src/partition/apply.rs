@@ -15,7 +15,7 @@ use projectionist_postgres::{EventErrorKind, Prepared, Written};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::decode::{split, At, Msg, Split};
+use super::decode::{in_scope, split, At, Msg, Split};
 use super::{Halt, HaltKind, Order, Partition};
 use crate::metrics as m;
 use crate::outage::Outage;
@@ -84,6 +84,7 @@ impl Partition {
         let Some(messages) = self.with_schemas(messages, order.clone()).await else {
             return Applied::Abandoned;
         };
+        let (messages, passed_over) = in_scope(messages, &self.settings.scope);
         let (mut prepared, places, mut halt) = self.prepare(messages).await;
         let mut end = prepared.len();
         if let Some((index, failure)) = prepared.failures().find(|(_, e)| self.halts(e)) {
@@ -115,6 +116,7 @@ impl Partition {
                     let unapplied = offsets.iter().filter(|&&o| o >= counted.next_offset).count();
                     self.tally.add(&counted.own, not_events);
                     self.tally.unapplied(unapplied);
+                    self.tally.other_aggregates(passed_over.iter().filter(|&&o| o < counted.next_offset).count());
                     return self.committed_batch(counted, &prepared, &places, first_offset, started, halt);
                 }
                 Err(projectionist_postgres::Error::CheckpointMoved { stored, .. }) => return Applied::Moved(stored),

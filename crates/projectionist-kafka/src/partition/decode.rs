@@ -123,6 +123,27 @@ pub(crate) struct Split {
     pub halt: Option<Halt>,
 }
 
+/// The messages of `batch` that `scope` keeps, and the offsets of those it passes over
+/// (other aggregates' events, for a repair); every message unless it names aggregates.
+pub(crate) fn in_scope(batch: Vec<Msg>, scope: &crate::scope::Scope) -> (Vec<Msg>, Vec<i64>) {
+    if scope.aggregates.is_none() {
+        return (batch, Vec::new());
+    }
+    let (mut kept, mut passed) = (Vec::new(), Vec::new());
+    for m in batch {
+        let keep = match &m.envelope {
+            Ok(e) => scope.keeps(&e.aggregate_type, &e.aggregate_id),
+            Err(poison) => scope.keeps_unreadable(&poison.aggregate),
+        };
+        if keep {
+            kept.push(m);
+        } else {
+            passed.push(m.at.offset);
+        }
+    }
+    (kept, passed)
+}
+
 /// Splits a batch's messages (see [`Split`]).
 pub(crate) fn split(batch: Vec<Msg>, on_poison: OnPoison) -> Split {
     let mut split = Split { places: Vec::with_capacity(batch.len()), ..Split::default() };

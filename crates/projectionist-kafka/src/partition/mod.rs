@@ -125,6 +125,8 @@ pub(crate) struct Settings {
     pub bounds: projectionist_postgres::park::Bounds,
     /// The consumer group (named on the batch spans).
     pub group: Arc<str>,
+    /// The aggregates whose events are applied (see [`crate::scope::Scope`]).
+    pub scope: Arc<crate::scope::Scope>,
 }
 
 /// What PostgreSQL checks of the projection's tables beyond their declarations (CHECK

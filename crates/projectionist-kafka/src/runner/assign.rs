@@ -257,6 +257,7 @@ impl Runner {
                 max_event_bytes: self.config.max_event_bytes,
                 bounds: self.config.bounds(),
                 group: self.config.group_for(self.projection.name()).into(),
+                scope: self.scope.clone(),
             },
             progress,
             reader: self.projection.formats().reader(&tp.topic),

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::context::{EngineContext, Rebalance};
 use crate::outage::Throttle;
 use crate::partition::{Halt, HaltKind, Order, Progress};
+use crate::scope::Scope;
 use crate::stats::Stats;
 use crate::tp::Tp;
 use crate::{EngineConfig, Exclusive, Result};
@@ -71,6 +72,8 @@ pub(crate) struct Runner {
     caught_up_told: Arc<tokio::sync::Notify>,
     /// What the engine has to itself (see [`Exclusive`]).
     exclusive: Exclusive,
+    /// The part of the topics read (see [`Scope`]).
+    scope: Arc<Scope>,
 }
 
 /// A projection's membership of its consumer group: the group, the consumer, and the
@@ -111,12 +114,19 @@ impl Runner {
             checked: Arc::default(),
             caught_up_told: Arc::default(),
             exclusive: Exclusive::default(),
+            scope: Arc::default(),
         }
     }
 
     /// What the engine has to itself (see [`Exclusive`]).
     pub(crate) fn exclusive(mut self, exclusive: Exclusive) -> Self {
         self.exclusive = exclusive;
+        self
+    }
+
+    /// The part of the topics read (see [`Scope`]).
+    pub(crate) fn scope(mut self, scope: Arc<Scope>) -> Self {
+        self.scope = scope;
         self
     }
 

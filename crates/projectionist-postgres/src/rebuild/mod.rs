@@ -22,8 +22,10 @@ use crate::projection::{validate, PgProjection};
 pub use crate::swap_lock::begin_sharing_swap_lock;
 use crate::Ident;
 
+mod repair;
 mod swap;
 mod verify;
+pub use repair::{abandon_repair, prepare_repair, repair_held, unrepairable, Repair, Repaired};
 pub use swap::{hold, rollback, swap, swap_held, Held, Swap};
 pub use verify::{verify, Difference, Verification, FIRST_DIFFERENCES};
 
@@ -139,12 +141,35 @@ pub async fn prepare(pool: &PgPool, projection: &dyn PgProjection) -> Result<Sha
 /// Creates `projection`'s shadow as [`prepare`] does, for a [`verify`], which swaps nothing
 /// in: the tables an earlier rebuild replaced may be kept meanwhile.
 pub async fn prepare_to_verify(pool: &PgPool, projection: &dyn PgProjection) -> Result<Shadow> {
+    create_shadow(pool, projection, false).await
+}
+
+/// What the comment of a repair's shadow says: a rebuild never resumes one.
+const REPAIR_SHADOW: &str = "projectionist repair";
+
+/// Creates `projection`'s shadow (see [`prepare`]), or resumes it; a repair's (`repair`
+/// given: marked as one) is never resumed, but dropped and made again.
+async fn create_shadow(pool: &PgPool, projection: &dyn PgProjection, repair: bool) -> Result<Shadow> {
     validate(projection)?;
     let name = projection.name();
     unqualified(projection)?;
     let shadow = shadow_schema(name);
     let shadow_ident = Ident::new(&shadow)?;
     let mut conn = pool.acquire().await?;
+    let comment: Option<Option<String>> =
+        sqlx::query_scalar("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1")
+            .bind(&shadow)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if comment.as_ref().is_some_and(|c| c.as_deref() == Some(REPAIR_SHADOW)) {
+        // A repair that did not finish: its few aggregates are no start for anything.
+        sqlx::raw_sql(&format!("DROP SCHEMA {shadow_ident} CASCADE")).execute(&mut *conn).await?;
+    } else if comment.is_some() && repair {
+        return Err(problem(
+            name,
+            "the shadow of an unfinished rebuild is kept: finish it (`rebuild`) or drop it (`rebuild --abandon`) first",
+        ));
+    }
     let resumed = schema_exists(&mut conn, &shadow).await?;
     let engine = live_schema(&mut conn, "projectionist_checkpoints")
         .await?
@@ -152,6 +177,9 @@ pub async fn prepare_to_verify(pool: &PgPool, projection: &dyn PgProjection) -> 
     let path = shadow_search_path(&mut conn, name).await?;
     let mut tx = conn.begin().await?;
     sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {shadow_ident}")).execute(&mut *tx).await?;
+    if repair {
+        sqlx::raw_sql(&format!("COMMENT ON SCHEMA {shadow_ident} IS '{REPAIR_SHADOW}'")).execute(&mut *tx).await?;
+    }
     for table in ENGINE_TABLES {
         sqlx::raw_sql(&format!(
             "CREATE TABLE IF NOT EXISTS {shadow_ident}.{table} (LIKE {}.{table} INCLUDING ALL)",

@@ -44,7 +44,7 @@ pub async fn swap(pool: &PgPool, projection: &dyn PgProjection, topics: &[String
 
 /// The live writers of a projection held back (its swap lock taken exclusively, as a swap
 /// takes it) for as long as this lives, or until [`swap_held`] swaps in its transaction.
-pub struct Held(sqlx::Transaction<'static, sqlx::Postgres>);
+pub struct Held(pub(super) sqlx::Transaction<'static, sqlx::Postgres>);
 
 /// Holds back every writer of `projection` (see [`Held`]): waits for the batches in flight
 /// (up to 30 s), then holds the next ones back. A rebuild takes it before its last round
