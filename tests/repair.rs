@@ -160,3 +160,52 @@ async fn a_projection_with_fan_in_rows_is_refused_naming_them(pool: PgPool) {
     let said = refused.to_string();
     assert!(said.contains("customer_order_stats") && said.contains("fan-in"), "{said}");
 }
+
+/// Orders whose events were all written to one partition each, whatever their keys (a topic
+/// repartitioned, or another partitioner): read only from the partitions their ids can be on,
+/// most of them are not found there, and the repair is refused before anything is put in
+/// place, saying to read every partition; with every partition read, they are repaired.
+#[sqlx::test(migrations = false)]
+async fn events_on_other_partitions_than_their_keys_refuse_the_repair_until_every_partition_is_read(pool: PgPool) {
+    let projection: Arc<dyn PgProjection> = Arc::new(OrdersAndLines);
+    migrate(&pool, &[projection.as_ref()]).await.unwrap();
+    let topic = rand_test_topic("repair-elsewhere");
+    let ids: Vec<String> = (0..12).map(|i| format!("o-{i}")).collect();
+    let mut messages = Vec::new();
+    for (partition, id) in ids.iter().enumerate() {
+        let placed = OrderEvent::OrderPlaced { customer_id: "c".into(), total_cents: 10 };
+        for event in [
+            order_status::generate::envelope(id, 1, &placed),
+            order_status::generate::envelope(id, 2, &OrderEvent::OrderShipped {}),
+        ] {
+            messages.push((Some(partition as i32), Some(id.as_str()), Some(event.to_json())));
+        }
+    }
+    kafka::produce_to(&topic, 12, &messages).await;
+    run(Engine::new(pool.clone(), config()).register(projection.clone(), [topic.clone()])).await;
+    let after_live = state(&pool, projection.as_ref()).await;
+    sqlx::raw_sql("UPDATE orders SET status = 'lost'").execute(&pool).await.unwrap();
+    let order = |id: &String| vec![(order_status::AGGREGATE_TYPE.to_owned(), id.clone())];
+    let repairing = |aggregates, read| {
+        repair(&pool, config(), projection.clone(), vec![topic.clone()], aggregates, read, std::future::pending())
+    };
+    // Each order alone: those whose partition is none their id can be on are refused.
+    let mut refused = 0;
+    for id in &ids {
+        if let Err(e) = repairing(order(id), Partitions::OfTheirKeys).await {
+            let said = e.to_string();
+            assert!(said.contains("--all-partitions") && said.contains("stands at version 2 live"), "{said}");
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "at most 4 of 12 partitions are an id's: some orders are elsewhere");
+    let lost: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE status = 'lost'").fetch_one(&pool).await.unwrap();
+    assert_eq!(lost, refused, "nothing put in place for the refused ones");
+    let aggregates = ids.iter().flat_map(order).collect();
+    let Repairing::Repaired { partitions, .. } = repairing(aggregates, Partitions::All).await.unwrap() else {
+        panic!("repaired")
+    };
+    assert_eq!(partitions.len(), 12);
+    assert_eq!(state(&pool, projection.as_ref()).await, after_live);
+}
