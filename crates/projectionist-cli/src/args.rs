@@ -120,8 +120,9 @@ pub(crate) struct RebuildArgs {
     /// Build the read model again from offset zero as a rebuild does, but instead of
     /// swapping it in, compare it with the live tables once both have read to the same
     /// offsets: print the rows that differ (how many per table, the first ones with both
-    /// values) and exit with status 1 when any do. The live tables are not touched. Kept
-    /// when they differ, the rebuilt tables are what `rebuild` then swaps in.
+    /// values, and the command that repairs only their aggregates) and exit with status 1
+    /// when any do. The live tables are not touched. Kept when they differ, the rebuilt
+    /// tables are what `rebuild` then swaps in.
     #[arg(long, conflicts_with_all = ["rollback", "drop_old", "abandon"])]
     pub(crate) verify: bool,
     /// Repair one aggregate instead of the whole read model: its rows derived again from its

@@ -117,6 +117,8 @@ pub(crate) const ENDPOINTS: &[Endpoint] = &[
 pub(crate) fn page() -> String {
     let mut out = HEAD.to_owned();
     out.push_str(&settings());
+    out.push_str("\n### Options of `rebuild` alone\n\nWithout any of them, `rebuild` builds the projections again and swaps them in.\n\n");
+    out.push_str(&rebuild_options());
     out.push_str("\n## Metrics\n\nServed on `/metrics`. Labels come from bounded sets only: never an event or an aggregate id.\n\n");
     out.push_str(&projectionist_kafka::metrics::reference());
     out.push_str("\n## HTTP endpoints\n\nServed on `--metrics-addr` (`127.0.0.1:9464` by default; `off` serves none). Any other path answers 404, another method 405.\n\n");
@@ -147,6 +149,29 @@ fn settings() -> String {
         };
         let help = help.replace('|', "\\|").replace('\n', " ");
         out.push_str(&format!("| `--{long}` | {env} | {file} | {} | {default} | {help} |\n", kind(arg, &defaults)));
+    }
+    out
+}
+
+/// The options `rebuild` has beside `run`'s settings: what each takes and does.
+fn rebuild_options() -> String {
+    let mut command = crate::args::Cli::command();
+    command.build();
+    let run: Vec<&str> = options(command.find_subcommand("run").expect("a run command")).map(|(_, l)| l).collect();
+    let rebuild = command.find_subcommand("rebuild").expect("a rebuild command");
+    let mut out = String::from("| option | takes | what |\n|---|---|---|\n");
+    for (arg, long) in options(rebuild).filter(|(_, long)| !run.contains(long)) {
+        let takes = match arg.get_value_names() {
+            Some(names) if !matches!(arg.get_action(), ArgAction::SetTrue) => {
+                let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+                let repeated = if matches!(arg.get_action(), ArgAction::Append) { ", repeatable" } else { "" };
+                format!("{}{repeated}", names.join(" "))
+            }
+            _ => "switch".to_owned(),
+        };
+        let help = arg.get_long_help().or(arg.get_help()).map(|h| h.to_string()).unwrap_or_default();
+        let help = help.replace('|', "\\|").replace("\n\n", " ").replace('\n', " ");
+        out.push_str(&format!("| `--{long}` | {takes} | {help} |\n"));
     }
     out
 }
