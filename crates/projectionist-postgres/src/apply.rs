@@ -4,9 +4,12 @@
 use projectionist_core::{OnGap, OnPoison, Outcome, RawEnvelope};
 use sqlx::PgPool;
 
+use crate::error::Error;
+use crate::error::Result;
+use crate::known::KnownVersions;
 use crate::park::{Source, SourceMessage};
+use crate::projection::PgProjection;
 use crate::writer::{self, Mode};
-use crate::{Error, KnownVersions, PgProjection, Result};
 
 /// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka
 /// engine adds its own in the same transaction): set-based, or per event where the batch

@@ -7,8 +7,12 @@
 
 use sqlx::PgConnection;
 
+use crate::error::Error;
+use crate::error::EventErrorKind;
+use crate::error::Result;
+use crate::prepared::Prepared;
 use crate::prepared::Step;
-use crate::{Error, EventErrorKind, PgProjection, Prepared, Result};
+use crate::projection::PgProjection;
 
 /// Records the types `projection` (this release of it) handles as those its tables are
 /// built for. A projection offered every type records nothing.

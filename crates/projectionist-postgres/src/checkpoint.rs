@@ -5,7 +5,8 @@
 use sqlx::{PgConnection, PgPool};
 use std::collections::HashMap;
 
-use crate::{Error, Result};
+use crate::error::Error;
+use crate::error::Result;
 
 /// One stored checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]

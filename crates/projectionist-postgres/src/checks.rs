@@ -5,8 +5,9 @@
 use projectionist_core::Table;
 use sqlx::PgConnection;
 
+use crate::error::Result;
+use crate::ident::Ident;
 use crate::types::required_columns;
-use crate::{Ident, Result};
 
 /// The tables of a projection that PostgreSQL checks beyond their declared columns' types,
 /// by how a run that writes them must go so that every check meets the states it would meet

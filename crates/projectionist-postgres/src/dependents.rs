@@ -8,7 +8,7 @@
 use sqlx::PgConnection;
 
 use crate::error::{Error, Result};
-use crate::Ident;
+use crate::ident::Ident;
 
 /// What depends on a set of tables, read before they are replaced.
 #[derive(Debug, Default)]

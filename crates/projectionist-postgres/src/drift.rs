@@ -15,34 +15,12 @@
 //! not are allowed when a write can never fail for them (nullable, or with a default); a
 //! custom table's own DDL is not compared.
 
-use std::fmt;
-
 use projectionist_core::Table;
 use sqlx::{PgConnection, PgPool};
 
-use crate::error::{Error, Result};
+use crate::error::{Drift, Error, Result};
 use crate::ident::Ident;
 use crate::projection::{validate, PgProjection};
-
-/// How a table in the database differs from its declaration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Drift {
-    /// The table, as declared.
-    pub table: String,
-    /// What differs, naming the column.
-    pub problem: String,
-    /// The statement that brings the table in line without touching a row, where that is
-    /// safe: adding a declared column that is nullable and has no default (the rows already
-    /// there get NULL in it, as if no event had set it yet). `None`: the table must be
-    /// rebuilt from the stream.
-    pub fix: Option<String>,
-}
-
-impl fmt::Display for Drift {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "table {}: {}", self.table, self.problem)
-    }
-}
 
 /// One column as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -188,7 +166,7 @@ async fn primary_key(conn: &mut PgConnection, relation: &str) -> Result<Vec<Stri
 
 /// Checks that each of the projection's tables exists and is as declared, as `run` does
 /// before it reads a message and a reset before it empties anything: an
-/// [`Error::Drift`](crate::Error::Drift) lists every difference and what to do.
+/// [`Error::Drift`](crate::error::Error::Drift) lists every difference and what to do.
 pub async fn check_tables(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
     validate(projection)?;
     let mut drift = Vec::new();

@@ -5,10 +5,15 @@ use projectionist_core::plan::{Effect, EventRef};
 use sqlx::PgConnection;
 
 use crate::batch::{self, ParkedMap};
+use crate::checks::Checks;
+use crate::error::Result;
+use crate::ident::Ident;
 use crate::park;
+use crate::prepared::Prepared;
 use crate::prepared::{PreparedEvent, Step};
+use crate::projection::PgProjection;
 use crate::shared_rows::SharedRows;
-use crate::{Checks, Ident, PgProjection, Prepared, Result, Written};
+use crate::writer::Written;
 
 /// A rebuild's bulk load: the plans of its batches folded in memory (see
 /// [`projectionist_core::fold`]), so that a row that many batches write far apart is written

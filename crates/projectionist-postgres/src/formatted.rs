@@ -7,7 +7,9 @@ use projectionist_core::format::Formats;
 use projectionist_core::{ApplyError, LazyEnvelope, OnUnknownType, Outcome, RawEnvelope, Table, Upcaster};
 use sqlx::PgConnection;
 
-use crate::{PgProjection, Prepared, SharedProjection};
+use crate::prepared::Prepared;
+use crate::projection::PgProjection;
+use crate::projection::SharedProjection;
 
 /// `projection`, its topics read as `formats` says (see [`PgProjection::formats`]): what the
 /// engine runs and the operator's commands resolve with, so that a held event or a dead

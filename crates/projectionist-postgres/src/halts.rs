@@ -6,7 +6,7 @@
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use crate::Result;
+use crate::error::Result;
 
 /// One halted partition.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]

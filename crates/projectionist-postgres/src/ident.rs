@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use crate::{Error, Result};
+use crate::error::Error;
+use crate::error::Result;
 
 /// A validated, quoted SQL identifier, optionally schema-qualified (`schema.table`).
 ///

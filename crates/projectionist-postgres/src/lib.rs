@@ -29,10 +29,10 @@ pub mod writer;
 
 pub use apply::{apply_batch, apply_batch_in, apply_batch_knowing, Policy};
 pub use checks::Checks;
-pub use drift::{check_tables, Drift};
+pub use drift::check_tables;
 pub use error::{
-    is_retryable_apply, is_retryable_sqlx, Error, EventError, EventErrorKind, MigrateError, RebuildError, Result,
-    WaitError,
+    is_retryable_apply, is_retryable_sqlx, Drift, Error, EventError, EventErrorKind, MigrateError, RebuildError,
+    Result, WaitError,
 };
 pub use folding::{analyze, Folding};
 pub use formatted::Formatted;

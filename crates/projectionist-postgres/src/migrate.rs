@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use sqlx::migrate::Migrator;
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::drift::{self, Drift};
+use crate::drift;
+use crate::error::Drift;
 use crate::error::{Error, MigrateError, Result};
 use crate::projection::{create_schema, validate, PgProjection};
 
@@ -74,8 +75,7 @@ pub async fn migrate_with(pool: &PgPool, projections: &[&dyn PgProjection], opti
 /// The engine's migrations (its tables and functions), embedded from `migrations/`.
 static ENGINE: Migrator = sqlx::migrate!("../../migrations");
 
-/// Where the engine records which of its migrations a database has.
-pub const HISTORY_TABLE: &str = "projectionist_migrations";
+pub use crate::error::HISTORY_TABLE;
 
 /// Key of the advisory lock concurrent `migrate`s take (the bytes of "projmigr").
 const LOCK: i64 = 0x7072_6f6a_6d69_6772;

@@ -10,12 +10,16 @@ use projectionist_core::{Envelope, EventDecoder, LazyEnvelope, OnUnknownType, Pr
 use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
+use crate::checks::Checks;
+use crate::error::Error;
+use crate::error::EventError;
+use crate::error::EventErrorKind;
+use crate::error::Result;
 use crate::park::Source;
-use crate::{Checks, Error, EventError, EventErrorKind, Result};
 
 /// A batch decoded and projected once, outside any transaction, so that writing it again
 /// (a retry, a prefix after a failure) decodes and projects nothing again. Made by
-/// [`PgProjection::prepare`](crate::PgProjection::prepare): every event, those that cannot be applied as they stand
+/// [`PgProjection::prepare`](crate::projection::PgProjection::prepare): every event, those that cannot be applied as they stand
 /// (poison: data that does not decode, a failing upcaster, …) marked with their error.
 #[derive(Default)]
 pub struct Prepared {
@@ -107,7 +111,7 @@ impl Prepared {
         let events: Vec<(EventRef<'_>, Effect<'_>)> =
             self.events.iter().filter(|e| e.poison().is_none()).map(|e| (e.event(), e.effect())).collect();
         let stored = projectionist_core::plan::Stored::default();
-        let plan = projectionist_core::plan::plan(tables, &crate::PgTypes, &stored, &events);
+        let plan = projectionist_core::plan::plan(tables, &crate::types::PgTypes, &stored, &events);
         plan.map(|p| p.outcomes.len()).map_err(|e| e.problem)
     }
 
@@ -228,7 +232,7 @@ impl Prepared {
     }
 
     /// Where the events were read, and each one's message as it arrived (in the order of
-    /// the envelopes given to [`PgProjection::prepare`](crate::PgProjection::prepare)), with the messages of the batch
+    /// the envelopes given to [`PgProjection::prepare`](crate::projection::PgProjection::prepare)), with the messages of the batch
     /// that are not even an envelope: what parking holds and dead letters keep. Without
     /// it, a gap is [`Outcome::Gap`](projectionist_core::Outcome::Gap) whatever the policy, and a poison event an error.
     pub fn set_source(&mut self, source: Source) {
@@ -236,7 +240,7 @@ impl Prepared {
     }
 
     /// Sets what PostgreSQL checks of the projection's tables beyond their declarations
-    /// ([`checked_tables`](crate::checked_tables)), as the caller last read it, so that writing the batch does not
+    /// ([`checked_tables`](crate::projection::checked_tables)), as the caller last read it, so that writing the batch does not
     /// ask the catalog. A run that writes a row of a table checked row by row twice is
     /// written in rounds, one that writes a table checked across rows event by event (see
     /// [`Checks`]), and a rebuild folds only where nothing is checked. Unset, the catalog is
@@ -387,7 +391,7 @@ pub(crate) fn prepare_event<P: Projection<PgConnection>>(
     PreparedEvent { aggregate_type, aggregate_id, version, occurred_at, step: Step::Writes(writes) }
 }
 
-/// Decodes and projects each event of a batch (see [`PgProjection::prepare`](crate::PgProjection::prepare)).
+/// Decodes and projects each event of a batch (see [`PgProjection::prepare`](crate::projection::PgProjection::prepare)).
 pub(crate) fn prepare_all<P: Projection<PgConnection>>(
     projection: &P,
     batch: impl Iterator<Item = LazyEnvelope>,

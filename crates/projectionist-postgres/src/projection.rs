@@ -12,8 +12,11 @@ use projectionist_core::{
 };
 use sqlx::{PgConnection, PgPool};
 
+use crate::checks::Checks;
+use crate::error::Error;
+use crate::error::Result;
+use crate::ident::Ident;
 use crate::prepared::{check_declarations, prepare_all, Prepared};
-use crate::{Checks, Error, Ident, Result};
 
 /// A projection over PostgreSQL with its event type erased, so the engine can hold many
 /// side by side. Every `Projection<PgConnection>` is one.
@@ -33,7 +36,7 @@ pub trait PgProjection: Send + Sync + 'static {
     /// type is not an enum tagged by `type`: it is offered every type).
     fn event_types(&self) -> &'static [&'static str];
     /// Decodes and projects `batch`, each event once, up to the first that fails (an
-    /// [`EventErrorKind::Decode`](crate::EventErrorKind::Decode) naming it, or [`Error::Declaration`] for the whole batch). The
+    /// [`EventErrorKind::Decode`](crate::error::EventErrorKind::Decode) naming it, or [`Error::Declaration`] for the whole batch). The
     /// envelopes are consumed: their fields move into the typed events, uncopied.
     fn prepare(&self, batch: Vec<RawEnvelope>) -> Prepared;
     /// [`PgProjection::prepare`] for envelopes whose data is still JSON text, as the engine
@@ -49,7 +52,7 @@ pub trait PgProjection: Send + Sync + 'static {
     ) -> std::result::Result<Outcome, ApplyError>;
     /// How its topics' messages carry the envelope (none listed: projectionist's own JSON
     /// envelope on every topic); what reads a held event or a dead letter again reads it
-    /// with. Set with [`Formatted`](crate::Formatted).
+    /// with. Set with [`Formatted`](crate::formatted::Formatted).
     fn formats(&self) -> &Formats {
         static ENVELOPE: Formats = Formats::new();
         &ENVELOPE
@@ -151,7 +154,7 @@ pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Resu
 /// Refuses ([`Error::Drift`]) before emptying anything when a table does not exist or is not
 /// as declared: the replay would halt on it, leaving the read model empty.
 pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
-    crate::check_tables(pool, projection).await?;
+    crate::drift::check_tables(pool, projection).await?;
     let mut tx = pool.begin().await?;
     if !projection.tables().is_empty() {
         let tables = projection

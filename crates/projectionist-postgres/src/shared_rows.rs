@@ -6,7 +6,7 @@ use projectionist_core::plan::Effect;
 use projectionist_core::Gate;
 use sqlx::PgConnection;
 
-use crate::Result;
+use crate::error::Result;
 
 /// The locks of the fan-in rows a batch's events write, taken in one order right before
 /// its first fan-in write: two transactions that write shared rows in different orders (in

@@ -4,7 +4,8 @@
 
 use sqlx::PgConnection;
 
-use crate::{Error, Result};
+use crate::error::Error;
+use crate::error::Result;
 
 /// The key of `$1`'s swap lock, a transaction-level advisory lock: shared by every transaction
 /// that writes the projection's rows ([`share_swap_lock`]), exclusive to a swap or rollback

@@ -31,10 +31,14 @@ use statements::{expect_rows, write_row_writes};
 use stored::{read_stored, write_aggregates};
 
 use crate::checks::Checks;
+use crate::error::Error;
+use crate::error::EventErrorKind;
+use crate::error::Result;
+use crate::ident::Ident;
 use crate::known::{KnownVersions, Lookup};
 use crate::shared_rows::SharedRows;
 use crate::types::{PgTypes, TextColumns};
-use crate::{Error, EventErrorKind, Ident, Mode, Result};
+use crate::writer::Mode;
 
 /// Whether the database refused a statement for a value in it — a data exception (class
 /// 22: a value the column type cannot take, an overflow), a constraint (23: NOT NULL, CHECK,
@@ -60,7 +64,7 @@ pub(crate) struct RunContext<'a> {
     /// What PostgreSQL checks of the projection's tables beyond their declarations (see
     /// [`Checks`]).
     pub checked: &'a Checks,
-    /// No one else writes the tables (see [`crate::Prepared::set_sole_writer`]): even the
+    /// No one else writes the tables (see [`crate::prepared::Prepared::set_sole_writer`]): even the
     /// per-event path reads rows without row locks.
     pub sole_writer: bool,
     /// The run is applied event by event (the per-event path): its reads lock the rows.
@@ -345,7 +349,7 @@ pub(crate) fn aggregate(event: &EventRef<'_>) -> String {
 /// The per-event path: each event planned and written alone under a savepoint, re-planned
 /// when a concurrent writer moved its rows (its statements then wait on that writer's row
 /// locks and see its commit). Slower, and exact under any concurrency. A statement the
-/// database refuses is [`EventErrorKind::Rejected`](crate::EventErrorKind::Rejected), naming the event.
+/// database refuses is [`EventErrorKind::Rejected`](crate::error::EventErrorKind::Rejected), naming the event.
 async fn apply_per_event(
     conn: &mut PgConnection,
     projection: &str,

@@ -59,7 +59,7 @@ pub enum EventErrorKind {
     /// An event held for its aggregate cannot be applied now that this event resumes the
     /// aggregate (its data does not decode, the database refuses a value, …): this event
     /// stands for it in the batch, and `held` names it, so that the held event itself is
-    /// dead-lettered on the next attempt ([`crate::Prepared::poison`]).
+    /// dead-lettered on the next attempt (`Prepared::poison`).
     Held {
         /// The held event's id in `projectionist_held`.
         held: i64,

@@ -1,6 +1,8 @@
 //! The Postgres side's error type, classified for retry at the boundary; an error about one
 //! event of a batch is an [`EventError`] (`event.rs`).
 
+pub(crate) mod answer;
+mod drift;
 mod event;
 mod operation;
 
@@ -8,8 +10,9 @@ use std::sync::Arc;
 
 use projectionist_core::{ApplyError, OnPoison};
 
+pub use drift::Drift;
 pub use event::{EventError, EventErrorKind};
-pub use operation::{MigrateError, RebuildError, WaitError};
+pub use operation::{MigrateError, RebuildError, WaitError, HISTORY_TABLE};
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -24,7 +27,7 @@ pub enum Error {
     /// The stored checkpoint is no longer the one the writer read or last stored: someone
     /// else moved it (a rebuild's swap or rollback, `run --reset`, another process given the
     /// partition). Nothing of the writer's transaction is to be committed; it reads on from
-    /// `stored` (see [`crate::checkpoint::store`]).
+    /// `stored` (see `checkpoint::store`).
     #[error("the checkpoint moved under this writer (expected {expected:?}, stored {stored:?}): reading on from it")]
     CheckpointMoved {
         /// Where the writer believed it stood.
@@ -103,7 +106,7 @@ pub enum Error {
         /// Projection name.
         projection: String,
         /// Each difference, naming table and column.
-        drift: Vec<crate::Drift>,
+        drift: Vec<Drift>,
     },
     /// An event of the batch cannot be applied: which, and why ([`EventError`]).
     #[error(transparent)]
@@ -115,7 +118,7 @@ pub enum Error {
 }
 
 /// Every difference on a line of its own, then what to do about them.
-fn describe_drift(projection: &str, drift: &[crate::Drift]) -> String {
+fn describe_drift(projection: &str, drift: &[Drift]) -> String {
     let mut text = format!("projection {projection}: its tables in the database differ from their declarations:");
     for d in drift {
         text.push_str(&format!("\n  - {d}"));
@@ -123,7 +126,7 @@ fn describe_drift(projection: &str, drift: &[crate::Drift]) -> String {
             text.push_str(" (can be added in place: `migrate --add-columns`)");
         }
     }
-    let missing = |d: &&crate::Drift| d.problem == MISSING_TABLE;
+    let missing = |d: &&Drift| d.problem == MISSING_TABLE;
     if drift.iter().any(|d| d.fix.is_some()) {
         text.push_str(
             "\nTo fill the missing columns from the stream, run `rebuild`: it builds the tables as declared beside \

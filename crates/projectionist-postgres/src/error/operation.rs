@@ -1,8 +1,10 @@
 //! The errors of the engine's operations beside the write path, each a type of its own (as
 //! sqlx keeps its `MigrateError`): its migrations, a rebuild, and a wait for the read model.
 
-use crate::wait::answer::{Fate, Position};
-use crate::HISTORY_TABLE;
+use super::answer::{Fate, Position};
+
+/// Where the engine records which of its migrations a database has.
+pub const HISTORY_TABLE: &str = "projectionist_migrations";
 
 /// Why the engine's own migrations cannot run on a database.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +64,7 @@ impl RebuildError {
     }
 }
 
-/// A wait for the read model to reach an event (see [`crate::wait::Waiter`]) that ends
+/// A wait for the read model to reach an event (see `wait::Waiter`) that ends
 /// without it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

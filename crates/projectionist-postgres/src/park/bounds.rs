@@ -3,11 +3,11 @@
 
 use sqlx::PgConnection;
 
-use crate::Result;
+use crate::error::Result;
 
 /// The bounds on parking and dead letters (`EngineConfig::max_parked_aggregates`,
 /// `max_held_per_aggregate`, `max_dead_letters`, `max_dead_letter_bytes`): a batch that would
-/// pass one is refused ([`EventErrorKind::Bound`](crate::EventErrorKind::Bound)).
+/// pass one is refused ([`EventErrorKind::Bound`](crate::error::EventErrorKind::Bound)).
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
     /// Aggregates parked at once, per projection.
@@ -18,7 +18,7 @@ pub struct Bounds {
     pub dead_letters: u64,
     /// Payload bytes of the open dead letters, as stored, per projection.
     pub dead_letter_bytes: u64,
-    /// Most bytes of one dead letter's payload stored (see [`crate::Prepared::set_dead_letter_payload_max`]).
+    /// Most bytes of one dead letter's payload stored (see [`crate::prepared::Prepared::set_dead_letter_payload_max`]).
     pub dead_letter_payload: usize,
 }
 

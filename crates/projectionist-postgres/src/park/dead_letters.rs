@@ -7,7 +7,7 @@ use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use super::{hex, DeadLetter, Source};
-use crate::Result;
+use crate::error::Result;
 
 /// A dead letter, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]

@@ -10,7 +10,7 @@ use sqlx::types::chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use crate::batch::ParkedMap;
-use crate::Result;
+use crate::error::Result;
 
 mod bounds;
 mod dead_letters;

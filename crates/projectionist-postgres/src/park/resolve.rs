@@ -9,9 +9,12 @@ use projectionist_core::{OnGap, Outcome, OutcomeCounts, Table};
 use sqlx::{PgConnection, PgPool};
 
 use super::{Headers, HeldRow, Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
+use crate::error::Error;
+use crate::error::Result;
+use crate::ident::Ident;
+use crate::prepared::Prepared;
+use crate::projection::PgProjection;
 use crate::writer::{self, Mode, Written};
-use crate::{Error, Ident, Result};
-use crate::{PgProjection, Prepared};
 
 /// What an operator does with a dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,9 +18,9 @@
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::error::{Error, Result};
+use crate::ident::Ident;
 use crate::projection::{validate, PgProjection};
 pub use crate::swap_lock::begin_sharing_swap_lock;
-use crate::Ident;
 
 mod repair;
 mod swap;

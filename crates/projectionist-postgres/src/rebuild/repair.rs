@@ -13,8 +13,8 @@ use sqlx::{PgConnection, PgPool};
 use super::swap::{live_tables, Held};
 use super::{abandon, problem, shadow_schema};
 use crate::error::Result;
+use crate::ident::Ident;
 use crate::projection::PgProjection;
-use crate::Ident;
 
 /// What a repair put in place for one aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,9 +5,9 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{live_schema, old_schema, problem, schema_exists, shadow_schema, unqualified, versions_in, ENGINE_TABLES};
 use crate::error::Result;
+use crate::ident::Ident;
 use crate::projection::PgProjection;
 use crate::swap_lock::SWAP_LOCK;
-use crate::Ident;
 
 /// How a swap went.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 use super::swap::live_tables;
 use super::{problem, schema_exists, shadow_schema, unqualified, versions_in};
 use crate::error::Result;
+use crate::ident::Ident;
 use crate::projection::PgProjection;
-use crate::Ident;
 
 /// How many differing rows of a table a verification shows (it counts them all).
 pub const FIRST_DIFFERENCES: i64 = 5;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use sqlx::PgPool;
 
 use super::Fate;
-use crate::Result;
+use crate::error::Result;
 
 /// What became of the message at `offset` of `topic`/`partition`, read by `projection`, once
 /// its checkpoint is past it: `None` when it is in the read model (applied, a duplicate, or a

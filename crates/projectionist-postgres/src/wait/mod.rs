@@ -23,10 +23,9 @@ use tokio::sync::oneshot;
 use crate::error::{Error, MigrateError, Result, WaitError};
 use crate::projection::PgProjection;
 
-pub(crate) mod answer;
 mod fate;
 mod versions;
-pub use answer::{Fate, Position};
+pub use crate::error::answer::{Fate, Position};
 use versions::{VersionQuery, Watched};
 
 /// The channel batches notify on: a JSON object per batch and partition, `{"schema",

@@ -6,8 +6,15 @@ use sqlx::{PgConnection, PgPool};
 
 use super::{write_knowing, Mode, Written};
 use crate::checkpoint::{self, Passed};
+use crate::error::Error;
+use crate::error::EventErrorKind;
+use crate::error::Result;
+use crate::folding;
+use crate::folding::Folding;
+use crate::known::KnownVersions;
 use crate::park::{self, Bounds, NewLetter};
-use crate::{folding, Error, EventErrorKind, Folding, KnownVersions, PgProjection, Prepared, Result};
+use crate::prepared::Prepared;
+use crate::projection::PgProjection;
 
 /// Where a batch was read and how it commits.
 #[derive(Debug, Clone, Copy)]

@@ -7,10 +7,13 @@ use sqlx::types::chrono::Utc;
 use sqlx::PgConnection;
 
 use super::{Writer, Written};
+use crate::error::Error;
+use crate::error::EventError;
+use crate::error::EventErrorKind;
+use crate::error::Result;
 use crate::park::{self, HeldRow};
 use crate::prepared::{PreparedEvent, Step};
 use crate::shared_rows::SharedRows;
-use crate::{Error, EventError, EventErrorKind, Result};
 
 /// What a batch drained of the events earlier batches held.
 #[derive(Default)]

@@ -7,9 +7,12 @@ use sqlx::PgConnection;
 
 use super::drain::Held;
 use super::{Writer, Written};
+use crate::error::Error;
+use crate::error::EventErrorKind;
+use crate::error::Result;
 use crate::park::{self, DeadLetter, Hold, Source};
+use crate::prepared::Prepared;
 use crate::prepared::PreparedEvent;
-use crate::{Error, EventErrorKind, Prepared, Result};
 
 /// The indexes of the batch's poison events whose dead letters an operator discarded:
 /// skipped again, as the discard skipped them.

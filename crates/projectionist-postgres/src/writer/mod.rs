@@ -15,11 +15,16 @@ use projectionist_core::{OnGap, Outcome, OutcomeCounts};
 use sqlx::PgConnection;
 
 use crate::batch::{self, ParkedMap, RunContext};
+use crate::checks::Checks;
+use crate::error::Error;
+use crate::error::EventErrorKind;
+use crate::error::Result;
 use crate::known::KnownVersions;
 use crate::park;
+use crate::prepared::Prepared;
 use crate::prepared::{PreparedEvent, Step};
+use crate::projection::PgProjection;
 use crate::shared_rows::SharedRows;
-use crate::{Checks, Error, EventErrorKind, PgProjection, Prepared, Result};
 
 pub use commit::{commit_batch, Batch, Committed};
 
