@@ -7,8 +7,8 @@ use sqlx::PgPool;
 use crate::error::Error;
 use crate::error::Result;
 use crate::known::KnownVersions;
-use crate::park::{Source, SourceMessage};
 use crate::projection::PgProjection;
+use crate::source::{Source, SourceMessage};
 use crate::writer::{self, Mode};
 
 /// Applies `batch` in one transaction of its own and commits it (no checkpoint: the Kafka

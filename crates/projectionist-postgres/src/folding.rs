@@ -4,16 +4,16 @@
 use projectionist_core::plan::{Effect, EventRef};
 use sqlx::PgConnection;
 
+use crate::batch::Written;
 use crate::batch::{self, ParkedMap};
 use crate::checks::Checks;
 use crate::error::Result;
 use crate::ident::Ident;
-use crate::park;
+use crate::parking;
 use crate::prepared::Prepared;
 use crate::prepared::{PreparedEvent, Step};
 use crate::projection::PgProjection;
 use crate::shared_rows::SharedRows;
-use crate::writer::Written;
 
 /// A rebuild's bulk load: the plans of its batches folded in memory (see
 /// [`projectionist_core::fold`]), so that a row that many batches write far apart is written
@@ -146,7 +146,7 @@ pub async fn fold(
         folding.fold.forget_versions();
     }
     if folding.parked.is_none() {
-        folding.parked = Some(park::read(conn, name, &source.topic, source.partition).await?);
+        folding.parked = Some(parking::read(conn, name, &source.topic, source.partition).await?);
     }
     let parked = folding.parked.as_ref().expect("read above");
     let events: Vec<(EventRef<'_>, Effect<'_>)> = prepared.events.iter().map(|e| (e.event(), e.effect())).collect();

@@ -17,11 +17,22 @@ pub mod halts;
 mod ident;
 mod known;
 mod migrate;
-pub mod park;
+mod parking;
 mod prepared;
+pub mod park {
+    //! Parking: aggregates waiting for a version that never arrived or behind a dead letter of
+    //! their own, the events held for them and the dead letters — the messages' exact bytes — in
+    //! the engine's tables `projectionist_parked`, `projectionist_held` and
+    //! `projectionist_dead_letters`, written in the batch's own transaction.
+
+    pub use crate::parking::*;
+    pub use crate::resolve::{resolve, resume_stale, skip_gap, Resolve, Resolved};
+}
 mod projection;
 pub mod rebuild;
+mod resolve;
 mod shared_rows;
+mod source;
 mod swap_lock;
 mod types;
 pub mod wait;
@@ -38,9 +49,9 @@ pub use folding::{analyze, Folding};
 pub use formatted::Formatted;
 pub use ident::Ident;
 pub use known::KnownVersions;
-pub use migrate::{migrate, migrate_with, MigrateOptions, HISTORY_TABLE};
+pub use migrate::{create_schema, migrate, migrate_with, reset, MigrateOptions, HISTORY_TABLE};
 pub use prepared::Prepared;
-pub use projection::{checked_tables, create_schema, reset, validate, PgProjection, SharedProjection};
+pub use projection::{checked_tables, validate, PgProjection, SharedProjection};
 pub use sqlx::{PgConnection, PgPool};
 pub use types::PgTypes;
 pub use writer::{Mode, Written};

@@ -1,4 +1,4 @@
-//! A batch decoded and projected once, outside any transaction: what [`crate::writer`]
+//! A batch decoded and projected once, outside any transaction: what `writer`
 //! writes, and what a retry writes again without decoding anything again.
 
 use std::any::Any;
@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::error::EventError;
 use crate::error::EventErrorKind;
 use crate::error::Result;
-use crate::park::Source;
+use crate::source::Source;
 
 /// A batch decoded and projected once, outside any transaction, so that writing it again
 /// (a retry, a prefix after a failure) decodes and projects nothing again. Made by
@@ -240,7 +240,7 @@ impl Prepared {
     }
 
     /// Sets what PostgreSQL checks of the projection's tables beyond their declarations
-    /// ([`checked_tables`](crate::projection::checked_tables)), as the caller last read it, so that writing the batch does not
+    /// (`checked_tables`), as the caller last read it, so that writing the batch does not
     /// ask the catalog. A run that writes a row of a table checked row by row twice is
     /// written in rounds, one that writes a table checked across rows event by event (see
     /// [`Checks`]), and a rebuild folds only where nothing is checked. Unset, the catalog is
@@ -259,7 +259,7 @@ impl Prepared {
     }
 
     /// Every transaction this batch is written in is begun by
-    /// [`begin_sharing_swap_lock`](crate::rebuild::begin_sharing_swap_lock), which takes the
+    /// `begin_sharing_swap_lock`, which takes the
     /// projection's swap lock in the `BEGIN`'s own round trip: the write does not take it
     /// again.
     pub fn set_swap_locked(&mut self) {

@@ -1,5 +1,5 @@
-//! The object-safe form of a projection the engine holds ([`PgProjection`]), and what is
-//! done with one as a whole: checking its declarations, creating and emptying its tables.
+//! The object-safe form of a projection the engine holds ([`PgProjection`]), and checking its
+//! declarations.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -127,53 +127,4 @@ pub fn validate(projection: &dyn PgProjection) -> Result<()> {
         }
     }
     check_declarations(projection.name(), projection.tables())
-}
-
-/// Creates the projection's tables from their declarations, then runs its extra
-/// [`Projection::schema`] statements, and records the event types this release of it
-/// handles as those its tables are built for.
-pub async fn create_schema(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
-    validate(projection)?;
-    let mut tx = pool.begin().await?;
-    for table in projection.tables() {
-        sqlx::raw_sql(&table.ddl()).execute(&mut *tx).await?;
-    }
-    for statement in projection.schema() {
-        sqlx::raw_sql(statement).execute(&mut *tx).await?;
-    }
-    crate::built_for::record(&mut tx, projection).await?;
-    tx.commit().await?;
-    Ok(())
-}
-
-/// Empties the projection's tables and forgets its aggregate versions, checkpoints and what
-/// it parked and held, in one transaction, so the next run rebuilds it from the start of its
-/// topics. Its dead letters stay, with what an operator did with them: one discarded is
-/// skipped again when the replay meets it.
-///
-/// Refuses ([`Error::Drift`]) before emptying anything when a table does not exist or is not
-/// as declared: the replay would halt on it, leaving the read model empty.
-pub async fn reset(pool: &PgPool, projection: &dyn PgProjection) -> Result<()> {
-    crate::drift::check_tables(pool, projection).await?;
-    let mut tx = pool.begin().await?;
-    if !projection.tables().is_empty() {
-        let tables = projection
-            .tables()
-            .iter()
-            .map(|t| Ident::new(t.name()).map(|i| i.to_string()))
-            .collect::<Result<Vec<_>>>()?;
-        sqlx::raw_sql(&format!("TRUNCATE {}", tables.join(", "))).execute(&mut *tx).await?;
-    }
-    // Parking is re-derived as the stream is read again; dead letters stay, with what an
-    // operator did with them (a discarded one is skipped again when met).
-    for table in
-        ["projectionist_aggregate_versions", "projectionist_checkpoints", "projectionist_parked", "projectionist_held"]
-    {
-        sqlx::query(&format!("DELETE FROM {table} WHERE projection = $1"))
-            .bind(projection.name())
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
 }

@@ -38,7 +38,6 @@ use crate::ident::Ident;
 use crate::known::{KnownVersions, Lookup};
 use crate::shared_rows::SharedRows;
 use crate::types::{PgTypes, TextColumns};
-use crate::writer::Mode;
 
 /// Whether the database refused a statement for a value in it — a data exception (class
 /// 22: a value the column type cannot take, an overflow), a constraint (23: NOT NULL, CHECK,
@@ -51,6 +50,46 @@ fn is_about_a_value(e: &sqlx::Error) -> bool {
 
 /// How many times the per-event path re-plans one event whose rows a concurrent writer moved.
 const PER_EVENT_TRIES: usize = 5;
+
+/// How a batch is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Set-based: the batch planned in memory, a few statements per table; event by event
+    /// (in the same transaction) when the database refuses a value or a concurrent writer
+    /// moved the batch's rows. The default.
+    Batch,
+    /// One event at a time, each under a savepoint, waiting on concurrent writers' row
+    /// locks: what a batch falls back to.
+    PerEvent,
+}
+
+/// What writing a batch did (see `writer::write`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Written {
+    /// One outcome per event, up to and including the first [`Outcome::Gap`] (the batch
+    /// ends there: nothing at or after it was written). [`Outcome::Parked`]: held.
+    pub outcomes: Vec<Outcome>,
+    /// Whether the set-based path gave way to the per-event path (a value the database
+    /// refused, or a concurrent writer).
+    pub per_event: bool,
+    /// The outcomes of events held by earlier batches and applied by this one (their
+    /// aggregate's missing version arrived).
+    pub drained: projectionist_core::OutcomeCounts,
+    /// Aggregates parked by this batch (behind a gap or a dead letter).
+    pub parked: u64,
+    /// Aggregates resumed by this batch.
+    pub resumed: u64,
+    /// Dead letters this batch kept: its events that cannot be applied as they stand,
+    /// held events found so when their aggregate resumed, and messages that are not an
+    /// envelope at all; by reason (`envelope`, `data`, `value`, `apply`, …).
+    pub dead_letters: std::collections::BTreeMap<&'static str, u64>,
+    /// The ids of those dead letters.
+    pub dead_letter_ids: Vec<i64>,
+    /// The offsets of the batch's messages that are not in the read model: held behind a
+    /// parked aggregate, dead-lettered, or skipped as a discarded dead letter (what the
+    /// checkpoint's notification tells the waits: `checkpoint::Passed`).
+    pub kept_out: Vec<i64>,
+}
 
 /// Parked aggregates by (aggregate type, aggregate id).
 pub(crate) type ParkedMap = HashMap<(String, String), Parked>;

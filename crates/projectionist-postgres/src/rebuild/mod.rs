@@ -297,7 +297,7 @@ pub async fn carry_discards(pool: &PgPool, shadow_pool: &PgPool, projection: &dy
         .await?;
         let Some(id) = open else { continue };
         let reason = format!("{} (carried over from dead letter {live_id})", note.unwrap_or_default());
-        crate::park::resolve(shadow_pool, projection, id, crate::park::Resolve::Discard { reason }).await?;
+        crate::resolve::resolve(shadow_pool, projection, id, crate::resolve::Resolve::Discard { reason }).await?;
         carried += 1;
     }
     Ok(carried)

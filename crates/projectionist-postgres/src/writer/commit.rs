@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::folding;
 use crate::folding::Folding;
 use crate::known::KnownVersions;
-use crate::park::{self, Bounds, NewLetter};
+use crate::parking::{self, Bounds, NewLetter};
 use crate::prepared::Prepared;
 use crate::projection::PgProjection;
 
@@ -150,7 +150,7 @@ async fn check_bounds(
         return Ok(());
     }
     let keys: Vec<(&str, &str)> = aggregates.iter().map(|(_, a)| *a).collect();
-    let (parked, held) = park::bounds_in(tx, projection, &keys).await?;
+    let (parked, held) = parking::bounds_in(tx, projection, &keys).await?;
     let bound = |(index, aggregate): (usize, (&str, &str)), problem: String| {
         let version = prepared.aggregate(index).map_or(0, |(_, _, version)| version);
         Error::event(index, aggregate, version, EventErrorKind::Bound(problem))
@@ -191,7 +191,7 @@ async fn check_dead_letter_bounds(
     bounds: Bounds,
 ) -> Result<()> {
     let Some(source) = prepared.source.as_ref().filter(|_| !letters.is_empty()) else { return Ok(()) };
-    let (before, new) = park::dead_letters_in(tx, projection, letters).await?;
+    let (before, new) = parking::dead_letters_in(tx, projection, letters).await?;
     let batch: std::collections::HashSet<i64> =
         source.messages.iter().chain(source.undecodable.iter().map(|u| &u.message)).filter_map(|m| m.offset).collect();
     let ours = |l: &NewLetter| {

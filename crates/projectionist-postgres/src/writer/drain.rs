@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::error::EventError;
 use crate::error::EventErrorKind;
 use crate::error::Result;
-use crate::park::{self, HeldRow};
+use crate::parking::{self, HeldRow};
 use crate::prepared::{PreparedEvent, Step};
 use crate::shared_rows::SharedRows;
 
@@ -46,7 +46,7 @@ impl Writer<'_> {
     ) -> Result<()> {
         let resumed_at = written.outcomes.len().saturating_sub(1);
         let first_held = held.rows.len();
-        for row in park::held(conn, self.projection.name(), aggregate).await? {
+        for row in parking::held(conn, self.projection.name(), aggregate).await? {
             let event = self.prepare_held(&row, aggregate, resumed_at);
             held.rows.push((row, event));
         }

@@ -10,9 +10,10 @@ use super::{Writer, Written};
 use crate::error::Error;
 use crate::error::EventErrorKind;
 use crate::error::Result;
-use crate::park::{self, DeadLetter, Hold, Source};
+use crate::parking::{self, DeadLetter, Hold};
 use crate::prepared::Prepared;
 use crate::prepared::PreparedEvent;
+use crate::source::Source;
 
 /// The indexes of the batch's poison events whose dead letters an operator discarded:
 /// skipped again, as the discard skipped them.
@@ -24,7 +25,7 @@ pub(super) async fn discarded(
 ) -> Result<Vec<usize>> {
     let poisoned = prepared.events.iter().enumerate().filter(|(_, e)| e.poison().is_some());
     let offsets = poisoned.filter_map(|(i, _)| Some((i, source.messages.get(i)?.offset?)));
-    park::discarded(conn, projection, source, offsets.collect()).await
+    parking::discarded(conn, projection, source, offsets.collect()).await
 }
 
 /// Stores what the batch (`events`, read from `source`) held and dead-lettered, the held
@@ -59,7 +60,7 @@ pub(super) async fn save(
             dead.push(DeadLetter::of_message(source, message, aggregate, error.reason(), error.of_the_event()));
         }
     }
-    let held_headers: Vec<park::Headers> = held.dead.iter().map(|(h, ..)| held.rows[*h].0.headers()).collect();
+    let held_headers: Vec<crate::source::Headers> = held.dead.iter().map(|(h, ..)| held.rows[*h].0.headers()).collect();
     for ((h, error, reason), headers) in held.dead.into_iter().zip(&held_headers) {
         let (row, e) = &held.rows[h];
         dead.push(DeadLetter {
@@ -88,7 +89,7 @@ pub(super) async fn save(
     written.parked = changes.values().filter(|c| c.is_some()).count() as u64;
     written.resumed = changes.values().filter(|c| c.is_none()).count() as u64;
     let name = writer.projection.name();
-    written.dead_letter_ids = park::save(conn, name, source, changes, &hold, &held.drained, &dead).await?;
+    written.dead_letter_ids = parking::save(conn, name, source, changes, &hold, &held.drained, &dead).await?;
     written.kept_out = kept_out(source, &hold, &dead, discarded);
     Ok(())
 }

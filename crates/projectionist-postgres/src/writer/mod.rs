@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use projectionist_core::plan::{Effect, EventRef, Parked};
-use projectionist_core::{OnGap, Outcome, OutcomeCounts};
+use projectionist_core::{OnGap, Outcome};
 use sqlx::PgConnection;
 
 use crate::batch::{self, ParkedMap, RunContext};
@@ -20,53 +20,14 @@ use crate::error::Error;
 use crate::error::EventErrorKind;
 use crate::error::Result;
 use crate::known::KnownVersions;
-use crate::park;
+use crate::parking;
 use crate::prepared::Prepared;
 use crate::prepared::{PreparedEvent, Step};
 use crate::projection::PgProjection;
 use crate::shared_rows::SharedRows;
 
+pub use crate::batch::{Mode, Written};
 pub use commit::{commit_batch, Batch, Committed};
-
-/// How a batch is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Set-based: the batch planned in memory, a few statements per table; event by event
-    /// (in the same transaction) when the database refuses a value or a concurrent writer
-    /// moved the batch's rows. The default.
-    Batch,
-    /// One event at a time, each under a savepoint, waiting on concurrent writers' row
-    /// locks: what a batch falls back to.
-    PerEvent,
-}
-
-/// What [`write()`] did.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Written {
-    /// One outcome per event, up to and including the first [`Outcome::Gap`] (the batch
-    /// ends there: nothing at or after it was written). [`Outcome::Parked`]: held.
-    pub outcomes: Vec<Outcome>,
-    /// Whether the set-based path gave way to the per-event path (a value the database
-    /// refused, or a concurrent writer).
-    pub per_event: bool,
-    /// The outcomes of events held by earlier batches and applied by this one (their
-    /// aggregate's missing version arrived).
-    pub drained: OutcomeCounts,
-    /// Aggregates parked by this batch (behind a gap or a dead letter).
-    pub parked: u64,
-    /// Aggregates resumed by this batch.
-    pub resumed: u64,
-    /// Dead letters this batch kept: its events that cannot be applied as they stand,
-    /// held events found so when their aggregate resumed, and messages that are not an
-    /// envelope at all; by reason (`envelope`, `data`, `value`, `apply`, …).
-    pub dead_letters: std::collections::BTreeMap<&'static str, u64>,
-    /// The ids of those dead letters.
-    pub dead_letter_ids: Vec<i64>,
-    /// The offsets of the batch's messages that are not in the read model: held behind a
-    /// parked aggregate, dead-lettered, or skipped as a discarded dead letter (what the
-    /// checkpoint's notification tells the waits: [`crate::checkpoint::Passed`]).
-    pub kept_out: Vec<i64>,
-}
 
 /// Aggregates a batch parked (their state) or resumed (`None`).
 type Changes = HashMap<(String, String), Option<Parked>>;
@@ -125,7 +86,7 @@ pub(crate) async fn write_knowing(
     let parked_on =
         source.map(|s| prepared.parked_on.as_ref().map_or((s.topic.as_str(), s.partition), |(t, p)| (t, *p)));
     let parked = match parked_on {
-        Some((topic, partition)) => Some(park::read(conn, projection.name(), topic, partition).await?),
+        Some((topic, partition)) => Some(parking::read(conn, projection.name(), topic, partition).await?),
         None => None,
     };
     let mut writer = Writer {

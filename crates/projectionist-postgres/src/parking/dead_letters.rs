@@ -317,7 +317,7 @@ async fn insert_dead_letter_set(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::park::Headers;
+    use crate::source::Headers;
 
     /// A payload past the bound is stored as its head, with its full length and SHA-256;
     /// one at the bound or under it, whole.

@@ -8,12 +8,13 @@ use projectionist_core::format::{Message, SchemaError};
 use projectionist_core::{OnGap, Outcome, OutcomeCounts, Table};
 use sqlx::{PgConnection, PgPool};
 
-use super::{Headers, HeldRow, Source, SourceMessage, StoredDeadLetter, DEAD_LETTER_COLUMNS};
 use crate::error::Error;
 use crate::error::Result;
 use crate::ident::Ident;
+use crate::parking::{HeldRow, StoredDeadLetter, DEAD_LETTER_COLUMNS};
 use crate::prepared::Prepared;
 use crate::projection::PgProjection;
+use crate::source::{Headers, Source, SourceMessage};
 use crate::writer::{self, Mode, Written};
 
 /// What an operator does with a dead letter.
