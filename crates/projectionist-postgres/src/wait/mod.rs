@@ -5,7 +5,7 @@
 //! visible exactly when the rows are. [`Waiter`] waits for that fact, or for an aggregate's
 //! row to reach a version, without a Kafka client: once each batch's transaction commits, one
 //! small notification per partition goes out on [`CHANNEL`] (never one per event; see
-//! [`crate::checkpoint::notify`] for why after the commit, not in it); one listening
+//! [`crate::writing::checkpoint::notify`] for why after the commit, not in it); one listening
 //! connection per [`Waiter`] wakes every waiter it concerns. A notification missed (the
 //! listening connection lost, PostgreSQL restarting, the projector stopped between its commit
 //! and its notification) is made up by reading the checkpoints again, at once after a
@@ -32,7 +32,7 @@ use versions::{VersionQuery, Watched};
 /// "projection", "topic", "partition", "next_offset", "from", "kept_out"}` (the schema the
 /// checkpoint was written in: a rebuild's shadow is not the live read model; `from` and
 /// `kept_out`, when not null, what the checkpoint passed: see
-/// [`crate::checkpoint::Passed`]).
+/// [`crate::writing::checkpoint::Passed`]).
 pub const CHANNEL: &str = "projectionist_checkpoint";
 
 /// How often the checkpoints are read again while anyone waits, in case a notification was
@@ -326,7 +326,7 @@ impl Inner {
     }
 
     /// Records what `key`'s checkpoint passed from `from` to `next`, as its notification
-    /// told (see [`crate::checkpoint::Passed`]), where the partition's waits follow it
+    /// told (see [`crate::writing::checkpoint::Passed`]), where the partition's waits follow it
     /// from there; else (or while a read of it is under way) its waits read it themselves.
     fn passed(&self, key: &Partition, from: i64, next: i64, kept_out: &[i64]) {
         let Some(known) = self.kept_out.lock().expect("kept-out lock").get(key).cloned() else { return };

@@ -8,8 +8,8 @@ use sqlx::PgPool;
 use tokio::sync::oneshot;
 
 use crate::error::Result;
-use crate::ident::Ident;
 use crate::projection::PgProjection;
+use crate::tables::ident::Ident;
 
 /// A projection's version waits: whenever it may have moved, one query reads the versions
 /// of every aggregate waited on (not one per wait), and wakes the waits they reach.
