@@ -209,3 +209,41 @@ async fn events_on_other_partitions_than_their_keys_refuse_the_repair_until_ever
     assert_eq!(partitions.len(), 12);
     assert_eq!(state(&pool, projection.as_ref()).await, after_live);
 }
+
+/// An order's event that cannot be applied (its data does not decode) is dead-lettered by the
+/// live run, and an operator discards it, so its later events apply. A repair of that order
+/// meets the same dead letter: it discards it in its shadow too, as the live side did, and
+/// derives the order to the live run's version (it would otherwise stop behind the letter,
+/// older than the live rows, and refuse).
+#[sqlx::test(migrations = false)]
+async fn a_dead_letter_discarded_live_is_discarded_in_the_repair_too(pool: PgPool) {
+    let projection: Arc<dyn PgProjection> = Arc::new(OrdersAndLines);
+    migrate(&pool, &[projection.as_ref()]).await.unwrap();
+    let topic = rand_test_topic("repair-discarded");
+    let e = order_status::generate::envelope;
+    let placed = OrderEvent::OrderPlaced { customer_id: "c".into(), total_cents: 10 };
+    let mut poison = e("o-1", 2, &OrderEvent::OrderPaid { amount_cents: 10 });
+    poison.data = serde_json::json!({ "amount_cents": "not a number" });
+    let events = [
+        e("o-1", 1, &placed),
+        poison,
+        e("o-1", 3, &OrderEvent::OrderShipped {}),
+        e("o-1", 4, &OrderEvent::ItemAdded { sku: "s".into(), quantity: 2 }),
+    ];
+    produce_keyed(&topic, 3, &events).await;
+    run(Engine::new(pool.clone(), config()).register(projection.clone(), [topic.clone()])).await;
+    let letters = projectionist::postgres::park::dead_letters(&pool, None, false).await.unwrap();
+    let [letter] = &letters[..] else { panic!("one dead letter: {letters:?}") };
+    let discard = projectionist::postgres::park::Resolve::Discard { reason: "a bad payment".into() };
+    projectionist::postgres::park::resolve(&pool, projection.as_ref(), letter.id, discard).await.unwrap();
+    let after_live = state(&pool, projection.as_ref()).await;
+    let status: String = sqlx::query_scalar("SELECT status FROM orders").fetch_one(&pool).await.unwrap();
+    assert_eq!(status, "shipped", "the later events applied once the letter was discarded");
+    sqlx::raw_sql("UPDATE orders SET status = 'lost'; DELETE FROM order_lines").execute(&pool).await.unwrap();
+
+    let Repairing::Repaired { aggregates, .. } = repaired(&pool, projection.clone(), &topic, &["o-1"]).await else {
+        panic!("repaired")
+    };
+    assert_eq!(aggregates[0].version, Some(4), "{aggregates:?}");
+    assert_eq!(state(&pool, projection.as_ref()).await, after_live);
+}

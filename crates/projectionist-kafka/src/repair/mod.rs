@@ -154,6 +154,9 @@ async fn rounds(
         if stopped.load(Ordering::SeqCst) {
             return Ok(Repairing::Stopped);
         }
+        // What an operator discarded on the live side is discarded in the shadow too, so
+        // that the aggregate goes past it there as it did live.
+        rebuild::carry_discards(pool, &build.shadow_pool, build.projection.as_ref()).await?;
         let holding = match held.take() {
             Some(held) => held,
             None => rebuild::hold(pool, &name).await?,

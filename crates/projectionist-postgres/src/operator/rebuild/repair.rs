@@ -116,6 +116,26 @@ pub async fn repair_held(
             version_of(&mut tx, name, &shadow, &tables, false, (aggregate_type, id)).await?,
         );
         if live_version > version {
+            let parked: Option<(i64, String)> = sqlx::query_as(&format!(
+                "SELECT waiting_for, reason FROM {shadow}.projectionist_parked \
+                 WHERE projection = $1 AND aggregate_type = $2 AND aggregate_id = $3"
+            ))
+            .bind(name)
+            .bind(aggregate_type)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some((waiting_for, reason)) = parked {
+                return Err(problem(
+                    name,
+                    format!(
+                        "{aggregate_type}/{id} stands at version {} live, but its events read again stop before \
+                         version {waiting_for} ({reason}): resolve that as the live run did (`parked`, \
+                         `dead-letters`), then repair it again",
+                        live_version.unwrap_or(0)
+                    ),
+                ));
+            }
             let read = partitions.iter().map(|(t, p)| format!("{t}/{p}")).collect::<Vec<_>>().join(", ");
             return Err(problem(
                 name,
