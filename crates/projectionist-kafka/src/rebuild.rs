@@ -159,12 +159,7 @@ async fn build_and_swap(
     // each other where they can be (every table but custom ones); and it is the only reader
     // of its group: every partition is its own, assigned without a join.
     let mut exclusive = Exclusive { sole_writer: true, fold: true, sole_reader: true };
-    let stopped = Arc::new(AtomicBool::new(false));
-    let flag = stopped.clone();
-    let shutdown = async move {
-        shutdown.await;
-        flag.store(true, Ordering::SeqCst);
-    };
+    let (stopped, shutdown) = noted(shutdown);
     tokio::pin!(shutdown);
     // Whether the bulk load is done: its secondary indexes made, its statistics read.
     let mut loaded = false;
@@ -207,6 +202,17 @@ async fn build_and_swap(
         }
     }
     Err(problem(&name, format!("it did not catch up with the live run in {MAX_CATCH_UPS} rounds; run `rebuild` again")))
+}
+
+/// `shutdown`, and whether it has completed: a round ends early on it, and the rounds' loop
+/// then stops rather than going on to the swap.
+pub(crate) fn noted(shutdown: impl Future<Output = ()> + Send) -> (Arc<AtomicBool>, impl Future<Output = ()> + Send) {
+    let stopped = Arc::new(AtomicBool::new(false));
+    let flag = stopped.clone();
+    (stopped, async move {
+        shutdown.await;
+        flag.store(true, Ordering::SeqCst);
+    })
 }
 
 /// What a rebuild (or a repair) has at hand for each of its rounds.

@@ -10,15 +10,14 @@ mod partitioners;
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use projectionist_postgres::rebuild::{self, Repair};
 pub use projectionist_postgres::rebuild::{unrepairable, Repaired};
 use projectionist_postgres::{PgPool, SharedProjection};
 use tracing::Instrument;
 
-use crate::rebuild::{problem, shadow_config, shadow_pool, Build, HELD_LAG_MAX, HOLD_FROM, MAX_CATCH_UPS};
+use crate::rebuild::{noted, problem, shadow_config, shadow_pool, Build, HELD_LAG_MAX, HOLD_FROM, MAX_CATCH_UPS};
 use crate::scope::{Aggregate, Scope};
 use crate::tp::Tp;
 use crate::{EngineConfig, Exclusive, KafkaClientConfig, Result};
@@ -132,12 +131,7 @@ async fn rounds(
     let folded = AtomicU64::new(0);
     let (shadow_pool, config) = (shadow_pool(pool, &name).await?, shadow_config(config, projection.as_ref()));
     let build = Build { pool, shadow_pool, config, projection, topics, folded: &folded, resumed: false, scope };
-    let stopped = Arc::new(AtomicBool::new(false));
-    let flag = stopped.clone();
-    let shutdown = async move {
-        shutdown.await;
-        flag.store(true, Ordering::SeqCst);
-    };
+    let (stopped, shutdown) = noted(shutdown);
     tokio::pin!(shutdown);
     let mut exclusive = Exclusive { sole_writer: true, fold: true, sole_reader: true };
     let mut held = None;
