@@ -152,13 +152,13 @@ pub async fn repair_held(
         for (table, live_rows, shadow_rows) in &tables {
             let key = Ident::new(table.key())?;
             let columns = columns_of(&mut tx, &shadow_schema(name), table.name()).await?;
-            removed += sqlx::query(&format!("DELETE FROM {live_rows} WHERE {key}::text = $1"))
+            removed += sqlx::query(&format!("DELETE FROM {live_rows} WHERE {key} = $1"))
                 .bind(id)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
             written += sqlx::query(&format!(
-                "INSERT INTO {live_rows} ({columns}) SELECT {columns} FROM {shadow_rows} WHERE {key}::text = $1"
+                "INSERT INTO {live_rows} ({columns}) SELECT {columns} FROM {shadow_rows} WHERE {key} = $1"
             ))
             .bind(id)
             .execute(&mut *tx)
@@ -207,7 +207,7 @@ async fn version_of(
         let (key, version) = (Ident::new(table.key())?, Ident::new(table.version())?);
         let rows = if live { live_rows } else { shadow_rows };
         let row: Option<i64> =
-            sqlx::query_scalar(&format!("SELECT max({version})::bigint FROM {rows} WHERE {key}::text = $1"))
+            sqlx::query_scalar(&format!("SELECT max({version})::bigint FROM {rows} WHERE {key} = $1"))
                 .bind(id)
                 .fetch_one(&mut *conn)
                 .await?;
