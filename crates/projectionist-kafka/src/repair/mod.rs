@@ -80,7 +80,7 @@ pub async fn repair(
         let repaired = rounds(pool, config, projection, topics, aggregates, partitions, shutdown).await;
         if !matches!(repaired, Ok(Repairing::Repaired { .. })) {
             // Nothing is put in place: the shadow is of no use to anything.
-            let _ = rebuild::abandon_repair(pool, &name).await;
+            let _ = rebuild::abandon(pool, &name).await;
         }
         lock.release().await?;
         repaired

@@ -25,7 +25,7 @@ use crate::tables::ident::Ident;
 mod repair;
 mod swap;
 mod verify;
-pub use repair::{abandon_repair, prepare_repair, repair_held, unrepairable, Repair, Repaired};
+pub use repair::{prepare_repair, repair_held, unrepairable, Repair, Repaired};
 pub use swap::{hold, rollback, swap, swap_held, Held, Swap};
 pub use verify::{verify, Difference, Verification, FIRST_DIFFERENCES};
 

@@ -11,7 +11,7 @@ use projectionist_core::Gate;
 use sqlx::{PgConnection, PgPool};
 
 use super::swap::{live_tables, Held};
-use super::{abandon, problem, shadow_schema};
+use super::{problem, shadow_schema};
 use crate::error::Result;
 use crate::projection::PgProjection;
 use crate::tables::ident::Ident;
@@ -23,7 +23,7 @@ pub struct Repaired {
     pub aggregate: (String, String),
     /// The version its rows were derived to; `None` when the partitions read hold no event of it.
     pub version: Option<i64>,
-    /// Live rows it replaced (removed), and rows it wrote.
+    /// Live rows it removed.
     pub removed: u64,
     /// Rows derived from its events, written in place of the removed ones.
     pub written: u64,
@@ -66,11 +66,6 @@ pub async fn prepare_repair(pool: &PgPool, projection: &dyn PgProjection) -> Res
     Ok(())
 }
 
-/// Drops the shadow of a repair that did not finish (a repair is never resumed).
-pub async fn abandon_repair(pool: &PgPool, projection: &str) -> Result<bool> {
-    abandon(pool, projection).await
-}
-
 /// Puts the rows the shadow derived for `aggregates` in place of the live ones, the live
 /// writers `held` back, once the shadow has read each of `partitions` as far as the live run:
 /// for each aggregate, its rows in every table of its type and its aggregate version are
@@ -102,14 +97,21 @@ pub async fn repair_held(
         tx.rollback().await?;
         return Ok(Repair::Behind(behind));
     }
+    // Each table's columns, as the shadow has them, read once for every aggregate.
+    let mut columns = Vec::new();
+    for table in projection.tables() {
+        columns.push(columns_of(&mut tx, &shadow_schema(name), table.name()).await?);
+    }
     let mut done = Vec::new();
     for (aggregate_type, id) in aggregates {
-        let tables: Vec<_> = projection
+        let tables: Vec<Rows<'_>> = projection
             .tables()
             .iter()
-            .zip(&live)
+            .zip(live.iter().zip(&columns))
             .filter(|(t, _)| t.owns(aggregate_type))
-            .map(|(t, (schema, ident))| (t, format!("{schema}.{ident}"), format!("{shadow}.{ident}")))
+            .map(|(t, ((schema, ident), columns))| {
+                (t, format!("{schema}.{ident}"), format!("{shadow}.{ident}"), columns)
+            })
             .collect();
         let (live_version, version) = (
             version_of(&mut tx, name, &engine, &tables, true, (aggregate_type, id)).await?,
@@ -149,9 +151,8 @@ pub async fn repair_held(
             ));
         }
         let (mut removed, mut written) = (0, 0);
-        for (table, live_rows, shadow_rows) in &tables {
+        for (table, live_rows, shadow_rows, columns) in &tables {
             let key = Ident::new(table.key())?;
-            let columns = columns_of(&mut tx, &shadow_schema(name), table.name()).await?;
             removed += sqlx::query(&format!("DELETE FROM {live_rows} WHERE {key} = $1"))
                 .bind(id)
                 .execute(&mut *tx)
@@ -181,13 +182,17 @@ pub async fn repair_held(
     Ok(Repair::Done(done))
 }
 
+/// A table an aggregate is repaired in: its declaration, its live and shadow rows, and its
+/// columns (as the shadow has them).
+type Rows<'a> = (&'a projectionist_core::Table, String, String, &'a String);
+
 /// The version `aggregate` stands at in `schema`: its aggregate version there, or else the
 /// newest version of its rows in `tables` (their live or shadow side).
 async fn version_of(
     conn: &mut PgConnection,
     projection: &str,
     schema: &Ident,
-    tables: &[(&projectionist_core::Table, String, String)],
+    tables: &[Rows<'_>],
     live: bool,
     (aggregate_type, id): (&str, &str),
 ) -> Result<Option<i64>> {
@@ -203,7 +208,7 @@ async fn version_of(
     if found.is_some() {
         return Ok(found);
     }
-    for (table, live_rows, shadow_rows) in tables.iter().filter(|(t, ..)| t.gate() != Gate::Child) {
+    for (table, live_rows, shadow_rows, _) in tables.iter().filter(|(t, ..)| t.gate() != Gate::Child) {
         let (key, version) = (Ident::new(table.key())?, Ident::new(table.version())?);
         let rows = if live { live_rows } else { shadow_rows };
         let row: Option<i64> =
